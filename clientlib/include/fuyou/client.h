@@ -1,0 +1,152 @@
+// clientlib: the C++ client side of the fuyou offload protocol.
+//
+// One Session trains one job on one fuyoud. Typical use:
+//
+//   auto session = fuyou::Session::Open({.job = "gpt-ft", .num_slots = 4,
+//                                        .slot_bytes = max_chunk_bytes});
+//   session->RegisterChunk(spec, weights);          // weights are in/out
+//   for (step = committed + 1; ...; ++step) {
+//     for (chunk in backward order) session->PushGradients(chunk, step, hyper, grads);
+//     for (chunk) session->PullParams(chunk, weights);
+//     session->EndStep(step);
+//   }
+//   session->Close();
+//
+// Every call has a deadline (ClientOptions::rpc_timeout, or the one it is given):
+// a daemon that is down, a broken connection, a refused request and a bad argument
+// each come back as a Status with a message, never as a hang or an exception.
+// A Session is safe to use from several threads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fuyou/dtype.h"
+
+namespace fuyou {
+
+// Where fuyoud listens when nothing else is said: $FUYOU_SOCKET if set, else
+// /run/fuyou/fuyoud.sock. Returned as a gRPC target ("unix:/run/...").
+std::string DefaultAddress();
+
+struct ClientOptions {
+  // gRPC target, e.g. "unix:/run/fuyou/fuyoud.sock". Empty means DefaultAddress().
+  std::string address;
+  // Deadline of each control call and of each wait that has no deadline of its own.
+  std::chrono::milliseconds rpc_timeout{30000};
+  // How long Open waits for the daemon's socket to accept a connection.
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+struct SessionOptions {
+  std::string job;
+  uint32_t num_slots = 4;
+  // Bytes of each gradient/parameter region: at least the largest chunk's
+  // num_elements * max(param, grad dtype size).
+  uint64_t slot_bytes = 0;
+  std::string client_info;
+};
+
+struct ChunkSpec {
+  uint32_t chunk_id = 0;
+  uint64_t num_elements = 0;
+  DType param_dtype = DType::kFloat32;
+  DType grad_dtype = DType::kFloat32;
+
+  uint64_t param_bytes() const { return num_elements * DTypeSize(param_dtype); }
+  uint64_t grad_bytes() const { return num_elements * DTypeSize(grad_dtype); }
+};
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  // Multiplies each gradient before use (1/loss_scale * clip coefficient).
+  float grad_scale = 1.0f;
+};
+
+struct RegisterResult {
+  // True when the job already had the chunk and its weights were copied out.
+  bool resumed = false;
+  // Adam updates the chunk has received.
+  int64_t update_count = 0;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  uint32_t chunks_updated = 0;
+};
+
+class Session {
+ public:
+  // Connects, opens a session on options.job and maps its segment.
+  static absl::StatusOr<std::unique_ptr<Session>> Open(const SessionOptions& options,
+                                                       const ClientOptions& client = {});
+  // Closes the session if Close was not called (errors are logged, not thrown).
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Last committed step of the job when the session opened, advanced by EndStep.
+  int64_t committed_step() const;
+  uint32_t num_slots() const;
+  uint64_t slot_bytes() const;
+  const std::string& session_id() const;
+
+  // --- registration -------------------------------------------------------
+  // Registers one chunk. For a new chunk, `weights` (spec.param_bytes() bytes in
+  // spec.param_dtype) become its initial master weights. For a chunk the job
+  // already has, its current weights are written into `weights` and
+  // result.resumed is true. Size or dtype mismatches are INVALID_ARGUMENT.
+  absl::StatusOr<RegisterResult> RegisterChunk(const ChunkSpec& spec, std::span<std::byte> weights);
+
+  // --- per step, copying API ------------------------------------------------
+  // Takes a free slot (waiting up to the deadline), copies `gradients`
+  // (spec.grad_bytes()) into it and sends GradReady for (chunk_id, step).
+  absl::Status PushGradients(uint32_t chunk_id, int64_t step, const AdamWHyper& hyper,
+                             std::span<const std::byte> gradients);
+  // Waits until the daemon returns the new weights of chunk_id for the step in
+  // flight, copies them into `weights` (spec.param_bytes()) and frees the slot.
+  // A refusal of that chunk's GradReady comes back here as its Status.
+  absl::Status PullParams(uint32_t chunk_id, std::span<std::byte> weights);
+
+  // --- per step, zero-copy API -----------------------------------------------
+  // Takes a free slot, waiting up to `timeout`.
+  absl::StatusOr<uint32_t> AcquireSlot(std::chrono::milliseconds timeout);
+  // The regions of a slot in the mapped segment (slot_bytes() long).
+  std::span<std::byte> GradRegion(uint32_t slot);
+  std::span<std::byte> ParamRegion(uint32_t slot);
+  // Sends GradReady for gradients already written into GradRegion(slot).
+  absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper);
+  // Waits for ParamsReady of chunk_id; returns the slot holding the new weights.
+  // The caller reads ParamRegion(slot), then calls ReleaseSlot(slot).
+  absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
+  void ReleaseSlot(uint32_t slot);
+
+  // --- step boundaries --------------------------------------------------------
+  // Commits `step` (waits for the daemon's StepCommitted): after this the job
+  // resumes after `step` even if the daemon crashes.
+  absl::StatusOr<StepResult> EndStep(int64_t step);
+  // Abandons `step`: chunks already updated in it return to the last commit.
+  absl::Status AbortStep(int64_t step);
+
+  // Ends the session: pending work is finished, the segment freed.
+  absl::Status Close();
+
+  class Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fuyou

@@ -1,0 +1,87 @@
+// AdamWKernel: the CPU optimizer of fuyoud. One call updates one chunk.
+//
+// Semantics are torch.optim.AdamW's (decoupled weight decay, bias correction):
+//   g       = grad * grad_scale
+//   master  = master * (1 - lr * weight_decay)
+//   m       = beta1 * m + (1 - beta1) * g
+//   v       = beta2 * v + (1 - beta2) * g * g
+//   denom   = sqrt(v) / sqrt(1 - beta2^t) + eps
+//   master -= (lr / (1 - beta1^t)) * m / denom
+//   weights_out = master rounded to weight_dtype (round-to-nearest-even)
+// States (master, m, v) are fp32; gradients and weights are fp32, bf16 or fp16.
+// AVX-512 and AVX2 paths are chosen at run time; a scalar path is the fallback and
+// the reference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "fuyou/dtype.h"
+
+namespace fuyou::optimizer {
+
+struct AdamWStepParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  float grad_scale = 1.0f;
+  int64_t step = 1;  // Adam's t for bias correction: 1 on a chunk's first update
+};
+
+// The buffers of one chunk update. `master`, `exp_avg`, `exp_avg_sq` hold n fp32
+// values and are updated in place. `grad` holds n values of grad_dtype;
+// `weights_out` receives n values of weight_dtype (may be null: no output).
+// No buffer may overlap another.
+struct AdamWBuffers {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kFloat32;
+  void* weights_out = nullptr;
+  DType weight_dtype = DType::kFloat32;
+  size_t n = 0;
+};
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+std::string_view IsaName(Isa isa);
+// Best instruction set this CPU supports (and the build compiled in).
+Isa DetectIsa();
+
+// Updates elements [begin, end) on the calling thread with the given ISA.
+// Precondition: the ISA is supported by this CPU.
+void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers& buffers,
+                      size_t begin, size_t end);
+
+// Converts n values between dtypes (used to initialise master weights from the
+// job's weights and to return weights on resume).
+void ConvertToFloat32(const void* src, DType src_dtype, float* dst, size_t n);
+void ConvertFromFloat32(const float* src, void* dst, DType dst_dtype, size_t n);
+
+// Splits updates over a fixed pool of worker threads. Thread-safe: concurrent
+// Update calls (from different sessions) are served one after another.
+class AdamWKernel {
+ public:
+  // threads == 0 means std::thread::hardware_concurrency(). isa defaults to DetectIsa().
+  explicit AdamWKernel(unsigned threads = 0);
+  AdamWKernel(unsigned threads, Isa isa);
+  ~AdamWKernel();
+  AdamWKernel(const AdamWKernel&) = delete;
+  AdamWKernel& operator=(const AdamWKernel&) = delete;
+
+  // Updates the whole chunk, blocking until every worker is done.
+  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers);
+
+  unsigned threads() const;
+  Isa isa() const;
+
+ private:
+  class Pool;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace fuyou::optimizer

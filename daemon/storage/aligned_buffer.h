@@ -1,0 +1,34 @@
+// AlignedBuffer: an anonymous mapping for I/O and optimizer states, 4 KiB-aligned,
+// backed by transparent huge pages when the kernel allows (MADV_HUGEPAGE), which
+// keeps large O_DIRECT requests physically contiguous. Owns its mapping.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "absl/status/statusor.h"
+
+namespace fuyou::storage {
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  // Maps `bytes` rounded up to 4096 (to 2 MiB when bytes >= 2 MiB). RESOURCE_EXHAUSTED on failure.
+  static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);
+  ~AlignedBuffer();
+  AlignedBuffer(AlignedBuffer&& other) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+
+  std::byte* data() const { return data_; }
+  // Usable bytes (the rounded size).
+  size_t size() const { return size_; }
+  std::span<std::byte> span() const { return {data_, size_}; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace fuyou::storage
