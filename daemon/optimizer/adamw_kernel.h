@@ -11,6 +11,18 @@
 // States (master, m, v) are fp32; gradients and weights are fp32, bf16 or fp16.
 // AVX-512 and AVX2 paths are chosen at run time; a scalar path is the fallback and
 // the reference.
+//
+// Precision: the scalar path rounds exactly where torch does (one rounding per torch
+// op, bias corrections in double), so with float-exact hyper-parameters it lands
+// within one float ulp of torch. The SIMD paths use FMA and fold torch's two
+// divisions into one (step_size*sqrt(bc2) * m / (sqrt(v) + eps*sqrt(bc2))): a few ulp
+// of the update away from the scalar path. Within one ISA an element's result never
+// depends on how [0, n) was split into ranges or threads.
+// Note: the hyper-parameters are floats; torch computes 1 - beta with the Python
+// double (0.9 rather than 0.9f), so for betas that are not exact in float the two
+// can differ by one ulp in (1 - beta).
+// Preconditions (checked by the caller, e.g. the session layer): step >= 1, valid
+// dtypes (kUnspecified is ignored and the call does nothing).
 #pragma once
 
 #include <cstddef>
@@ -49,8 +61,12 @@ struct AdamWBuffers {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 std::string_view IsaName(Isa isa);
-// Best instruction set this CPU supports (and the build compiled in).
+// Best instruction set this CPU supports (and the build compiled in). The
+// environment variable FUYOU_OPTIMIZER_ISA=scalar|avx2|avx512 can lower the choice
+// (never raise it past what the CPU has). Read once, on the first call.
 Isa DetectIsa();
+// Whether this CPU (and the build) can run `isa`. kScalar is always supported.
+bool IsaSupported(Isa isa);
 
 // Updates elements [begin, end) on the calling thread with the given ISA.
 // Precondition: the ISA is supported by this CPU.
@@ -66,14 +82,19 @@ void ConvertFromFloat32(const float* src, void* dst, DType dst_dtype, size_t n);
 // Update calls (from different sessions) are served one after another.
 class AdamWKernel {
  public:
-  // threads == 0 means std::thread::hardware_concurrency(). isa defaults to DetectIsa().
+  // threads == 0 means std::thread::hardware_concurrency(). isa defaults to DetectIsa();
+  // an isa this CPU cannot run falls back to DetectIsa(). The calling thread of
+  // Update does one share of the work; threads - 1 workers do the rest. Chunks of
+  // fewer than 32Ki elements per thread use fewer threads (below 64Ki: the caller
+  // alone).
   explicit AdamWKernel(unsigned threads = 0);
   AdamWKernel(unsigned threads, Isa isa);
   ~AdamWKernel();
   AdamWKernel(const AdamWKernel&) = delete;
   AdamWKernel& operator=(const AdamWKernel&) = delete;
 
-  // Updates the whole chunk, blocking until every worker is done.
+  // Updates the whole chunk, blocking until every worker is done. Ranges given to
+  // threads start on multiples of 64 elements.
   void Update(const AdamWStepParams& params, const AdamWBuffers& buffers);
 
   unsigned threads() const;

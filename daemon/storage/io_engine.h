@@ -5,6 +5,27 @@
 // Short transfers are continued until complete; a transfer that cannot complete
 // (EOF, EIO, ENOSPC, ...) completes its callback with an error Status naming the
 // file, offset and errno text. Nothing is asserted, nothing is silent.
+//
+// Rings: one io_uring and one completion thread per filesystem, keyed by the
+// st_dev of the opened file (so per storage path when, as intended, each storage
+// path is its own SSD; two paths on one filesystem share a ring, and subfolders of
+// a path never get rings of their own). Rings are made on first Open and live
+// until the engine is destroyed.
+//
+// Requests: a transfer is split into requests of at most max_request_bytes; all of
+// them are queued at once, at most queue_depth are in a ring, the rest wait in a
+// FIFO and enter as earlier ones complete. Submission is thread-safe.
+//
+// Status codes a callback (or Reserve/Sync) may see:
+//   INVALID_ARGUMENT    misaligned offset/length/address (checked before any I/O),
+//                       or EINVAL from the kernel
+//   RESOURCE_EXHAUSTED  ENOSPC, EDQUOT
+//   DATA_LOSS           EIO; or a request that keeps making no progress
+//   OUT_OF_RANGE        a read that reached end of file (result 0)
+//   INTERNAL            a write that transferred 0 bytes; other errnos
+//   FAILED_PRECONDITION the engine was destroyed before the transfer started
+// A failed transfer still waits for all of its requests before its callback runs,
+// so `buffer` is no longer touched by the kernel when the callback runs.
 #pragma once
 
 #include <atomic>
@@ -33,7 +54,11 @@ struct IoCounters {
   std::atomic<uint64_t> errors{0};
 };
 
-// Called exactly once per transfer, on a completion thread; must not block long.
+// Called exactly once per transfer, on a completion thread (also for argument
+// errors, which never run on the caller's thread), except after the engine was
+// destroyed, when it runs on the caller's thread. Must not block long, and must
+// not call the blocking Read/Write/Sync or destroy the engine. It may start new
+// transfers, and may destroy the StateFile whose transfer it completes.
 using IoCallback = std::function<void(absl::Status)>;
 
 // A test seam: consulted on every completion before the engine acts on it.
@@ -46,8 +71,16 @@ class FaultInjector {
   // `result` is what the kernel returned for a transfer of `length` bytes.
   virtual int64_t Adjust(Op op, const std::filesystem::path& file, uint64_t offset, uint64_t length,
                          int64_t result) = 0;
+  // Consulted after the O_DIRECT open of `file`; `result` is 0 or -errno. Returning
+  // -EINVAL makes the engine treat the filesystem as one that refuses O_DIRECT (as
+  // tmpfs did before Linux 6.6). An injected success cannot hide a real failure.
+  virtual int AdjustOpenDirect(const std::filesystem::path& file, int result) { return result; }
 };
 
+// An open state file. Destruction waits for its transfers in flight, then closes
+// the fd. Counting: read_ops/write_ops and bytes_* count successful transfers (one
+// per ReadAsync/WriteAsync call), errors counts failed transfers and failed
+// Reserve/Sync calls.
 class StateFile {
  public:
   virtual ~StateFile() = default;
@@ -58,14 +91,14 @@ class StateFile {
   virtual void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) = 0;
   virtual void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) = 0;
 
-  // Blocking forms of the above.
+  // Blocking forms of the above. Not to be called on a completion thread.
   absl::Status Read(uint64_t offset, std::span<std::byte> buffer);
   absl::Status Write(uint64_t offset, std::span<const std::byte> buffer);
 
   // Makes sure the file has `bytes` allocated (fallocate), so that a later write
   // cannot fail with ENOSPC. RESOURCE_EXHAUSTED when the device is full.
   virtual absl::Status Reserve(uint64_t bytes) = 0;
-  // fdatasync.
+  // fdatasync. Covers the writes whose callbacks have run, not ones in flight.
   virtual absl::Status Sync() = 0;
 
   virtual uint64_t size() const = 0;
@@ -89,11 +122,19 @@ struct IoEngineOptions {
 
 class IoEngine {
  public:
+  // INVALID_ARGUMENT unless 0 < queue_depth <= 4096 and max_request_bytes is a
+  // multiple of kBlockSize in (0, 1 GiB]; UNAVAILABLE when io_uring is unusable.
   static absl::StatusOr<std::unique_ptr<IoEngine>> Create(const IoEngineOptions& options);
+  // Waits for every transfer in flight (and its callback), then joins the
+  // completion threads. StateFiles may outlive the engine; their later transfers
+  // fail with FAILED_PRECONDITION.
   virtual ~IoEngine() = default;
 
-  // Opens (creating when `create`) a state file. `counters` (may be null, not
-  // owned, must outlive the file) receive its traffic.
+  // Opens (creating when `create`, mode 0600) a state file with O_DIRECT|O_CLOEXEC.
+  // `counters` (may be null, not owned, must outlive the file) receive its
+  // traffic. A filesystem that refuses O_DIRECT gives a buffered file and a warning
+  // on stderr, or FAILED_PRECONDITION (and no file created) when
+  // allow_buffered_fallback is false.
   virtual absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
                                                           IoCounters* counters) = 0;
 };

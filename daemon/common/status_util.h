@@ -1,0 +1,65 @@
+// Small helpers for errors as values at fuyoud's boundaries.
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "fmt/format.h"
+#include "grpcpp/support/status.h"
+
+// Debian's abseil has its own string_view (Status::message()); let fmt print it.
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<std::string_view> {
+  template <typename FormatContext>
+  auto format(absl::string_view text, FormatContext& context) const {
+    return fmt::formatter<std::string_view>::format(std::string_view(text.data(), text.size()), context);
+  }
+};
+
+namespace fuyou {
+
+// absl and gRPC share the canonical code numbers.
+inline grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// "<what>: <strerror(err)>" with the code that fits the errno.
+inline absl::Status ErrnoStatus(int err, std::string_view what) {
+  std::string message = std::string(what) + ": " + std::strerror(err);
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT: return absl::ResourceExhaustedError(message);
+    case ENOENT: return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM: return absl::PermissionDeniedError(message);
+    case EEXIST: return absl::AlreadyExistsError(message);
+    case EINVAL: return absl::InvalidArgumentError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+// Returns from the enclosing function when `expr` (an absl::Status) is not OK.
+#define FUYOU_RETURN_IF_ERROR(expr)          \
+  do {                                       \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                             \
+    }                                        \
+  } while (0)
+
+#define FUYOU_CONCAT_INNER(a, b) a##b
+#define FUYOU_CONCAT(a, b) FUYOU_CONCAT_INNER(a, b)
+// `lhs = value of expr` or return its error status.
+#define FUYOU_ASSIGN_OR_RETURN(lhs, expr)                                  \
+  auto FUYOU_CONCAT(_statusor_, __LINE__) = (expr);                        \
+  if (!FUYOU_CONCAT(_statusor_, __LINE__).ok()) {                          \
+    return FUYOU_CONCAT(_statusor_, __LINE__).status();                    \
+  }                                                                        \
+  lhs = std::move(*FUYOU_CONCAT(_statusor_, __LINE__))
+
+}  // namespace fuyou

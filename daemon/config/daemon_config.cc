@@ -1,0 +1,221 @@
+#include "config/daemon_config.h"
+
+#include <toml++/toml.h>
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+#include "fmt/format.h"
+#include "common/status_util.h"
+#include "fuyou/defaults.h"
+
+namespace fuyou {
+namespace {
+
+absl::Status KeyError(std::string_view origin, std::string_view key, std::string_view problem) {
+  return absl::InvalidArgumentError(fmt::format("{}: key '{}': {}", origin, key, problem));
+}
+
+// Applies the settings of `table` through `apply(key, node)` after rejecting keys
+// not in `known`.
+absl::Status CheckKnownKeys(const toml::table& table, std::string_view section,
+                            std::initializer_list<std::string_view> known, std::string_view origin) {
+  for (const auto& [key, node] : table) {
+    bool found = false;
+    for (auto name : known) found = found || key.str() == name;
+    if (!found) {
+      return KeyError(origin, fmt::format("{}.{}", section, key.str()), "unknown setting");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ReadByteSize(const toml::node& node, std::string_view origin, std::string_view key) {
+  if (auto integer = node.value<int64_t>(); integer && node.is_integer()) {
+    if (*integer < 0) return KeyError(origin, key, "must not be negative");
+    return static_cast<uint64_t>(*integer);
+  }
+  if (auto text = node.value<std::string>()) {
+    auto bytes = ParseByteSize(*text);
+    if (!bytes.ok()) return KeyError(origin, key, std::string(bytes.status().message()));
+    return *bytes;
+  }
+  return KeyError(origin, key, "expected a size such as \"4GiB\" or an integer of bytes");
+}
+
+}  // namespace
+
+DaemonConfig DefaultDaemonConfig() {
+  DaemonConfig config;
+  config.socket_path = DefaultDaemonSocketPath();
+  config.storage_paths = {DefaultDataDir()};
+  return config;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
+  std::string trimmed;
+  for (char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c))) trimmed.push_back(c);
+  }
+  size_t unit_start = 0;
+  while (unit_start < trimmed.size() &&
+         (std::isdigit(static_cast<unsigned char>(trimmed[unit_start])) || trimmed[unit_start] == '.')) {
+    ++unit_start;
+  }
+  double number = 0;
+  auto [end, error] = std::from_chars(trimmed.data(), trimmed.data() + unit_start, number);
+  if (unit_start == 0 || error != std::errc() || end != trimmed.data() + unit_start) {
+    return absl::InvalidArgumentError(fmt::format("'{}' is not a size (examples: 4GiB, 512MiB, 1073741824)", text));
+  }
+  std::string unit = trimmed.substr(unit_start);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static constexpr std::pair<std::string_view, double> kUnits[] = {
+      {"", 1},           {"b", 1},          {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30},
+      {"tib", 0x1p40},   {"k", 1e3},        {"kb", 1e3},     {"m", 1e6},      {"mb", 1e6},
+      {"g", 1e9},        {"gb", 1e9},       {"t", 1e12},     {"tb", 1e12}};
+  for (const auto& [name, factor] : kUnits) {
+    if (unit == name) return static_cast<uint64_t>(std::llround(number * factor));
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("'{}' has an unknown unit '{}' (use KiB, MiB, GiB, TiB or KB, MB, GB, TB)", text, unit));
+}
+
+absl::Status ApplyTomlText(std::string_view text, std::string_view origin, DaemonConfig* config) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& error) {
+    std::ostringstream where;
+    where << error.source().begin;
+    return absl::InvalidArgumentError(
+        fmt::format("{}: TOML syntax error at {}: {}", origin, where.str(), error.description()));
+  }
+  if (auto status = CheckKnownKeys(root, "", {"daemon", "storage", "memory", "optimizer", "durability"}, origin);
+      !status.ok()) {
+    return status;
+  }
+  auto table_of = [&](std::string_view name) { return root[name].as_table(); };
+
+  if (const toml::table* daemon = table_of("daemon")) {
+    if (auto s = CheckKnownKeys(*daemon, "daemon", {"socket", "socket_mode", "log_level"}, origin); !s.ok()) return s;
+    if (const auto* node = daemon->get("socket")) {
+      auto value = node->value<std::string>();
+      if (!value || value->empty()) return KeyError(origin, "daemon.socket", "expected a non-empty path string");
+      config->socket_path = *value;
+    }
+    if (const auto* node = daemon->get("socket_mode")) {
+      auto value = node->value<std::string>();
+      uint32_t mode = 0;
+      if (!value || value->empty() ||
+          std::from_chars(value->data(), value->data() + value->size(), mode, 8).ec != std::errc() || mode > 0777) {
+        return KeyError(origin, "daemon.socket_mode", "expected an octal mode string such as \"0660\"");
+      }
+      config->socket_mode = mode;
+    }
+    if (const auto* node = daemon->get("log_level")) {
+      auto value = node->value<std::string>();
+      if (!value) return KeyError(origin, "daemon.log_level", "expected trace|debug|info|warn|error");
+      config->log_level = *value;
+    }
+  }
+  if (const toml::table* storage = table_of("storage")) {
+    if (auto s = CheckKnownKeys(*storage, "storage", {"paths", "io_queue_depth", "allow_buffered"}, origin); !s.ok()) {
+      return s;
+    }
+    if (const auto* node = storage->get("paths")) {
+      const toml::array* paths = node->as_array();
+      if (paths == nullptr || paths->empty()) {
+        return KeyError(origin, "storage.paths", "expected a non-empty array of directory strings");
+      }
+      config->storage_paths.clear();
+      for (const auto& element : *paths) {
+        auto value = element.value<std::string>();
+        if (!value || value->empty()) return KeyError(origin, "storage.paths", "every entry must be a path string");
+        config->storage_paths.emplace_back(*value);
+      }
+    }
+    if (const auto* node = storage->get("io_queue_depth")) {
+      auto value = node->value<int64_t>();
+      if (!value || *value < 1 || *value > 4096) return KeyError(origin, "storage.io_queue_depth", "expected 1..4096");
+      config->io_queue_depth = static_cast<unsigned>(*value);
+    }
+    if (const auto* node = storage->get("allow_buffered")) {
+      auto value = node->value<bool>();
+      if (!value) return KeyError(origin, "storage.allow_buffered", "expected true or false");
+      config->allow_buffered_io = *value;
+    }
+  }
+  if (const toml::table* memory = table_of("memory")) {
+    if (auto s = CheckKnownKeys(*memory, "memory", {"dram_budget", "max_segment_bytes"}, origin); !s.ok()) return s;
+    if (const auto* node = memory->get("dram_budget")) {
+      auto bytes = ReadByteSize(*node, origin, "memory.dram_budget");
+      if (!bytes.ok()) return bytes.status();
+      config->dram_budget_bytes = *bytes;
+    }
+    if (const auto* node = memory->get("max_segment_bytes")) {
+      auto bytes = ReadByteSize(*node, origin, "memory.max_segment_bytes");
+      if (!bytes.ok()) return bytes.status();
+      config->max_segment_bytes = *bytes;
+    }
+  }
+  if (const toml::table* optimizer = table_of("optimizer")) {
+    if (auto s = CheckKnownKeys(*optimizer, "optimizer", {"worker_threads"}, origin); !s.ok()) return s;
+    if (const auto* node = optimizer->get("worker_threads")) {
+      auto value = node->value<int64_t>();
+      if (!value || *value < 0 || *value > 1024) return KeyError(origin, "optimizer.worker_threads", "expected 0..1024");
+      config->worker_threads = static_cast<unsigned>(*value);
+    }
+  }
+  if (const toml::table* durability = table_of("durability")) {
+    if (auto s = CheckKnownKeys(*durability, "durability", {"mode"}, origin); !s.ok()) return s;
+    if (const auto* node = durability->get("mode")) {
+      auto value = node->value<std::string>();
+      if (!value || *value != "step-atomic") {
+        return KeyError(origin, "durability.mode",
+                        "only \"step-atomic\" is implemented (\"in-place\" is not offered yet)");
+      }
+      config->durability = DurabilityMode::kStepAtomic;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyTomlFile(const std::filesystem::path& file, DaemonConfig* config) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) {
+    return absl::NotFoundError(fmt::format("config file {} does not exist", file.string()));
+  }
+  std::FILE* handle = std::fopen(file.c_str(), "rb");
+  if (handle == nullptr) return absl::PermissionDeniedError(fmt::format("cannot read config file {}", file.string()));
+  std::string text;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, handle)) > 0) text.append(buffer, n);
+  std::fclose(handle);
+  return ApplyTomlText(text, file.string(), config);
+}
+
+absl::Status ValidateConfig(const DaemonConfig& config) {
+  if (config.socket_path.empty()) return absl::InvalidArgumentError("the socket path is empty");
+  if (config.storage_paths.empty()) return absl::InvalidArgumentError("no storage path is configured");
+  if (config.dram_budget_bytes < (uint64_t{64} << 20)) {
+    return absl::InvalidArgumentError(
+        fmt::format("dram budget of {} bytes is below the minimum of 64 MiB", config.dram_budget_bytes));
+  }
+  if (config.max_segment_bytes < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError("max_segment_bytes must be at least 1 MiB");
+  }
+  for (size_t i = 0; i < config.storage_paths.size(); ++i) {
+    for (size_t j = i + 1; j < config.storage_paths.size(); ++j) {
+      if (config.storage_paths[i] == config.storage_paths[j]) {
+        return absl::InvalidArgumentError(
+            fmt::format("storage path {} is listed twice", config.storage_paths[i].string()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fuyou

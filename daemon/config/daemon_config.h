@@ -1,0 +1,50 @@
+// DaemonConfig: every setting of fuyoud, with defaults that need no config file.
+// Sources, later ones winning: built-in defaults, the TOML file (--config), flags.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fuyou {
+
+enum class DurabilityMode {
+  kStepAtomic,  // a step's states go to shadow extents; the manifest commit flips them
+};
+
+struct DaemonConfig {
+  std::filesystem::path socket_path;       // default: DefaultDaemonSocketPath()
+  uint32_t socket_mode = 0660;
+  std::string log_level = "info";
+  std::vector<std::filesystem::path> storage_paths;  // default: {DefaultDataDir()}
+  unsigned io_queue_depth = 64;
+  bool allow_buffered_io = true;
+  uint64_t dram_budget_bytes = uint64_t{2} << 30;
+  uint64_t max_segment_bytes = uint64_t{8} << 30;
+  unsigned worker_threads = 0;  // 0: all cores
+  DurabilityMode durability = DurabilityMode::kStepAtomic;
+  // Seconds a SIGTERM waits for sessions to finish their step before closing them.
+  double drain_seconds = 10.0;
+};
+
+// Built-in defaults for the calling user (see clientlib/include/fuyou/defaults.h).
+DaemonConfig DefaultDaemonConfig();
+
+// Overlays the settings found in a TOML file onto `config`. Unknown keys and
+// wrong types are INVALID_ARGUMENT naming the key; a missing file is NOT_FOUND.
+absl::Status ApplyTomlFile(const std::filesystem::path& file, DaemonConfig* config);
+// Same, from TOML text (for tests and error messages, `origin` names the source).
+absl::Status ApplyTomlText(std::string_view text, std::string_view origin, DaemonConfig* config);
+
+// "4GiB", "512MiB", "1.5G", "1073741824" -> bytes. Binary (KiB, MiB, GiB, TiB) and
+// decimal (KB/K, MB/M, GB/G, TB/T) units; INVALID_ARGUMENT otherwise.
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
+
+// Checks cross-field constraints (paths given, budget >= 64 MiB, ...).
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+}  // namespace fuyou

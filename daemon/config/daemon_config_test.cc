@@ -1,0 +1,83 @@
+#include "config/daemon_config.h"
+
+#include <gtest/gtest.h>
+
+namespace fuyou {
+namespace {
+
+TEST(ParseByteSize, BinaryAndDecimalUnits) {
+  EXPECT_EQ(*ParseByteSize("4GiB"), uint64_t{4} << 30);
+  EXPECT_EQ(*ParseByteSize("512 MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("1.5G"), 1'500'000'000u);
+  EXPECT_EQ(*ParseByteSize("1073741824"), uint64_t{1} << 30);
+  EXPECT_EQ(*ParseByteSize("2kb"), 2000u);
+}
+
+TEST(ParseByteSize, RejectsNonsenseWithAMessage) {
+  auto bad_unit = ParseByteSize("4 parsecs");
+  ASSERT_FALSE(bad_unit.ok());
+  EXPECT_NE(bad_unit.status().message().find("unknown unit"), std::string::npos);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("GiB").ok());
+}
+
+TEST(ApplyTomlText, ReadsEverySection) {
+  DaemonConfig config = DefaultDaemonConfig();
+  const char* text = R"(
+[daemon]
+socket = "/tmp/x.sock"
+socket_mode = "0600"
+log_level = "debug"
+[storage]
+paths = ["/a", "/b"]
+io_queue_depth = 32
+allow_buffered = false
+[memory]
+dram_budget = "1GiB"
+max_segment_bytes = 1048576
+[optimizer]
+worker_threads = 3
+[durability]
+mode = "step-atomic"
+)";
+  ASSERT_TRUE(ApplyTomlText(text, "test", &config).ok());
+  EXPECT_EQ(config.socket_path, "/tmp/x.sock");
+  EXPECT_EQ(config.socket_mode, 0600u);
+  EXPECT_EQ(config.log_level, "debug");
+  ASSERT_EQ(config.storage_paths.size(), 2u);
+  EXPECT_EQ(config.storage_paths[1], "/b");
+  EXPECT_EQ(config.io_queue_depth, 32u);
+  EXPECT_FALSE(config.allow_buffered_io);
+  EXPECT_EQ(config.dram_budget_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(config.max_segment_bytes, 1048576u);
+  EXPECT_EQ(config.worker_threads, 3u);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+}
+
+TEST(ApplyTomlText, UnknownKeyIsNamed) {
+  DaemonConfig config = DefaultDaemonConfig();
+  absl::Status status = ApplyTomlText("[memory]\ndram_budgte = \"1GiB\"\n", "cfg.toml", &config);
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("memory.dram_budgte"), std::string::npos) << status.message();
+}
+
+TEST(ApplyTomlText, WrongTypeAndSyntaxErrorsAreReported) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(ApplyTomlText("[storage]\npaths = \"/one\"\n", "t", &config).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status syntax = ApplyTomlText("[daemon\n", "t", &config);
+  EXPECT_EQ(syntax.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(syntax.message().find("syntax"), std::string::npos);
+  EXPECT_EQ(ApplyTomlText("[durability]\nmode = \"yolo\"\n", "t", &config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateConfig, RejectsTinyBudgetAndDuplicatePaths) {
+  DaemonConfig config = DefaultDaemonConfig();
+  config.dram_budget_bytes = 1 << 20;
+  EXPECT_FALSE(ValidateConfig(config).ok());
+  config = DefaultDaemonConfig();
+  config.storage_paths = {"/a", "/a"};
+  EXPECT_FALSE(ValidateConfig(config).ok());
+}
+
+}  // namespace
+}  // namespace fuyou

@@ -1,0 +1,35 @@
+# The parts of fuyoud beyond optimizer/ and storage/, one library each, then the
+# executable. Included from daemon/CMakeLists.txt.
+set(FUYOU_DAEMON_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+add_library(fuyou_daemon_core STATIC
+  ${FUYOU_DAEMON_DIR}/common/log.cc
+  ${FUYOU_DAEMON_DIR}/config/daemon_config.cc
+  ${FUYOU_DAEMON_DIR}/stats/daemon_stats.cc
+  ${FUYOU_DAEMON_DIR}/jobs/job.cc
+  ${FUYOU_DAEMON_DIR}/jobs/job_registry.cc
+  ${FUYOU_DAEMON_DIR}/scheduler/state_cache.cc
+  ${FUYOU_DAEMON_DIR}/session/shm_segment.cc
+  ${FUYOU_DAEMON_DIR}/session/session.cc
+  ${FUYOU_DAEMON_DIR}/session/session_registry.cc
+  ${FUYOU_DAEMON_DIR}/server/socket_path.cc
+  ${FUYOU_DAEMON_DIR}/server/offload_service.cc
+  ${FUYOU_DAEMON_DIR}/server/admin_service.cc
+  ${FUYOU_DAEMON_DIR}/server/daemon_server.cc)
+target_include_directories(fuyou_daemon_core PUBLIC ${FUYOU_DAEMON_DIR} ${PROJECT_SOURCE_DIR}/clientlib/include)
+target_compile_definitions(fuyou_daemon_core PUBLIC FUYOU_VERSION="${PROJECT_VERSION}")
+target_compile_options(fuyou_daemon_core PRIVATE -Wall -Wextra)
+target_link_libraries(fuyou_daemon_core PUBLIC
+  fuyou_optimizer fuyou_storage fuyou_proto gRPC::grpc++ absl::status absl::statusor fmt::fmt
+  tomlplusplus::tomlplusplus Boost::headers PkgConfig::XXHASH rt Threads::Threads)
+
+add_executable(fuyoud ${FUYOU_DAEMON_DIR}/main.cc)
+target_link_libraries(fuyoud PRIVATE fuyou_daemon_core CLI11::CLI11 PkgConfig::SYSTEMD)
+install(TARGETS fuyoud RUNTIME DESTINATION bin)
+
+fuyou_add_test(NAME daemon_config_test
+  SOURCES ${FUYOU_DAEMON_DIR}/config/daemon_config_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME state_cache_test
+  SOURCES ${FUYOU_DAEMON_DIR}/scheduler/state_cache_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME job_test
+  SOURCES ${FUYOU_DAEMON_DIR}/jobs/job_test.cc LIBS fuyou_daemon_core)

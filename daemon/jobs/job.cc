@@ -1,0 +1,208 @@
+#include "jobs/job.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "common/status_util.h"
+#include "fmt/format.h"
+#include "fuyou/segment_layout.h"
+#include "stats/daemon_stats.h"
+
+namespace fuyou {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kManifestFile[] = "manifest.pb";
+constexpr char kManifestTemp[] = "manifest.tmp";
+constexpr char kStatesFile[] = "states.bin";
+
+int64_t NowUnix() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status WriteFileDurably(const fs::path& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot create {}", path.string()));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return ErrnoStatus(err, fmt::format("cannot write {}", path.string()));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, fmt::format("cannot fsync {}", path.string()));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot open directory {}", dir.string()));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoStatus(err, fmt::format("cannot fsync directory {}", dir.string()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t ChunkStateBytes(uint64_t num_elements) {
+  return AlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
+}
+
+std::string JobNameProblem(const std::string& name) {
+  if (name.empty()) return "the job name is empty";
+  if (name.size() > 64) return fmt::format("the job name '{}' is longer than 64 characters", name);
+  if (name[0] == '.') return fmt::format("the job name '{}' starts with '.'", name);
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-';
+    if (!ok) return fmt::format("the job name '{}' has a character outside [A-Za-z0-9._-]", name);
+  }
+  return "";
+}
+
+absl::StatusOr<v1::JobManifest> Job::ReadManifest(const fs::path& root0, const std::string& name) {
+  fs::path path = root0 / "jobs" / name / kManifestFile;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(fmt::format("job '{}' does not exist ({} is missing)", name, path.string()));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) return absl::DataLossError(fmt::format("manifest of job '{}' is truncated", name));
+  uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data(), 8);
+  const uint64_t actual = XXH3_64bits(bytes.data() + 8, bytes.size() - 8);
+  if (stored != actual) {
+    return absl::DataLossError(fmt::format("manifest of job '{}' ({}) fails its checksum", name, path.string()));
+  }
+  v1::JobManifest manifest;
+  if (!manifest.ParseFromArray(bytes.data() + 8, static_cast<int>(bytes.size() - 8))) {
+    return absl::DataLossError(fmt::format("manifest of job '{}' cannot be parsed", name));
+  }
+  return manifest;
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& roots, const std::string& name,
+                                               uid_t owner_uid, bool create, storage::IoEngine& io,
+                                               DaemonStats& stats) {
+  if (std::string problem = JobNameProblem(name); !problem.empty()) return absl::InvalidArgumentError(problem);
+  v1::JobManifest manifest;
+  auto existing = ReadManifest(roots[0], name);
+  const bool is_new = !existing.ok() && absl::IsNotFound(existing.status());
+  if (!existing.ok() && !is_new) return existing.status();
+  if (is_new && !create) return existing.status();
+  if (!is_new) {
+    manifest = std::move(*existing);
+    if (static_cast<size_t>(manifest.path_bytes_size()) != roots.size()) {
+      return absl::FailedPreconditionError(
+          fmt::format("job '{}' was created with {} storage paths but the daemon now has {}; restore the "
+                      "original storage paths to use it",
+                      name, manifest.path_bytes_size(), roots.size()));
+    }
+  } else {
+    manifest.set_name(name);
+    manifest.set_owner_uid(owner_uid);
+    manifest.set_created_unix(NowUnix());
+    manifest.set_last_used_unix(NowUnix());
+    for (size_t i = 0; i < roots.size(); ++i) manifest.add_path_bytes(0);
+  }
+  std::vector<fs::path> dirs;
+  std::vector<std::unique_ptr<storage::StateFile>> files;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    fs::path dir = roots[i] / "jobs" / name;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return absl::InternalError(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+    auto file = io.Open(dir / kStatesFile, /*create=*/true, stats.path_counters(i));
+    if (!file.ok()) return file.status();
+    dirs.push_back(dir);
+    files.push_back(std::move(*file));
+  }
+  auto job = std::unique_ptr<Job>(new Job(name, std::move(dirs), std::move(files), std::move(manifest)));
+  if (is_new) {
+    FUYOU_RETURN_IF_ERROR(job->Commit(job->manifest()));
+  }
+  return job;
+}
+
+Job::Job(std::string name, std::vector<fs::path> dirs, std::vector<std::unique_ptr<storage::StateFile>> files,
+         v1::JobManifest manifest)
+    : name_(std::move(name)), dirs_(std::move(dirs)), files_(std::move(files)), manifest_(std::move(manifest)) {}
+
+int Job::FindChunk(uint32_t chunk_id) const {
+  for (int i = 0; i < manifest_.chunks_size(); ++i) {
+    if (manifest_.chunks(i).chunk_id() == chunk_id) return i;
+  }
+  return -1;
+}
+
+absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
+                           DType grad_dtype) {
+  const uint32_t path_index = static_cast<uint32_t>(next.chunks_size() % files_.size());
+  const uint64_t length = ChunkStateBytes(num_elements);
+  const uint64_t offset = next.path_bytes(static_cast<int>(path_index));
+  const uint64_t end = offset + 2 * length;
+  if (end > files_[path_index]->size()) {
+    if (absl::Status reserved = files_[path_index]->Reserve(end); !reserved.ok()) {
+      return absl::Status(reserved.code(),
+                          fmt::format("job '{}': cannot reserve {} bytes for chunk {} on {}: {}", name_, 2 * length,
+                                      chunk_id, dirs_[path_index].string(), reserved.message()));
+    }
+  }
+  next.set_path_bytes(static_cast<int>(path_index), end);
+  v1::ChunkRecord* record = next.add_chunks();
+  record->set_chunk_id(chunk_id);
+  record->set_num_elements(num_elements);
+  record->set_param_dtype(static_cast<v1::DType>(param_dtype));
+  record->set_grad_dtype(static_cast<v1::DType>(grad_dtype));
+  record->set_update_count(0);
+  record->set_committed_version(0);
+  for (uint64_t version = 0; version < 2; ++version) {
+    v1::StateExtent* extent = record->add_extents();
+    extent->set_path_index(path_index);
+    extent->set_offset(offset + version * length);
+    extent->set_length(length);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::Commit(v1::JobManifest next) {
+  for (auto& file : files_) FUYOU_RETURN_IF_ERROR(file->Sync());
+  next.set_last_used_unix(NowUnix());
+  std::string body = next.SerializeAsString();
+  const uint64_t checksum = XXH3_64bits(body.data(), body.size());
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &checksum, 8);
+  bytes += body;
+  const fs::path& dir = dirs_[0];
+  FUYOU_RETURN_IF_ERROR(WriteFileDurably(dir / kManifestTemp, bytes));
+  if (::rename((dir / kManifestTemp).c_str(), (dir / kManifestFile).c_str()) != 0) {
+    return ErrnoStatus(errno, fmt::format("job '{}': cannot rename the new manifest into place", name_));
+  }
+  FUYOU_RETURN_IF_ERROR(SyncDirectory(dir));
+  manifest_ = std::move(next);
+  return absl::OkStatus();
+}
+
+uint64_t Job::bytes_on_storage() const {
+  uint64_t total = 0;
+  for (uint64_t bytes : manifest_.path_bytes()) total += bytes;
+  return total;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,102 @@
+// fuyoud: the fuyou offload daemon. See README.md and deploy/fuyoud.toml.
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "config/daemon_config.h"
+#include "server/daemon_server.h"
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  fuyou::log::Error("{}", status.message());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fuyoud: the fuyou offload daemon (CPU AdamW with optimizer states on NVMe SSDs)"};
+  app.set_version_flag("--version", FUYOU_VERSION);
+  std::string config_file;
+  std::string socket;
+  std::vector<std::string> data_dirs;
+  std::string dram_budget;
+  std::string max_segment;
+  int threads = -1;
+  int io_depth = -1;
+  std::string log_level;
+  std::string socket_mode;
+  double drain_seconds = -1;
+  app.add_option("--config", config_file, "TOML config file (see deploy/fuyoud.toml)")->check(CLI::ExistingFile);
+  app.add_option("--socket", socket, "Unix socket to serve on (default: $FUYOU_SOCKET, /run/fuyou/fuyoud.sock for "
+                                     "root, else $XDG_RUNTIME_DIR/fuyou/fuyoud.sock)");
+  app.add_option("--socket-mode", socket_mode, "octal permissions of the socket (default 0660)");
+  app.add_option("--data-dir,--storage-path", data_dirs,
+                 "storage directory for optimizer states, one per SSD; repeat for several (default: "
+                 "$FUYOU_DATA_DIR, /var/lib/fuyou for root, else ~/.local/share/fuyou)");
+  app.add_option("--dram-budget", dram_budget, "DRAM for optimizer states, e.g. 4GiB (default 2GiB)");
+  app.add_option("--max-segment", max_segment, "largest shared-memory segment a session may ask for (default 8GiB)");
+  app.add_option("--threads", threads, "optimizer worker threads, 0 = all cores (default 0)");
+  app.add_option("--io-depth", io_depth, "io_uring queue depth per storage path (default 64)");
+  app.add_option("--drain-seconds", drain_seconds, "on SIGTERM, how long sessions may finish their step (default 10)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
+  CLI11_PARSE(app, argc, argv);
+
+  fuyou::DaemonConfig config = fuyou::DefaultDaemonConfig();
+  if (!config_file.empty()) {
+    if (auto status = fuyou::ApplyTomlFile(config_file, &config); !status.ok()) return Fail(status);
+  }
+  if (!socket.empty()) config.socket_path = socket;
+  if (!socket_mode.empty()) {
+    char* end = nullptr;
+    unsigned long mode = std::strtoul(socket_mode.c_str(), &end, 8);
+    if (*end != '\0' || mode > 0777) return Fail(absl::InvalidArgumentError("--socket-mode expects an octal mode such as 0660"));
+    config.socket_mode = static_cast<uint32_t>(mode);
+  }
+  if (!data_dirs.empty()) config.storage_paths.assign(data_dirs.begin(), data_dirs.end());
+  if (!dram_budget.empty()) {
+    auto bytes = fuyou::ParseByteSize(dram_budget);
+    if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--dram-budget: " + std::string(bytes.status().message())));
+    config.dram_budget_bytes = *bytes;
+  }
+  if (!max_segment.empty()) {
+    auto bytes = fuyou::ParseByteSize(max_segment);
+    if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--max-segment: " + std::string(bytes.status().message())));
+    config.max_segment_bytes = *bytes;
+  }
+  if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
+  if (io_depth > 0) config.io_queue_depth = static_cast<unsigned>(io_depth);
+  if (drain_seconds >= 0) config.drain_seconds = drain_seconds;
+  if (!log_level.empty()) config.log_level = log_level;
+  fuyou::log::Level level;
+  if (!fuyou::log::ParseLevel(config.log_level, &level)) {
+    return Fail(absl::InvalidArgumentError("log level '" + config.log_level + "' is not trace|debug|info|warn|error"));
+  }
+  fuyou::log::SetLevel(level);
+
+  // Signals are taken synchronously by this thread; every other thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = fuyou::DaemonServer::Start(config);
+  if (!server.ok()) return Fail(server.status());
+  sd_notify(0, "READY=1\nSTATUS=serving");
+
+  int received = 0;
+  sigwait(&signals, &received);
+  fuyou::log::Info("received {}; draining sessions and stopping", received == SIGTERM ? "SIGTERM" : "SIGINT");
+  sd_notify(0, "STOPPING=1");
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,366 @@
+#include "optimizer/adamw_kernel.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "optimizer/adamw_kernel_internal.h"
+
+namespace fuyou::optimizer {
+namespace internal {
+
+StepConstants MakeStepConstants(const AdamWStepParams& p) {
+  const double lr = p.lr;
+  const double beta1 = p.beta1;
+  const double beta2 = p.beta2;
+  const double t = static_cast<double>(p.step);
+  const double bc1 = 1.0 - std::pow(beta1, t);
+  const double bc2 = 1.0 - std::pow(beta2, t);
+  const double step_size = lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  StepConstants c;
+  c.decay = static_cast<float>(1.0 - lr * static_cast<double>(p.weight_decay));
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.step_size = static_cast<float>(step_size);
+  c.bc2_sqrt = static_cast<float>(bc2_sqrt);
+  c.eps = p.eps;
+  c.grad_scale = p.grad_scale;
+  c.simd_step_size = static_cast<float>(step_size * bc2_sqrt);
+  c.simd_eps = static_cast<float>(static_cast<double>(p.eps) * bc2_sqrt);
+  return c;
+}
+
+namespace {
+
+template <DType kGrad>
+inline float LoadGrad(const void* grad, size_t i) {
+  if constexpr (kGrad == DType::kFloat32) {
+    return static_cast<const float*>(grad)[i];
+  } else if constexpr (kGrad == DType::kBFloat16) {
+    return BFloat16ToFloat(static_cast<const uint16_t*>(grad)[i]);
+  } else {
+    return HalfToFloat(static_cast<const uint16_t*>(grad)[i]);
+  }
+}
+
+// kOut == kUnspecified: no weights output.
+template <DType kOut>
+inline void StoreWeight(void* out, size_t i, float w) {
+  if constexpr (kOut == DType::kFloat32) {
+    static_cast<float*>(out)[i] = w;
+  } else if constexpr (kOut == DType::kBFloat16) {
+    static_cast<uint16_t*>(out)[i] = FloatToBFloat16(w);
+  } else if constexpr (kOut == DType::kFloat16) {
+    static_cast<uint16_t*>(out)[i] = FloatToHalf(w);
+  }
+}
+
+// The reference: torch.optim.AdamW's order of operations, one rounding per torch op.
+template <DType kGrad, DType kOut>
+void ScalarLoop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  float* __restrict p = b.master;
+  float* __restrict m = b.exp_avg;
+  float* __restrict v = b.exp_avg_sq;
+  for (size_t i = begin; i < end; ++i) {
+    float g = LoadGrad<kGrad>(b.grad, i);
+    if (c.grad_scale != 1.0f) g = g * c.grad_scale;
+    float pi = p[i] * c.decay;
+    float mi = m[i] * c.beta1;
+    mi = mi + c.one_minus_beta1 * g;
+    float vi = v[i] * c.beta2;
+    vi = vi + (c.one_minus_beta2 * g) * g;
+    float denom = std::sqrt(vi) / c.bc2_sqrt;
+    denom = denom + c.eps;
+    pi = pi - (c.step_size * mi) / denom;
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    StoreWeight<kOut>(b.weights_out, i, pi);
+  }
+}
+
+template <DType kGrad>
+void ScalarDispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin,
+                       size_t end) {
+  if (b.weights_out == nullptr) return ScalarLoop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  switch (b.weight_dtype) {
+    case DType::kFloat32: return ScalarLoop<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return ScalarLoop<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return ScalarLoop<kGrad, DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+}  // namespace
+
+void UpdateRangeScalar(const StepConstants& c, const AdamWBuffers& b, size_t begin,
+                       size_t end) {
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return ScalarDispatchOut<DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return ScalarDispatchOut<DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return ScalarDispatchOut<DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::StepConstants;
+
+bool CpuSupports(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2:
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+    case Isa::kAvx512:
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+Isa DetectIsaUncached() {
+  Isa best = Isa::kScalar;
+  if (CpuSupports(Isa::kAvx2)) best = Isa::kAvx2;
+  if (CpuSupports(Isa::kAvx512)) best = Isa::kAvx512;
+  // FUYOU_OPTIMIZER_ISA=scalar|avx2|avx512 lowers the choice (for tests and
+  // comparisons); it never selects an ISA the CPU lacks.
+  if (const char* env = std::getenv("FUYOU_OPTIMIZER_ISA"); env != nullptr) {
+    const std::string want(env);
+    Isa wanted = best;
+    if (want == "scalar") wanted = Isa::kScalar;
+    if (want == "avx2") wanted = Isa::kAvx2;
+    if (want == "avx512") wanted = Isa::kAvx512;
+    if (static_cast<int>(wanted) < static_cast<int>(best) && CpuSupports(wanted)) best = wanted;
+  }
+  return best;
+}
+
+bool ValidDTypes(const AdamWBuffers& b) {
+  return IsValidDType(b.grad_dtype) &&
+         (b.weights_out == nullptr || IsValidDType(b.weight_dtype));
+}
+
+void RunRange(Isa isa, const StepConstants& c, const AdamWBuffers& b, size_t begin,
+              size_t end) {
+  if (begin >= end) return;
+  switch (isa) {
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+    case Isa::kAvx512: return internal::UpdateRangeAvx512(c, b, begin, end);
+#endif
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+    case Isa::kAvx2: return internal::UpdateRangeAvx2(c, b, begin, end);
+#endif
+    default: return internal::UpdateRangeScalar(c, b, begin, end);
+  }
+}
+
+// Ranges handed to threads start on multiples of this many elements (256 bytes of
+// fp32 state), so no two threads share a cache line of any buffer.
+constexpr size_t kAlignElements = 64;
+// Below this many elements per thread, waking a worker costs more than it saves.
+constexpr size_t kMinElementsPerThread = 32 * 1024;
+
+}  // namespace
+
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+Isa DetectIsa() {
+  static const Isa isa = DetectIsaUncached();
+  return isa;
+}
+
+bool IsaSupported(Isa isa) { return CpuSupports(isa); }
+
+void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers& buffers,
+                      size_t begin, size_t end) {
+  assert(ValidDTypes(buffers));
+  if (!ValidDTypes(buffers)) return;
+  end = std::min(end, buffers.n);
+  RunRange(isa, internal::MakeStepConstants(params), buffers, begin, end);
+}
+
+void ConvertToFloat32(const void* src, DType src_dtype, float* dst, size_t n) {
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+  if (DetectIsa() == Isa::kAvx512) return internal::ToFloat32Avx512(src, src_dtype, dst, n);
+#endif
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+  if (DetectIsa() == Isa::kAvx2) return internal::ToFloat32Avx2(src, src_dtype, dst, n);
+#endif
+  const auto* s16 = static_cast<const uint16_t*>(src);
+  switch (src_dtype) {
+    case DType::kFloat32:
+      std::copy_n(static_cast<const float*>(src), n, dst);
+      return;
+    case DType::kBFloat16:
+      for (size_t i = 0; i < n; ++i) dst[i] = internal::BFloat16ToFloat(s16[i]);
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < n; ++i) dst[i] = internal::HalfToFloat(s16[i]);
+      return;
+    default: assert(false && "ConvertToFloat32: invalid dtype"); return;
+  }
+}
+
+void ConvertFromFloat32(const float* src, void* dst, DType dst_dtype, size_t n) {
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+  if (DetectIsa() == Isa::kAvx512) return internal::FromFloat32Avx512(src, dst, dst_dtype, n);
+#endif
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+  if (DetectIsa() == Isa::kAvx2) return internal::FromFloat32Avx2(src, dst, dst_dtype, n);
+#endif
+  auto* d16 = static_cast<uint16_t*>(dst);
+  switch (dst_dtype) {
+    case DType::kFloat32:
+      std::copy_n(src, n, static_cast<float*>(dst));
+      return;
+    case DType::kBFloat16:
+      for (size_t i = 0; i < n; ++i) d16[i] = internal::FloatToBFloat16(src[i]);
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < n; ++i) d16[i] = internal::FloatToHalf(src[i]);
+      return;
+    default: assert(false && "ConvertFromFloat32: invalid dtype"); return;
+  }
+}
+
+// ---- The worker pool ------------------------------------------------------------
+
+// threads_ - 1 workers plus the calling thread, which takes share 0 of every update.
+// One update at a time: Update holds update_mu_ for its whole duration.
+class AdamWKernel::Pool {
+ public:
+  Pool(unsigned threads, Isa isa) : threads_(threads == 0 ? DefaultThreads() : threads), isa_(isa) {
+    workers_.reserve(threads_ - 1);
+    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  }
+
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers) {
+    assert(ValidDTypes(buffers));
+    if (!ValidDTypes(buffers) || buffers.n == 0) return;
+    const StepConstants c = internal::MakeStepConstants(params);
+    std::lock_guard<std::mutex> update_lock(update_mu_);
+
+    const size_t n = buffers.n;
+    size_t shares = std::min<size_t>(threads_, std::max<size_t>(1, n / kMinElementsPerThread));
+    if (shares <= 1) {
+      RunRange(isa_, c, buffers, 0, n);
+      return;
+    }
+    size_t per = (n + shares - 1) / shares;
+    per = (per + kAlignElements - 1) / kAlignElements * kAlignElements;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_constants_ = &c;
+      job_buffers_ = &buffers;
+      job_per_ = per;
+      job_shares_ = shares;
+      pending_ = static_cast<unsigned>(shares - 1);
+      ++generation_;
+    }
+    work_cv_.notify_all();
+    RunRange(isa_, c, buffers, 0, std::min(n, per));
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    job_constants_ = nullptr;
+    job_buffers_ = nullptr;
+  }
+
+  unsigned threads() const { return threads_; }
+  Isa isa() const { return isa_; }
+
+ private:
+  static unsigned DefaultThreads() {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : hw;
+  }
+
+  void WorkerLoop(unsigned index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (index >= job_shares_) continue;  // this update needs fewer threads
+      const StepConstants* c = job_constants_;
+      const AdamWBuffers* b = job_buffers_;
+      const size_t begin = std::min(b->n, index * job_per_);
+      const size_t end = std::min(b->n, begin + job_per_);
+      lock.unlock();
+      RunRange(isa_, *c, *b, begin, end);
+      lock.lock();
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  const unsigned threads_;
+  const Isa isa_;
+  std::vector<std::thread> workers_;
+
+  std::mutex update_mu_;  // serialises Update calls
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  const StepConstants* job_constants_ = nullptr;
+  const AdamWBuffers* job_buffers_ = nullptr;
+  size_t job_per_ = 0;
+  size_t job_shares_ = 0;
+  unsigned pending_ = 0;
+};
+
+AdamWKernel::AdamWKernel(unsigned threads) : AdamWKernel(threads, DetectIsa()) {}
+
+AdamWKernel::AdamWKernel(unsigned threads, Isa isa)
+    : pool_(std::make_unique<Pool>(threads, CpuSupports(isa) ? isa : DetectIsa())) {}
+
+AdamWKernel::~AdamWKernel() = default;
+
+void AdamWKernel::Update(const AdamWStepParams& params, const AdamWBuffers& buffers) {
+  pool_->Update(params, buffers);
+}
+
+unsigned AdamWKernel::threads() const { return pool_->threads(); }
+Isa AdamWKernel::isa() const { return pool_->isa(); }
+
+}  // namespace fuyou::optimizer

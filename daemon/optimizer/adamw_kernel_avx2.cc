@@ -1,0 +1,188 @@
+// AVX2 path (AVX2 + FMA + F16C). Compiled with those flags; called only after a
+// run-time check. 16 elements per iteration; the tail goes through the same vector
+// code via a small padded stack buffer, so every element sees the same arithmetic.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "optimizer/adamw_kernel_internal.h"
+
+namespace fuyou::optimizer::internal {
+namespace {
+
+struct Consts {
+  __m256 decay, beta1, omb1, beta2, omb2, step_size, eps, grad_scale;
+  bool scale;
+  explicit Consts(const StepConstants& c)
+      : decay(_mm256_set1_ps(c.decay)),
+        beta1(_mm256_set1_ps(c.beta1)),
+        omb1(_mm256_set1_ps(c.one_minus_beta1)),
+        beta2(_mm256_set1_ps(c.beta2)),
+        omb2(_mm256_set1_ps(c.one_minus_beta2)),
+        step_size(_mm256_set1_ps(c.simd_step_size)),
+        eps(_mm256_set1_ps(c.simd_eps)),
+        grad_scale(_mm256_set1_ps(c.grad_scale)),
+        scale(c.grad_scale != 1.0f) {}
+};
+
+template <DType kGrad>
+inline __m256 LoadGrad(const void* grad, size_t i) {
+  if constexpr (kGrad == DType::kFloat32) {
+    return _mm256_loadu_ps(static_cast<const float*>(grad) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(grad) + i));
+    if constexpr (kGrad == DType::kBFloat16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+// 8 floats -> 8 bfloat16, round to nearest even, NaN quietened.
+inline __m128i ToBFloat16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+  // Pack 8 x 32-bit (values <= 0xffff) into 8 x 16-bit in order.
+  const __m256i packed = _mm256_packus_epi32(r, r);  // [r0..r3 r0..r3 | r4..r7 r4..r7]
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+template <DType kOut>
+inline void StoreWeights(void* out, size_t i, __m256 w) {
+  if constexpr (kOut == DType::kFloat32) {
+    _mm256_storeu_ps(static_cast<float*>(out) + i, w);
+  } else if constexpr (kOut == DType::kBFloat16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i), ToBFloat16(w));
+  } else if constexpr (kOut == DType::kFloat16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i),
+                     _mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+inline __m256 Step(const Consts& k, __m256 g, __m256 p, __m256& m, __m256& v) {
+  if (k.scale) g = _mm256_mul_ps(g, k.grad_scale);
+  p = _mm256_mul_ps(p, k.decay);
+  m = _mm256_fmadd_ps(m, k.beta1, _mm256_mul_ps(k.omb1, g));
+  v = _mm256_fmadd_ps(v, k.beta2, _mm256_mul_ps(_mm256_mul_ps(k.omb2, g), g));
+  const __m256 denom = _mm256_add_ps(_mm256_sqrt_ps(v), k.eps);
+  return _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(k.step_size, m), denom));
+}
+
+template <DType kGrad, DType kOut>
+void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  const Consts k(c);
+  float* __restrict pp = b.master;
+  float* __restrict mp = b.exp_avg;
+  float* __restrict vp = b.exp_avg_sq;
+  const void* grad = b.grad;
+  void* out = b.weights_out;
+  size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m256 g0 = LoadGrad<kGrad>(grad, i);
+    __m256 g1 = LoadGrad<kGrad>(grad, i + 8);
+    __m256 m0 = _mm256_loadu_ps(mp + i);
+    __m256 m1 = _mm256_loadu_ps(mp + i + 8);
+    __m256 v0 = _mm256_loadu_ps(vp + i);
+    __m256 v1 = _mm256_loadu_ps(vp + i + 8);
+    __m256 p0 = Step(k, g0, _mm256_loadu_ps(pp + i), m0, v0);
+    __m256 p1 = Step(k, g1, _mm256_loadu_ps(pp + i + 8), m1, v1);
+    _mm256_storeu_ps(pp + i, p0);
+    _mm256_storeu_ps(pp + i + 8, p1);
+    _mm256_storeu_ps(mp + i, m0);
+    _mm256_storeu_ps(mp + i + 8, m1);
+    _mm256_storeu_ps(vp + i, v0);
+    _mm256_storeu_ps(vp + i + 8, v1);
+    StoreWeights<kOut>(out, i, p0);
+    StoreWeights<kOut>(out, i + 8, p1);
+  }
+  for (; i < end; i += 8) {
+    const size_t len = end - i < 8 ? end - i : 8;
+    const size_t gsize = DTypeSize(kGrad);
+    alignas(32) float pt[8] = {}, mt[8] = {}, vt[8] = {}, gt[8] = {}, ot[8] = {};
+    std::memcpy(pt, pp + i, len * 4);
+    std::memcpy(mt, mp + i, len * 4);
+    std::memcpy(vt, vp + i, len * 4);
+    std::memcpy(gt, static_cast<const char*>(grad) + i * gsize, len * gsize);
+    __m256 m = _mm256_load_ps(mt);
+    __m256 v = _mm256_load_ps(vt);
+    __m256 p = Step(k, LoadGrad<kGrad>(gt, 0), _mm256_load_ps(pt), m, v);
+    _mm256_store_ps(pt, p);
+    _mm256_store_ps(mt, m);
+    _mm256_store_ps(vt, v);
+    std::memcpy(pp + i, pt, len * 4);
+    std::memcpy(mp + i, mt, len * 4);
+    std::memcpy(vp + i, vt, len * 4);
+    if constexpr (kOut != DType::kUnspecified) {
+      StoreWeights<kOut>(ot, 0, p);
+      std::memcpy(static_cast<char*>(out) + i * DTypeSize(kOut), ot, len * DTypeSize(kOut));
+    }
+  }
+}
+
+template <DType kGrad>
+void DispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  if (b.weights_out == nullptr) return Loop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  switch (b.weight_dtype) {
+    case DType::kFloat32: return Loop<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return Loop<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return Loop<kGrad, DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+}  // namespace
+
+void UpdateRangeAvx2(const StepConstants& c, const AdamWBuffers& b, size_t begin,
+                     size_t end) {
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return DispatchOut<DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return DispatchOut<DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return DispatchOut<DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+void ToFloat32Avx2(const void* src, DType src_dtype, float* dst, size_t n) {
+  size_t i = 0;
+  switch (src_dtype) {
+    case DType::kFloat32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kBFloat16:
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LoadGrad<DType::kBFloat16>(src, i));
+      for (; i < n; ++i) dst[i] = BFloat16ToFloat(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::kFloat16:
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LoadGrad<DType::kFloat16>(src, i));
+      for (; i < n; ++i) dst[i] = HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+      return;
+    default: return;
+  }
+}
+
+void FromFloat32Avx2(const float* src, void* dst, DType dst_dtype, size_t n) {
+  size_t i = 0;
+  switch (dst_dtype) {
+    case DType::kFloat32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kBFloat16:
+      for (; i + 8 <= n; i += 8) StoreWeights<DType::kBFloat16>(dst, i, _mm256_loadu_ps(src + i));
+      for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToBFloat16(src[i]);
+      return;
+    case DType::kFloat16:
+      for (; i + 8 <= n; i += 8) StoreWeights<DType::kFloat16>(dst, i, _mm256_loadu_ps(src + i));
+      for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
+      return;
+    default: return;
+  }
+}
+
+}  // namespace fuyou::optimizer::internal

@@ -1,0 +1,264 @@
+// AVX-512 path (F, BW, VL, DQ + F16C, FMA). Compiled with those flags; called only
+// after a run-time check. One pass over memory, 32 elements per iteration, masked
+// tail.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "optimizer/adamw_kernel_internal.h"
+
+namespace fuyou::optimizer::internal {
+namespace {
+
+struct Consts {
+  __m512 decay, beta1, omb1, beta2, omb2, step_size, eps, grad_scale;
+  bool scale;
+  explicit Consts(const StepConstants& c)
+      : decay(_mm512_set1_ps(c.decay)),
+        beta1(_mm512_set1_ps(c.beta1)),
+        omb1(_mm512_set1_ps(c.one_minus_beta1)),
+        beta2(_mm512_set1_ps(c.beta2)),
+        omb2(_mm512_set1_ps(c.one_minus_beta2)),
+        step_size(_mm512_set1_ps(c.simd_step_size)),
+        eps(_mm512_set1_ps(c.simd_eps)),
+        grad_scale(_mm512_set1_ps(c.grad_scale)),
+        scale(c.grad_scale != 1.0f) {}
+};
+
+template <DType kGrad>
+inline __m512 LoadGrad(const void* grad, size_t i) {
+  if constexpr (kGrad == DType::kFloat32) {
+    return _mm512_loadu_ps(static_cast<const float*>(grad) + i);
+  } else {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grad) + i));
+    if constexpr (kGrad == DType::kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+template <DType kGrad>
+inline __m512 LoadGradMasked(const void* grad, size_t i, __mmask16 k) {
+  if constexpr (kGrad == DType::kFloat32) {
+    return _mm512_maskz_loadu_ps(k, static_cast<const float*>(grad) + i);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(grad) + i);
+    if constexpr (kGrad == DType::kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// 16 floats -> 16 bfloat16 in the low halves of 32-bit lanes, round to nearest even,
+// NaN quietened (same bits as FloatToBFloat16).
+inline __m512i ToBFloat16Lanes(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+template <DType kOut>
+inline void StoreWeights(void* out, size_t i, __m512 w) {
+  if constexpr (kOut == DType::kFloat32) {
+    _mm512_storeu_ps(static_cast<float*>(out) + i, w);
+  } else if constexpr (kOut == DType::kBFloat16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
+                        _mm512_cvtepi32_epi16(ToBFloat16Lanes(w)));
+  } else if constexpr (kOut == DType::kFloat16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
+                        _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <DType kOut>
+inline void StoreWeightsMasked(void* out, size_t i, __m512 w, __mmask16 k) {
+  if constexpr (kOut == DType::kFloat32) {
+    _mm512_mask_storeu_ps(static_cast<float*>(out) + i, k, w);
+  } else if constexpr (kOut == DType::kBFloat16) {
+    _mm512_mask_cvtepi32_storeu_epi16(static_cast<uint16_t*>(out) + i, k, ToBFloat16Lanes(w));
+  } else if constexpr (kOut == DType::kFloat16) {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + i, k,
+                             _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+// The arithmetic on one vector: returns the new master weights, updates m and v.
+inline __m512 Step(const Consts& k, __m512 g, __m512 p, __m512& m, __m512& v) {
+  if (k.scale) g = _mm512_mul_ps(g, k.grad_scale);
+  p = _mm512_mul_ps(p, k.decay);
+  m = _mm512_fmadd_ps(m, k.beta1, _mm512_mul_ps(k.omb1, g));
+  v = _mm512_fmadd_ps(v, k.beta2, _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
+  const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(v), k.eps);
+  return _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(k.step_size, m), denom));
+}
+
+// Stores of the weights output that bypass the caches (the output is write-only
+// here and is next read by a copy to the job or a DMA): saves the read-for-ownership
+// of every output line. `out` + i must be 64-byte aligned.
+template <DType kOut>
+inline void StreamWeights(void* out, size_t i, __m512 w0, __m512 w1) {
+  if constexpr (kOut == DType::kFloat32) {
+    _mm512_stream_ps(static_cast<float*>(out) + i, w0);
+    _mm512_stream_ps(static_cast<float*>(out) + i + 16, w1);
+  } else if constexpr (kOut == DType::kBFloat16) {
+    const __m512i both = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm512_cvtepi32_epi16(ToBFloat16Lanes(w0))),
+        _mm512_cvtepi32_epi16(ToBFloat16Lanes(w1)), 1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<uint16_t*>(out) + i), both);
+  } else if constexpr (kOut == DType::kFloat16) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(w0, kRound)),
+                                            _mm512_cvtps_ph(w1, kRound), 1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<uint16_t*>(out) + i), both);
+  }
+}
+
+// Ranges at least this long stream their weights output past the caches.
+constexpr size_t kStreamMinElements = size_t{1} << 16;
+
+template <DType kGrad, DType kOut>
+void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  const Consts k(c);
+  float* __restrict pp = b.master;
+  float* __restrict mp = b.exp_avg;
+  float* __restrict vp = b.exp_avg_sq;
+  const void* grad = b.grad;
+  void* out = b.weights_out;
+
+  // Up to 16 elements at [i, i + count) with masks.
+  auto masked = [&](size_t i, size_t count) {
+    const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+    __m512 g = LoadGradMasked<kGrad>(grad, i, mask);
+    __m512 m = _mm512_maskz_loadu_ps(mask, mp + i);
+    __m512 v = _mm512_maskz_loadu_ps(mask, vp + i);
+    __m512 p = Step(k, g, _mm512_maskz_loadu_ps(mask, pp + i), m, v);
+    _mm512_mask_storeu_ps(pp + i, mask, p);
+    _mm512_mask_storeu_ps(mp + i, mask, m);
+    _mm512_mask_storeu_ps(vp + i, mask, v);
+    StoreWeightsMasked<kOut>(out, i, p, mask);
+  };
+
+  size_t i = begin;
+  bool stream = false;
+  if constexpr (kOut != DType::kUnspecified) {
+    constexpr size_t kSize = DTypeSize(kOut);
+    const auto addr = reinterpret_cast<uintptr_t>(static_cast<char*>(out) + begin * kSize);
+    if (end - begin >= kStreamMinElements && addr % kSize == 0) {
+      stream = true;
+      size_t head = ((64 - addr % 64) % 64) / kSize;  // elements until `out` is aligned
+      while (head > 0) {
+        const size_t count = head < 16 ? head : 16;
+        masked(i, count);
+        i += count;
+        head -= count;
+      }
+    }
+  }
+
+  auto body = [&](auto streaming) {
+    for (; i + 32 <= end; i += 32) {
+      __m512 g0 = LoadGrad<kGrad>(grad, i);
+      __m512 g1 = LoadGrad<kGrad>(grad, i + 16);
+      __m512 m0 = _mm512_loadu_ps(mp + i);
+      __m512 m1 = _mm512_loadu_ps(mp + i + 16);
+      __m512 v0 = _mm512_loadu_ps(vp + i);
+      __m512 v1 = _mm512_loadu_ps(vp + i + 16);
+      __m512 p0 = Step(k, g0, _mm512_loadu_ps(pp + i), m0, v0);
+      __m512 p1 = Step(k, g1, _mm512_loadu_ps(pp + i + 16), m1, v1);
+      _mm512_storeu_ps(pp + i, p0);
+      _mm512_storeu_ps(pp + i + 16, p1);
+      _mm512_storeu_ps(mp + i, m0);
+      _mm512_storeu_ps(mp + i + 16, m1);
+      _mm512_storeu_ps(vp + i, v0);
+      _mm512_storeu_ps(vp + i + 16, v1);
+      if constexpr (decltype(streaming)::value) {
+        StreamWeights<kOut>(out, i, p0, p1);
+      } else {
+        StoreWeights<kOut>(out, i, p0);
+        StoreWeights<kOut>(out, i + 16, p1);
+      }
+    }
+  };
+  if (stream) {
+    body(std::true_type{});
+    _mm_sfence();  // order the streaming stores before whatever signals completion
+  } else {
+    body(std::false_type{});
+  }
+  for (; i < end; i += 16) masked(i, end - i);
+}
+
+template <DType kGrad>
+void DispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  if (b.weights_out == nullptr) return Loop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  switch (b.weight_dtype) {
+    case DType::kFloat32: return Loop<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return Loop<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return Loop<kGrad, DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+}  // namespace
+
+void UpdateRangeAvx512(const StepConstants& c, const AdamWBuffers& b, size_t begin,
+                       size_t end) {
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return DispatchOut<DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return DispatchOut<DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return DispatchOut<DType::kFloat16>(c, b, begin, end);
+    default: return;
+  }
+}
+
+void ToFloat32Avx512(const void* src, DType src_dtype, float* dst, size_t n) {
+  size_t i = 0;
+  switch (src_dtype) {
+    case DType::kFloat32: {
+      const auto* s = static_cast<const float*>(src);
+      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(s + i));
+      for (; i < n; ++i) dst[i] = s[i];
+      return;
+    }
+    case DType::kBFloat16:
+      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, LoadGrad<DType::kBFloat16>(src, i));
+      for (; i < n; ++i) dst[i] = BFloat16ToFloat(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::kFloat16:
+      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, LoadGrad<DType::kFloat16>(src, i));
+      for (; i < n; ++i) dst[i] = HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+      return;
+    default: return;
+  }
+}
+
+void FromFloat32Avx512(const float* src, void* dst, DType dst_dtype, size_t n) {
+  size_t i = 0;
+  switch (dst_dtype) {
+    case DType::kFloat32:
+      for (; i + 16 <= n; i += 16) StoreWeights<DType::kFloat32>(dst, i, _mm512_loadu_ps(src + i));
+      for (; i < n; ++i) static_cast<float*>(dst)[i] = src[i];
+      return;
+    case DType::kBFloat16:
+      for (; i + 16 <= n; i += 16) StoreWeights<DType::kBFloat16>(dst, i, _mm512_loadu_ps(src + i));
+      for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToBFloat16(src[i]);
+      return;
+    case DType::kFloat16:
+      for (; i + 16 <= n; i += 16) StoreWeights<DType::kFloat16>(dst, i, _mm512_loadu_ps(src + i));
+      for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
+      return;
+    default: return;
+  }
+}
+
+}  // namespace fuyou::optimizer::internal

@@ -1,0 +1,127 @@
+// Private to the optimizer module: the per-step constants, the exact scalar dtype
+// conversions every path agrees with bit for bit, and the per-ISA entry points.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "optimizer/adamw_kernel.h"
+
+namespace fuyou::optimizer::internal {
+
+// Everything an update needs that does not depend on the element. Computed once per
+// Update in double (as torch does with Python floats) and rounded to float.
+struct StepConstants {
+  float decay;           // 1 - lr * weight_decay
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float step_size;       // lr / (1 - beta1^t)
+  float bc2_sqrt;        // sqrt(1 - beta2^t)
+  float eps;
+  float grad_scale;
+  // The SIMD paths fold the two divisions of torch's order into one:
+  //   step_size * m / (sqrt(v) / bc2_sqrt + eps)
+  //     == (step_size * bc2_sqrt) * m / (sqrt(v) + eps * bc2_sqrt)
+  // which differs from torch's order by rounding only (a few ulp of the update).
+  float simd_step_size;  // step_size * bc2_sqrt
+  float simd_eps;        // eps * bc2_sqrt
+};
+
+StepConstants MakeStepConstants(const AdamWStepParams& params);
+
+// ---- Exact scalar conversions -------------------------------------------------
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline float BFloat16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest, ties to even. A NaN stays a NaN (quietened, sign and top payload
+// bits kept), never rounds up to infinity.
+inline uint16_t FloatToBFloat16(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  const uint32_t lsb = (u >> 16) & 1u;
+  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+// IEEE binary16 -> binary32, exact. Agrees with F16C's vcvtph2ps bit for bit,
+// including subnormals and NaN (a signalling NaN comes back quietened).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) {
+    if (mant == 0) return BitsToFloat(sign | 0x7f800000u);
+    return BitsToFloat(sign | 0x7fc00000u | (mant << 13));
+  }
+  if (exp != 0) return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return BitsToFloat(sign);
+  // Subnormal half: value = mant * 2^-24; normalise.
+  int e = 113;  // biased float exponent for 2^-14 once the leading 1 reaches bit 10
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  mant &= 0x3ffu;
+  return BitsToFloat(sign | (static_cast<uint32_t>(e) << 23) | (mant << 13));
+}
+
+// IEEE binary32 -> binary16, round to nearest even. Agrees with F16C's vcvtps2ph
+// (_MM_FROUND_TO_NEAREST_INT) bit for bit: overflow gives infinity, tiny values
+// round to subnormals or zero, NaN is quietened with its top payload bits kept.
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    if (abs == 0x7f800000u) return sign | 0x7c00u;
+    return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);
+  }
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: infinity
+  const uint32_t exp = abs >> 23;
+  if (exp >= 113) {  // normal half
+    const uint32_t lsb = (abs >> 13) & 1u;
+    const uint32_t r = (abs + 0xfffu + lsb) >> 13;  // carry into the exponent is right
+    return sign | static_cast<uint16_t>(r - (112u << 10));
+  }
+  if (exp < 102) return sign;  // below half the smallest subnormal (2^-25): zero
+  // Subnormal half: shift the 24-bit significand right, round to nearest even.
+  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - exp;  // 14..24
+  const uint32_t half_ulp = 1u << (shift - 1);
+  const uint32_t rest = mant & ((1u << shift) - 1u);
+  uint32_t r = mant >> shift;
+  if (rest > half_ulp || (rest == half_ulp && (r & 1u))) ++r;
+  return sign | static_cast<uint16_t>(r);
+}
+
+// ---- Per-ISA entry points (defined only where the build compiled them) -------
+
+// Updates [begin, end); the buffers' dtypes are valid.
+void UpdateRangeScalar(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+void UpdateRangeAvx2(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
+void ToFloat32Avx2(const void* src, DType src_dtype, float* dst, size_t n);
+void FromFloat32Avx2(const float* src, void* dst, DType dst_dtype, size_t n);
+#endif
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+void UpdateRangeAvx512(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
+void ToFloat32Avx512(const void* src, DType src_dtype, float* dst, size_t n);
+void FromFloat32Avx512(const float* src, void* dst, DType dst_dtype, size_t n);
+#endif
+
+}  // namespace fuyou::optimizer::internal

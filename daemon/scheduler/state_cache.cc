@@ -1,0 +1,139 @@
+#include "scheduler/state_cache.h"
+
+#include <chrono>
+
+#include "fmt/format.h"
+
+namespace fuyou {
+
+StateCache::StateCache(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
+
+CacheEntryPtr StateCache::Pin(const std::string& job, uint32_t chunk_id) {
+  std::unique_lock lock(mutex_);
+  auto it = entries_.find({job, chunk_id});
+  if (it == entries_.end()) return nullptr;
+  CacheEntryPtr entry = it->second;
+  if (entry->in_lru) {
+    lru_.erase(entry->lru_position);
+    entry->in_lru = false;
+  }
+  ++entry->pins;
+  changed_.wait(lock, [&] { return !entry->loading; });
+  return entry;
+}
+
+absl::StatusOr<CacheEntryPtr> StateCache::Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
+                                                 bool loading, int64_t timeout_ms) {
+  if (bytes > budget_bytes_) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "chunk {} of job '{}' needs {} bytes of states, more than the daemon's whole DRAM budget of {} bytes",
+        chunk_id, job, bytes, budget_bytes_));
+  }
+  std::unique_lock lock(mutex_);
+  if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (bytes_in_use_ + bytes > budget_bytes_) {
+    if (EvictOneLocked()) continue;
+    if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return absl::DeadlineExceededError(fmt::format(
+          "waited {} ms for {} bytes of the DRAM budget for chunk {} of job '{}'", timeout_ms, bytes, chunk_id, job));
+    }
+  }
+  bytes_in_use_ += bytes;  // reserved before the allocation, released on failure
+  lock.unlock();
+  auto buffer = storage::AlignedBuffer::Allocate(bytes);
+  lock.lock();
+  if (!buffer.ok()) {
+    bytes_in_use_ -= bytes;
+    changed_.notify_all();
+    return buffer.status();
+  }
+  auto entry = std::make_shared<CacheEntry>();
+  entry->job = job;
+  entry->chunk_id = chunk_id;
+  entry->buffer = std::move(*buffer);
+  entry->pins = 1;
+  entry->loading = loading;
+  // Account for the rounded size the buffer really takes.
+  bytes_in_use_ += entry->buffer.size() - bytes;
+  if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
+  entries_[{job, chunk_id}] = entry;
+  return entry;
+}
+
+void StateCache::FinishLoad(const CacheEntryPtr& entry, absl::Status status) {
+  std::lock_guard lock(mutex_);
+  entry->loading = false;
+  entry->load_status = std::move(status);
+  changed_.notify_all();
+}
+
+void StateCache::Unpin(const CacheEntryPtr& entry) {
+  std::lock_guard lock(mutex_);
+  if (--entry->pins > 0) return;
+  if (entry->discarded || !entry->load_status.ok()) {
+    if (!entry->discarded) {
+      entries_.erase({entry->job, entry->chunk_id});
+      entry->discarded = true;
+    }
+    bytes_in_use_ -= entry->buffer.size();
+    entry->buffer = storage::AlignedBuffer();
+  } else {
+    lru_.push_back({entry->job, entry->chunk_id});
+    entry->lru_position = std::prev(lru_.end());
+    entry->in_lru = true;
+  }
+  changed_.notify_all();
+}
+
+void StateCache::DropLocked(std::map<Key, CacheEntryPtr>::iterator it) {
+  CacheEntryPtr entry = it->second;
+  entries_.erase(it);
+  entry->discarded = true;
+  if (entry->in_lru) {
+    lru_.erase(entry->lru_position);
+    entry->in_lru = false;
+  }
+  if (entry->pins == 0) {
+    bytes_in_use_ -= entry->buffer.size();
+    entry->buffer = storage::AlignedBuffer();
+  }
+  changed_.notify_all();
+}
+
+bool StateCache::EvictOneLocked() {
+  if (lru_.empty()) return false;
+  auto it = entries_.find(lru_.front());
+  DropLocked(it);
+  return true;
+}
+
+void StateCache::Drop(const std::string& job, uint32_t chunk_id) {
+  std::lock_guard lock(mutex_);
+  if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
+}
+
+void StateCache::DropJob(const std::string& job) {
+  std::lock_guard lock(mutex_);
+  for (auto it = entries_.lower_bound({job, 0}); it != entries_.end() && it->first.first == job;) {
+    DropLocked(it++);
+  }
+}
+
+void StateCache::MarkCommitted(const CacheEntryPtr& entry) {
+  std::lock_guard lock(mutex_);
+  entry->uncommitted = false;
+}
+
+bool StateCache::Contains(const std::string& job, uint32_t chunk_id) const {
+  std::lock_guard lock(mutex_);
+  return entries_.count({job, chunk_id}) != 0;
+}
+
+uint64_t StateCache::bytes_in_use() const {
+  std::lock_guard lock(mutex_);
+  return bytes_in_use_;
+}
+
+}  // namespace fuyou

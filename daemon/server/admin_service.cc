@@ -1,0 +1,67 @@
+#include "server/admin_service.h"
+
+#include <unistd.h>
+
+#include "common/status_util.h"
+
+namespace fuyou {
+
+grpc::Status AdminService::Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* response) {
+  response->set_status(sessions_.draining() ? "DRAINING" : "SERVING");
+  response->set_version(FUYOU_VERSION);
+  response->set_uptime_seconds(stats_.uptime_seconds());
+  response->set_kernel_isa(kernel_isa_);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                                    v1::GetStatsResponse* response) {
+  StatsRates rates = stats_.Rates();
+  for (size_t i = 0; i < stats_.storage_paths().size(); ++i) {
+    v1::StoragePathStats* path = response->add_storage();
+    storage::IoCounters* counters = stats_.path_counters(i);
+    path->set_path(stats_.storage_paths()[i].string());
+    path->set_bytes_read(counters->bytes_read.load());
+    path->set_bytes_written(counters->bytes_written.load());
+    path->set_read_gbps(rates.read_gbps[i]);
+    path->set_write_gbps(rates.write_gbps[i]);
+    path->set_direct_io(i < direct_io_.size() && direct_io_[i]);
+  }
+  response->set_chunk_updates(stats_.chunk_updates.load());
+  response->set_params_updated(stats_.params_updated.load());
+  response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
+  response->set_params_updated_per_second(rates.params_updated_per_second);
+  response->set_dram_bytes_in_use(cache_.bytes_in_use());
+  response->set_dram_budget_bytes(cache_.budget_bytes());
+  response->set_cache_hits(stats_.cache_hits.load());
+  response->set_cache_misses(stats_.cache_misses.load());
+  response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
+  response->set_steps_committed(stats_.steps_committed.load());
+  response->set_uptime_seconds(stats_.uptime_seconds());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                                        v1::ListSessionsResponse* response) {
+  for (const auto& session : sessions_.List()) *response->add_sessions() = session->Info();
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                    v1::ListJobsResponse* response) {
+  auto jobs = jobs_.List();
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (auto& job : *jobs) *response->add_jobs() = std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                                     v1::DeleteJobResponse* response) {
+  auto freed = jobs_.Delete(request->name(), ::geteuid());
+  if (!freed.ok()) return ToGrpcStatus(freed.status());
+  cache_.DropJob(request->name());
+  response->set_bytes_freed(*freed);
+  return grpc::Status::OK;
+}
+
+}  // namespace fuyou

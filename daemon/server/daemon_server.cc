@@ -1,0 +1,197 @@
+#include "server/daemon_server.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "fmt/format.h"
+#include "grpcpp/grpcpp.h"
+#include "jobs/job_registry.h"
+#include "optimizer/adamw_kernel.h"
+#include "scheduler/state_cache.h"
+#include "server/admin_service.h"
+#include "server/offload_service.h"
+#include "server/socket_path.h"
+#include "session/session_registry.h"
+#include "stats/daemon_stats.h"
+#include "storage/io_engine.h"
+
+namespace fuyou {
+namespace fs = std::filesystem;
+namespace {
+
+// Holds flock(LOCK_EX) on <root>/fuyoud.lock so two daemons never share a
+// storage path.
+class StoragePathLock {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoragePathLock>> Acquire(const fs::path& root) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) return absl::FailedPreconditionError(fmt::format("cannot create storage path {}: {}", root.string(), ec.message()));
+    fs::path path = root / "fuyoud.lock";
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot open {}", path.string()));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          fmt::format("storage path {} is in use by another fuyoud (it holds {})", root.string(), path.string()));
+    }
+    return std::unique_ptr<StoragePathLock>(new StoragePathLock(fd));
+  }
+  ~StoragePathLock() { ::close(fd_); }
+
+ private:
+  explicit StoragePathLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+// O_DIRECT support of a storage path, found by opening a probe file through the
+// engine (which logs the fallback or refuses the path).
+absl::StatusOr<bool> ProbeDirectIo(storage::IoEngine& io, const fs::path& root) {
+  fs::path probe = root / ".fuyoud-probe";
+  auto file = io.Open(probe, /*create=*/true, nullptr);
+  if (!file.ok()) return file.status();
+  bool direct = (*file)->direct_io();
+  file->reset();
+  std::error_code ec;
+  fs::remove(probe, ec);
+  return direct;
+}
+
+}  // namespace
+
+class DaemonServer::Impl {
+ public:
+  DaemonConfig config;
+  std::vector<std::unique_ptr<StoragePathLock>> locks;
+  std::unique_ptr<DaemonStats> stats;
+  std::unique_ptr<storage::IoEngine> io;
+  std::unique_ptr<optimizer::AdamWKernel> kernel;
+  std::unique_ptr<StateCache> cache;
+  std::unique_ptr<JobRegistry> jobs;
+  std::unique_ptr<SessionRegistry> sessions;
+  std::unique_ptr<OffloadService> offload;
+  std::unique_ptr<AdminService> admin;
+  std::unique_ptr<grpc::Server> server;
+
+  std::mutex mutex;
+  std::condition_variable stop_requested;
+  bool stopping = false;
+  bool stopped = false;
+  std::thread reaper;
+
+  void RunReaper() {
+    std::unique_lock lock(mutex);
+    while (!stop_requested.wait_for(lock, std::chrono::seconds(5), [&] { return stopping; })) {
+      lock.unlock();
+      sessions->ReapUnattached(std::chrono::seconds(30));
+      lock.lock();
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonConfig& config) {
+  FUYOU_RETURN_IF_ERROR(ValidateConfig(config));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  for (const fs::path& root : config.storage_paths) {
+    auto lock = StoragePathLock::Acquire(root);
+    if (!lock.ok()) return lock.status();
+    impl->locks.push_back(std::move(*lock));
+  }
+  impl->stats = std::make_unique<DaemonStats>(config.storage_paths);
+  storage::IoEngineOptions io_options;
+  io_options.queue_depth = config.io_queue_depth;
+  io_options.allow_buffered_fallback = config.allow_buffered_io;
+  auto io = storage::IoEngine::Create(io_options);
+  if (!io.ok()) return io.status();
+  impl->io = std::move(*io);
+  std::vector<bool> direct_io;
+  for (const fs::path& root : config.storage_paths) {
+    auto direct = ProbeDirectIo(*impl->io, root);
+    if (!direct.ok()) return direct.status();
+    direct_io.push_back(*direct);
+  }
+  impl->kernel = std::make_unique<optimizer::AdamWKernel>(config.worker_threads);
+  impl->cache = std::make_unique<StateCache>(config.dram_budget_bytes);
+  auto jobs = JobRegistry::Create(config.storage_paths, *impl->io, *impl->stats);
+  if (!jobs.ok()) return jobs.status();
+  impl->jobs = std::move(*jobs);
+  SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
+  impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes);
+  impl->offload = std::make_unique<OffloadService>(*impl->sessions);
+  impl->admin = std::make_unique<AdminService>(*impl->stats, *impl->sessions, *impl->jobs, *impl->cache,
+                                               std::string(optimizer::IsaName(impl->kernel->isa())), direct_io);
+
+  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path));
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort("unix:" + config.socket_path.string(), grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(impl->offload.get());
+  builder.RegisterService(impl->admin.get());
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  // Keep the socket private until its mode is set.
+  const mode_t old_umask = ::umask(0177);
+  impl->server = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (!impl->server || bound == 0) {
+    return absl::UnavailableError(fmt::format("cannot listen on {}", config.socket_path.string()));
+  }
+  FUYOU_RETURN_IF_ERROR(ApplySocketMode(config.socket_path, config.socket_mode));
+  impl->reaper = std::thread([raw = impl.get()] { raw->RunReaper(); });
+  log::Info("fuyoud {} serving on {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker threads ({})",
+            FUYOU_VERSION, config.socket_path.string(), config.socket_mode,
+            [&] {
+              std::string paths;
+              for (size_t i = 0; i < config.storage_paths.size(); ++i) {
+                paths += fmt::format("{}{}{}", i ? ", " : "", config.storage_paths[i].string(),
+                                     direct_io[i] ? "" : " (buffered)");
+              }
+              return paths;
+            }(),
+            config.dram_budget_bytes >> 20, impl->kernel->threads(), optimizer::IsaName(impl->kernel->isa()));
+  return std::unique_ptr<DaemonServer>(new DaemonServer(std::move(impl)));
+}
+
+DaemonServer::DaemonServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DaemonServer::~DaemonServer() { Shutdown(); }
+
+void DaemonServer::Shutdown() {
+  Impl& impl = *impl_;
+  {
+    std::lock_guard lock(impl.mutex);
+    if (impl.stopped) return;
+    impl.stopped = true;
+    impl.stopping = true;
+  }
+  impl.stop_requested.notify_all();
+  if (impl.reaper.joinable()) impl.reaper.join();
+  impl.sessions->StartDraining();
+  const auto drain_deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(impl.config.drain_seconds);
+  if (impl.sessions->size() > 0) {
+    log::Info("draining: waiting up to {} s for {} session(s) to close", impl.config.drain_seconds,
+              impl.sessions->size());
+  }
+  while (impl.sessions->size() > 0 && std::chrono::steady_clock::now() < drain_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Sessions still open lose only their uncommitted step.
+  impl.sessions->CloseAll();
+  impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  impl.server->Wait();
+  std::error_code ec;
+  fs::remove(impl.config.socket_path, ec);
+  log::Info("fuyoud stopped; socket {} removed", impl.config.socket_path.string());
+}
+
+}  // namespace fuyou

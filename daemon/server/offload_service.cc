@@ -1,0 +1,75 @@
+#include "server/offload_service.h"
+
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "fmt/format.h"
+
+namespace fuyou {
+
+grpc::Status OffloadService::OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest* request,
+                                         v1::OpenSessionResponse* response) {
+  // Peer credentials are not available through gRPC's insecure Unix transport;
+  // sessions belong to the daemon's uid, and the socket's mode decides who connects.
+  auto session = sessions_.Open(*request, ::geteuid());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  const SegmentLayout& layout = (*session)->segment().layout();
+  response->set_session_id((*session)->id());
+  response->set_segment_name((*session)->segment().name());
+  response->set_segment_bytes(layout.TotalBytes());
+  response->set_num_slots(layout.num_slots);
+  response->set_slot_bytes(layout.slot_bytes);
+  response->set_committed_step((*session)->committed_step());
+  response->set_existing_chunks(static_cast<uint32_t>((*session)->Info().chunks()));
+  return grpc::Status::OK;
+}
+
+grpc::Status OffloadService::RegisterChunks(grpc::ServerContext*, const v1::RegisterChunksRequest* request,
+                                            v1::RegisterChunksResponse* response) {
+  auto session = sessions_.Find(request->session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  auto result = (*session)->RegisterChunks(*request);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+grpc::Status OffloadService::Stream(grpc::ServerContext*,
+                                    grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) {
+  v1::ClientMessage message;
+  if (!stream->Read(&message)) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before Attach");
+  if (!message.has_attach()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of a stream must be Attach");
+  }
+  const std::string id = message.attach().session_id();
+  auto found = sessions_.Find(id);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  std::shared_ptr<Session> session = std::move(*found);
+  if (session->attached()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        fmt::format("session {} already has a stream attached", id));
+  }
+  session->Attach();
+  v1::DaemonMessage attached;
+  attached.mutable_attached()->set_session_id(id);
+  bool open = stream->Write(attached);
+  while (open && stream->Read(&message)) {
+    open = stream->Write(session->Handle(message));
+  }
+  if (!session->closed()) {
+    log::Info("session {}: stream of job '{}' ended without CloseSession (client gone?)", id, session->job_name());
+    (void)sessions_.Close(id);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status OffloadService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* request,
+                                          v1::CloseSessionResponse* response) {
+  auto committed = sessions_.Close(request->session_id());
+  if (!committed.ok()) return ToGrpcStatus(committed.status());
+  response->set_committed_step(*committed);
+  return grpc::Status::OK;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,506 @@
+#include "session/session.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "fmt/format.h"
+#include "jobs/job_registry.h"
+#include "optimizer/adamw_kernel.h"
+#include "stats/daemon_stats.h"
+
+namespace fuyou {
+namespace {
+
+v1::DaemonMessage ErrorReply(const absl::Status& status, std::optional<uint32_t> chunk_id,
+                             std::optional<int64_t> step) {
+  v1::DaemonMessage reply;
+  v1::Error* error = reply.mutable_error();
+  error->set_code(static_cast<int32_t>(status.code()));
+  error->set_message(std::string(status.message()));
+  if (chunk_id) error->set_chunk_id(*chunk_id);
+  if (step) error->set_step(*step);
+  return reply;
+}
+
+uint64_t PayloadChecksum(const CacheEntry& entry, uint64_t num_elements) {
+  return XXH3_64bits(entry.buffer.data(), ChunkPayloadBytes(num_elements));
+}
+
+std::string HyperProblem(const v1::AdamWHyper& hyper) {
+  auto finite = [](float x) { return std::isfinite(x); };
+  if (!finite(hyper.lr()) || hyper.lr() < 0) return fmt::format("lr {} is not a finite value >= 0", hyper.lr());
+  if (!(hyper.beta1() >= 0 && hyper.beta1() < 1)) return fmt::format("beta1 {} is outside [0, 1)", hyper.beta1());
+  if (!(hyper.beta2() >= 0 && hyper.beta2() < 1)) return fmt::format("beta2 {} is outside [0, 1)", hyper.beta2());
+  if (!finite(hyper.eps()) || hyper.eps() <= 0) return fmt::format("eps {} is not a finite value > 0", hyper.eps());
+  if (!finite(hyper.weight_decay()) || hyper.weight_decay() < 0) {
+    return fmt::format("weight_decay {} is not a finite value >= 0", hyper.weight_decay());
+  }
+  if (!finite(hyper.grad_scale())) return fmt::format("grad_scale {} is not finite", hyper.grad_scale());
+  return "";
+}
+
+}  // namespace
+
+Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job,
+                 std::unique_ptr<ShmSegment> segment, uid_t uid, std::string client_info)
+    : services_(services),
+      id_(std::move(id)),
+      job_name_(job->name()),
+      uid_(uid),
+      client_info_(std::move(client_info)),
+      opened_(std::chrono::steady_clock::now()),
+      job_(std::move(job)),
+      segment_(std::move(segment)) {
+  step_ = job_->manifest().committed_step() + 1;
+  // Until a step has been seen, expect backward order: the reverse of registration.
+  for (auto it = job_->manifest().chunks().rbegin(); it != job_->manifest().chunks().rend(); ++it) {
+    order_.push_back(it->chunk_id());
+  }
+}
+
+Session::~Session() { Close(); }
+
+int64_t Session::committed_step() const {
+  std::lock_guard lock(mutex_);
+  return step_ - 1;
+}
+
+void Session::Attach() {
+  std::lock_guard lock(mutex_);
+  attached_ = true;
+  if (segment_) segment_->Unlink();
+}
+
+bool Session::attached() const {
+  std::lock_guard lock(mutex_);
+  return attached_;
+}
+
+bool Session::closed() const {
+  std::lock_guard lock(mutex_);
+  return closed_;
+}
+
+void Session::WaitForIo() {
+  std::unique_lock lock(io_mutex_);
+  io_done_.wait(lock, [&] { return inflight_io_ == 0; });
+}
+
+absl::Status Session::StepError() const {
+  std::lock_guard lock(io_mutex_);
+  return write_error_;
+}
+
+int64_t Session::Close() {
+  std::lock_guard lock(mutex_);
+  if (closed_) return step_ - 1;
+  closed_ = true;
+  WaitForIo();
+  if (!updated_.empty()) {
+    log::Info("session {} of job '{}' ended in step {}: {} chunk updates rolled back to step {}", id_, job_name_,
+              step_, updated_.size(), step_ - 1);
+  }
+  RollBackStepLocked();
+  segment_.reset();
+  services_.jobs.Release(job_name_);
+  job_.reset();
+  return step_ - 1;
+}
+
+void Session::RollBackStepLocked() {
+  for (const auto& [chunk_id, updated] : updated_) services_.cache.Drop(job_name_, chunk_id);
+  updated_.clear();
+  arrivals_.clear();
+  std::lock_guard lock(io_mutex_);
+  write_error_ = absl::OkStatus();
+}
+
+absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& record) {
+  const uint32_t version = record.committed_version();
+  if (CacheEntryPtr entry = services_.cache.Pin(job_name_, record.chunk_id())) {
+    if (entry->load_status.ok() && entry->version == version && !entry->uncommitted) {
+      services_.stats.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      return entry;
+    }
+    services_.cache.Unpin(entry);
+    services_.cache.Drop(job_name_, record.chunk_id());
+  }
+  services_.stats.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  const v1::StateExtent& extent = record.extents(static_cast<int>(version));
+  auto created = services_.cache.Create(job_name_, record.chunk_id(), extent.length(), /*wait=*/true);
+  if (!created.ok()) return created.status();
+  CacheEntryPtr entry = std::move(*created);
+  entry->version = version;
+  absl::Status status = job_->file(extent.path_index()).Read(extent.offset(), entry->buffer.span().first(extent.length()));
+  if (status.ok() && PayloadChecksum(*entry, record.num_elements()) != extent.checksum()) {
+    status = absl::DataLossError(fmt::format(
+        "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
+        "nothing was returned from it",
+        job_name_, record.chunk_id(), job_->file(extent.path_index()).path().string(), extent.offset()));
+  }
+  if (!status.ok()) {
+    services_.cache.FinishLoad(entry, status);
+    services_.cache.Unpin(entry);
+    return status;
+  }
+  return entry;
+}
+
+void Session::Prefetch(const v1::ChunkRecord& record) {
+  if (services_.cache.Contains(job_name_, record.chunk_id())) return;
+  const uint32_t version = record.committed_version();
+  const v1::StateExtent& extent = record.extents(static_cast<int>(version));
+  auto created = services_.cache.Create(job_name_, record.chunk_id(), extent.length(), /*wait=*/false,
+                                        /*loading=*/true);
+  if (!created.ok()) return;  // no budget free now: the update will read on demand
+  CacheEntryPtr entry = std::move(*created);
+  entry->version = version;
+  {
+    std::lock_guard lock(io_mutex_);
+    ++inflight_io_;
+  }
+  const uint64_t num_elements = record.num_elements();
+  const uint64_t expected = extent.checksum();
+  job_->file(extent.path_index())
+      .ReadAsync(extent.offset(), entry->buffer.span().first(extent.length()),
+                 [this, entry, num_elements, expected, chunk_id = record.chunk_id()](absl::Status status) {
+                   if (status.ok() && PayloadChecksum(*entry, num_elements) != expected) {
+                     status = absl::DataLossError(fmt::format(
+                         "job '{}' chunk {}: the states read from storage fail their checksum; the extent is "
+                         "corrupt and nothing was returned from it",
+                         job_name_, chunk_id));
+                   }
+                   services_.cache.FinishLoad(entry, status);
+                   services_.cache.Unpin(entry);
+                   std::lock_guard lock(io_mutex_);
+                   --inflight_io_;
+                   io_done_.notify_all();
+                 });
+}
+
+void Session::PrefetchAfter(size_t position) {
+  for (size_t i = position; i < order_.size() && i < position + services_.prefetch_window; ++i) {
+    int index = job_->FindChunk(order_[i]);
+    if (index < 0 || updated_.count(order_[i]) != 0) continue;
+    Prefetch(job_->manifest().chunks(index));
+  }
+}
+
+absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
+  std::lock_guard lock(mutex_);
+  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
+  const SegmentLayout& layout = segment_->layout();
+  if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
+  // Validate everything before changing anything.
+  std::set<uint32_t> ids;
+  std::set<uint32_t> slots;
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    const uint32_t id = spec.chunk_id();
+    const auto param_dtype = static_cast<DType>(spec.param_dtype());
+    const auto grad_dtype = static_cast<DType>(spec.grad_dtype());
+    if (!IsValidDType(param_dtype) || !IsValidDType(grad_dtype)) {
+      return absl::InvalidArgumentError(
+          fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
+    }
+    if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));
+    const uint64_t wire_bytes = spec.num_elements() * std::max(DTypeSize(param_dtype), DTypeSize(grad_dtype));
+    if (wire_bytes > layout.slot_bytes) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {} needs {} bytes per slot region but the session's slots have {} bytes; open the session with a "
+          "larger slot_bytes",
+          id, wire_bytes, layout.slot_bytes));
+    }
+    const uint64_t state_bytes = ChunkStateBytes(spec.num_elements());
+    if (state_bytes > services_.cache.budget_bytes() / 2) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {} has {} bytes of optimizer states, more than half the daemon's DRAM budget ({} bytes); use "
+          "smaller chunks or a larger --dram-budget",
+          id, state_bytes, services_.cache.budget_bytes()));
+    }
+    if (spec.slot() >= layout.num_slots) {
+      return absl::InvalidArgumentError(
+          fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", id, spec.slot(), layout.num_slots));
+    }
+    if (!ids.insert(id).second) return absl::InvalidArgumentError(fmt::format("chunk {} is listed twice", id));
+    if (!slots.insert(spec.slot()).second) {
+      return absl::InvalidArgumentError(fmt::format("slot {} is used by two chunks in one request", spec.slot()));
+    }
+    if (registered_.count(id) != 0) {
+      return absl::FailedPreconditionError(fmt::format("chunk {} is already registered in this session", id));
+    }
+    if (int index = job_->FindChunk(id); index >= 0) {
+      const uint64_t stored = job_->manifest().chunks(index).num_elements();
+      if (stored != spec.num_elements()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "chunk {} of job '{}' has {} elements on the daemon but the request says {}; a resumed job must "
+            "register the same chunks",
+            id, job_name_, stored, spec.num_elements()));
+      }
+    }
+  }
+
+  v1::JobManifest next = job_->manifest();
+  bool manifest_changed = false;
+  v1::RegisterChunksResponse response;
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    const uint32_t id = spec.chunk_id();
+    const auto param_dtype = static_cast<DType>(spec.param_dtype());
+    std::span<std::byte> weights = segment_->ParamRegion(spec.slot());
+    v1::RegisteredChunk* result = response.add_chunks();
+    result->set_chunk_id(id);
+    if (int index = job_->FindChunk(id); index >= 0) {
+      const v1::ChunkRecord& record = job_->manifest().chunks(index);
+      auto entry = AcquireStates(record);
+      if (!entry.ok()) return entry.status();
+      optimizer::ConvertFromFloat32(reinterpret_cast<const float*>((*entry)->buffer.data()), weights.data(),
+                                    param_dtype, record.num_elements());
+      services_.cache.Unpin(*entry);
+      result->set_resumed(true);
+      result->set_update_count(record.update_count());
+      v1::ChunkRecord* next_record = next.mutable_chunks(index);
+      if (next_record->param_dtype() != spec.param_dtype() || next_record->grad_dtype() != spec.grad_dtype()) {
+        next_record->set_param_dtype(spec.param_dtype());
+        next_record->set_grad_dtype(spec.grad_dtype());
+        manifest_changed = true;
+      }
+      continue;
+    }
+    FUYOU_RETURN_IF_ERROR(job_->AddChunk(next, id, spec.num_elements(), param_dtype,
+                                         static_cast<DType>(spec.grad_dtype())));
+    manifest_changed = true;
+    v1::ChunkRecord* record = next.mutable_chunks(next.chunks_size() - 1);
+    v1::StateExtent* extent = record->mutable_extents(0);
+    auto created = services_.cache.Create(job_name_, id, extent->length(), /*wait=*/true);
+    if (!created.ok()) return created.status();
+    CacheEntryPtr entry = std::move(*created);
+    const uint64_t n = spec.num_elements();
+    auto* master = reinterpret_cast<float*>(entry->buffer.data());
+    optimizer::ConvertToFloat32(weights.data(), param_dtype, master, n);
+    std::memset(master + n, 0, entry->buffer.size() - 4 * n);  // m, v and the padding
+    extent->set_checksum(PayloadChecksum(*entry, n));
+    entry->version = 0;
+    absl::Status written = job_->file(extent->path_index()).Write(extent->offset(), entry->buffer.span().first(extent->length()));
+    services_.cache.Unpin(entry);
+    if (!written.ok()) {
+      services_.cache.Drop(job_name_, id);
+      return absl::Status(written.code(),
+                          fmt::format("job '{}': cannot write the initial states of chunk {}: {}", job_name_, id,
+                                      written.message()));
+    }
+    result->set_resumed(false);
+    result->set_update_count(0);
+  }
+  if (manifest_changed) {
+    if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
+      for (const v1::ChunkSpec& spec : request.chunks()) {
+        if (job_->FindChunk(spec.chunk_id()) < 0) services_.cache.Drop(job_name_, spec.chunk_id());
+      }
+      return committed;
+    }
+  }
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    registered_[spec.chunk_id()] = RegisteredChunk{spec.num_elements(), static_cast<DType>(spec.param_dtype()),
+                                                   static_cast<DType>(spec.grad_dtype())};
+    if (std::find(order_.begin(), order_.end(), spec.chunk_id()) == order_.end()) {
+      order_.insert(order_.begin(), spec.chunk_id());  // newest registered: first in backward
+    }
+  }
+  return response;
+}
+
+v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
+  std::lock_guard lock(mutex_);
+  if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
+  switch (message.kind_case()) {
+    case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
+    case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
+    case v1::ClientMessage::kAbortStep: return OnAbortStep(message.abort_step());
+    case v1::ClientMessage::kAttach:
+      return ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {});
+    default:
+      return ErrorReply(absl::InvalidArgumentError("malformed message: ClientMessage has no kind set"), {}, {});
+  }
+}
+
+v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
+  const uint32_t chunk_id = request.chunk_id();
+  const int64_t step = request.step();
+  auto refuse = [&](const absl::Status& status) { return ErrorReply(status, chunk_id, step); };
+  if (step != step_) {
+    return refuse(absl::FailedPreconditionError(fmt::format(
+        "GradReady for step {} is out of order: job '{}' is at committed step {}, so the next step is {}", step,
+        job_name_, step_ - 1, step_)));
+  }
+  auto registered = registered_.find(chunk_id);
+  if (registered == registered_.end()) {
+    return refuse(absl::InvalidArgumentError(
+        fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)));
+  }
+  if (request.slot() >= segment_->layout().num_slots) {
+    return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: slot {} does not exist (the session has {} slots)",
+                                                         chunk_id, request.slot(), segment_->layout().num_slots)));
+  }
+  if (!request.has_hyper()) return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: hyper is missing", chunk_id)));
+  if (std::string problem = HyperProblem(request.hyper()); !problem.empty()) {
+    return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: {}", chunk_id, problem)));
+  }
+  if (updated_.count(chunk_id) != 0) {
+    return refuse(absl::FailedPreconditionError(
+        fmt::format("chunk {} was already updated in step {}; each chunk is sent once per step", chunk_id, step)));
+  }
+  if (absl::Status failed = StepError(); !failed.ok()) {
+    return refuse(absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message())));
+  }
+  const v1::ChunkRecord& record = job_->manifest().chunks(job_->FindChunk(chunk_id));
+  auto acquired = AcquireStates(record);
+  if (!acquired.ok()) return refuse(acquired.status());
+  CacheEntryPtr entry = std::move(*acquired);
+
+  const uint64_t n = record.num_elements();
+  const v1::AdamWHyper& hyper = request.hyper();
+  optimizer::AdamWStepParams params;
+  params.lr = hyper.lr();
+  params.beta1 = hyper.beta1();
+  params.beta2 = hyper.beta2();
+  params.eps = hyper.eps();
+  params.weight_decay = hyper.weight_decay();
+  params.grad_scale = hyper.grad_scale() == 0 ? 1.0f : hyper.grad_scale();
+  params.step = record.update_count() + 1;
+  auto* master = reinterpret_cast<float*>(entry->buffer.data());
+  optimizer::AdamWBuffers buffers;
+  buffers.master = master;
+  buffers.exp_avg = master + n;
+  buffers.exp_avg_sq = master + 2 * n;
+  buffers.grad = segment_->GradRegion(request.slot()).data();
+  buffers.grad_dtype = registered->second.grad_dtype;
+  buffers.weights_out = segment_->ParamRegion(request.slot()).data();
+  buffers.weight_dtype = registered->second.param_dtype;
+  buffers.n = n;
+  services_.kernel.Update(params, buffers);
+  services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
+  services_.stats.params_updated.fetch_add(n, std::memory_order_relaxed);
+
+  // Write the new states to the shadow extent; the committed one stays intact.
+  const uint32_t new_version = 1 - record.committed_version();
+  entry->version = new_version;
+  entry->uncommitted = true;
+  const uint64_t checksum = PayloadChecksum(*entry, n);
+  updated_[chunk_id] = UpdatedChunk{entry, new_version, checksum};
+  arrivals_.push_back(chunk_id);
+  const v1::StateExtent& extent = record.extents(static_cast<int>(new_version));
+  {
+    std::lock_guard io_lock(io_mutex_);
+    ++inflight_io_;
+  }
+  job_->file(extent.path_index())
+      .WriteAsync(extent.offset(), entry->buffer.span().first(extent.length()),
+                  [this, entry, chunk_id](absl::Status status) {
+                    services_.cache.Unpin(entry);
+                    std::lock_guard io_lock(io_mutex_);
+                    if (!status.ok() && write_error_.ok()) {
+                      write_error_ = absl::Status(
+                          status.code(), fmt::format("job '{}': write-back of chunk {} failed: {}", job_name_,
+                                                     chunk_id, status.message()));
+                    }
+                    --inflight_io_;
+                    io_done_.notify_all();
+                  });
+
+  // Read ahead: the chunks that followed this one in the last step.
+  auto position = std::find(order_.begin(), order_.end(), chunk_id);
+  if (position != order_.end()) PrefetchAfter(static_cast<size_t>(position - order_.begin()) + 1);
+
+  v1::DaemonMessage reply;
+  v1::ParamsReady* ready = reply.mutable_params_ready();
+  ready->set_step(step);
+  ready->set_chunk_id(chunk_id);
+  ready->set_slot(request.slot());
+  return reply;
+}
+
+v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
+  const int64_t step = request.step();
+  if (step != step_) {
+    return ErrorReply(absl::FailedPreconditionError(fmt::format(
+                          "EndStep for step {} is out of order: job '{}' is at committed step {}, so the next step is {}",
+                          step, job_name_, step_ - 1, step_)),
+                      {}, step);
+  }
+  WaitForIo();
+  if (absl::Status failed = StepError(); !failed.ok()) {
+    RollBackStepLocked();
+    return ErrorReply(absl::Status(failed.code(), fmt::format("step {} was rolled back to step {}: {}", step, step - 1,
+                                                              failed.message())),
+                      {}, step);
+  }
+  v1::JobManifest next = job_->manifest();
+  for (const auto& [chunk_id, updated] : updated_) {
+    v1::ChunkRecord* record = next.mutable_chunks(job_->FindChunk(chunk_id));
+    record->set_update_count(record->update_count() + 1);
+    record->set_committed_version(updated.new_version);
+    record->mutable_extents(static_cast<int>(updated.new_version))->set_checksum(updated.checksum);
+  }
+  next.set_committed_step(step);
+  if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
+    RollBackStepLocked();
+    return ErrorReply(absl::Status(committed.code(), fmt::format("step {} could not commit and was rolled back: {}",
+                                                                 step, committed.message())),
+                      {}, step);
+  }
+  for (const auto& [chunk_id, updated] : updated_) services_.cache.MarkCommitted(updated.entry);
+  services_.stats.steps_committed.fetch_add(1, std::memory_order_relaxed);
+  const auto chunks_updated = static_cast<uint32_t>(updated_.size());
+  // Next step's prediction: this step's arrivals, then chunks that did not come.
+  std::vector<uint32_t> order = arrivals_;
+  for (uint32_t chunk_id : order_) {
+    if (updated_.count(chunk_id) == 0) order.push_back(chunk_id);
+  }
+  order_ = std::move(order);
+  updated_.clear();
+  arrivals_.clear();
+  ++step_;
+  PrefetchAfter(0);
+
+  v1::DaemonMessage reply;
+  reply.mutable_step_committed()->set_step(step);
+  reply.mutable_step_committed()->set_chunks_updated(chunks_updated);
+  return reply;
+}
+
+v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
+  const int64_t step = request.step();
+  if (step != step_) {
+    return ErrorReply(absl::FailedPreconditionError(fmt::format(
+                          "AbortStep for step {} is out of order: job '{}' is at committed step {}", step, job_name_,
+                          step_ - 1)),
+                      {}, step);
+  }
+  WaitForIo();
+  RollBackStepLocked();
+  v1::DaemonMessage reply;
+  reply.mutable_step_aborted()->set_step(step);
+  return reply;
+}
+
+v1::SessionInfo Session::Info() const {
+  std::lock_guard lock(mutex_);
+  v1::SessionInfo info;
+  info.set_session_id(id_);
+  info.set_job(job_name_);
+  info.set_uid(uid_);
+  info.set_client_info(client_info_);
+  info.set_chunks(static_cast<uint32_t>(registered_.size()));
+  info.set_committed_step(step_ - 1);
+  info.set_segment_bytes(segment_ ? segment_->layout().TotalBytes() : 0);
+  info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
+  return info;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,137 @@
+// Session: one job's training stream on the daemon.
+//
+// Owns the session's shared-memory segment and its hold on the job. Runs the
+// per-step protocol: for each GradReady it takes the chunk's states (from the
+// DRAM tier, a prefetch already in flight, or storage), runs AdamW, writes the
+// new weights into the slot, answers ParamsReady, and queues the new states for
+// write-back to the chunk's shadow extent while it prefetches the next chunks in
+// the order the previous step's gradients arrived. EndStep waits for the
+// write-backs and commits the job's manifest. AbortStep, a failed write-back or
+// the end of the session before EndStep roll the step back by dropping the
+// uncommitted states: the committed extents were never touched.
+//
+// Thread-safe: the stream handler, RegisterChunks and CloseSession may call in
+// from different threads; calls are serialised. I/O completions never take the
+// session's lock (they run on the storage engine's completion threads).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fuyou/dtype.h"
+#include "fuyou/v1/admin.pb.h"
+#include "fuyou/v1/offload.pb.h"
+#include "jobs/job.h"
+#include "scheduler/state_cache.h"
+#include "session/shm_segment.h"
+
+namespace fuyou {
+
+class DaemonStats;
+class JobRegistry;
+namespace optimizer {
+class AdamWKernel;
+}
+
+// The daemon-wide services a session uses; all outlive every session.
+struct SessionServices {
+  JobRegistry& jobs;
+  StateCache& cache;
+  optimizer::AdamWKernel& kernel;
+  DaemonStats& stats;
+  // How many chunks ahead of the one being updated are read in advance.
+  unsigned prefetch_window = 2;
+};
+
+class Session {
+ public:
+  Session(SessionServices services, std::string id, std::shared_ptr<Job> job, std::unique_ptr<ShmSegment> segment,
+          uid_t uid, std::string client_info);
+  // Closes the session if still open.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::string& job_name() const { return job_name_; }
+  const ShmSegment& segment() const { return *segment_; }
+  int64_t committed_step() const;
+
+  // The client has mapped the segment: its name is unlinked from /dev/shm.
+  void Attach();
+  bool attached() const;
+
+  absl::StatusOr<v1::RegisterChunksResponse> RegisterChunks(const v1::RegisterChunksRequest& request);
+
+  // Handles one stream message (not Attach) and returns the reply to send.
+  v1::DaemonMessage Handle(const v1::ClientMessage& message);
+
+  // Ends the session: waits for its I/O, rolls back an uncommitted step, frees the
+  // segment and releases the job. Idempotent. Returns the last committed step.
+  int64_t Close();
+  bool closed() const;
+
+  v1::SessionInfo Info() const;
+
+ private:
+  struct RegisteredChunk {
+    uint64_t num_elements = 0;
+    DType param_dtype = DType::kFloat32;
+    DType grad_dtype = DType::kFloat32;
+  };
+  struct UpdatedChunk {
+    CacheEntryPtr entry;  // holds the uncommitted states (unpinned once written)
+    uint32_t new_version = 0;
+    uint64_t checksum = 0;
+  };
+
+  v1::DaemonMessage OnGradReady(const v1::GradReady& request);
+  v1::DaemonMessage OnEndStep(const v1::EndStep& request);
+  v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
+
+  // The committed states of a chunk, pinned: from the cache or read and verified.
+  absl::StatusOr<CacheEntryPtr> AcquireStates(const v1::ChunkRecord& record);
+  // Starts reading the committed states of the next chunks after `position` in
+  // the predicted order, as far as the DRAM budget allows without waiting.
+  void PrefetchAfter(size_t position);
+  void Prefetch(const v1::ChunkRecord& record);
+  // Waits until no read or write of this session is in flight.
+  void WaitForIo();
+  void RollBackStepLocked();
+  absl::Status StepError() const;
+
+  SessionServices services_;
+  const std::string id_;
+  const std::string job_name_;
+  const uid_t uid_;
+  const std::string client_info_;
+  const std::chrono::steady_clock::time_point opened_;
+
+  mutable std::mutex mutex_;
+  std::shared_ptr<Job> job_;
+  std::unique_ptr<ShmSegment> segment_;
+  bool attached_ = false;
+  bool closed_ = false;
+  std::map<uint32_t, RegisteredChunk> registered_;
+  int64_t step_ = 1;  // the step being accumulated: committed + 1
+  std::map<uint32_t, UpdatedChunk> updated_;
+  std::vector<uint32_t> arrivals_;  // this step's chunks in arrival order
+  std::vector<uint32_t> order_;     // predicted order (last step's arrivals)
+
+  // In-flight I/O; guarded by io_mutex_, which I/O completions take.
+  mutable std::mutex io_mutex_;
+  std::condition_variable io_done_;
+  int inflight_io_ = 0;
+  absl::Status write_error_;
+};
+
+}  // namespace fuyou

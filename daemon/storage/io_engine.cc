@@ -1,0 +1,338 @@
+#include "storage/io_engine.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "fmt/format.h"
+#include "storage/uring_queue.h"
+
+namespace fuyou::storage {
+namespace {
+
+using internal::ErrnoToIoStatus;
+using internal::IoTarget;
+using internal::Request;
+using internal::Transfer;
+using internal::UringQueue;
+
+constexpr uint64_t kMaxRequestBytesLimit = uint64_t{1} << 30;
+constexpr unsigned kMaxQueueDepth = 4096;
+
+// Owns one file descriptor.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd = -1) : fd_(fd) {}
+  ~FileDescriptor() { Reset(); }
+  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+class UringStateFile final : public StateFile {
+ public:
+  UringStateFile(FileDescriptor fd, bool direct, std::filesystem::path path, uint64_t size,
+                 std::shared_ptr<UringQueue> queue, const IoEngineOptions& options, IoCounters* counters)
+      : fd_(std::move(fd)),
+        queue_(std::move(queue)),
+        max_request_bytes_(options.max_request_bytes),
+        fault_injector_(options.fault_injector),
+        counters_(counters),
+        size_(size) {
+    target_.fd = fd_.get();
+    target_.direct = direct;
+    target_.path = std::move(path);
+  }
+
+  ~UringStateFile() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    drained_.wait(lock, [this] { return in_flight_ == 0; });
+    // fd_ closes after this body.
+  }
+
+  void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) override {
+    Start(FaultInjector::Op::kRead, offset, buffer.data(), buffer.size(), std::move(done));
+  }
+
+  void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) override {
+    // The kernel only reads from the buffer of a write.
+    Start(FaultInjector::Op::kWrite, offset, const_cast<std::byte*>(buffer.data()), buffer.size(), std::move(done));
+  }
+
+  absl::Status Reserve(uint64_t bytes) override {
+    if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return CountError(absl::InvalidArgumentError(fmt::format("reserve of {} bytes for {}: too large", bytes,
+                                                               target_.path.string())));
+    }
+    int64_t result = fallocate(target_.fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : -errno;
+    if (fault_injector_ != nullptr) {
+      result = fault_injector_->Adjust(FaultInjector::Op::kReserve, target_.path, 0, bytes, result);
+    }
+    if (result < 0) {
+      return CountError(ErrnoToIoStatus(static_cast<int>(-result),
+                                        fmt::format("reserve (fallocate) of {} bytes for {}", bytes,
+                                                    target_.path.string())));
+    }
+    GrowSize(bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    int64_t result = fdatasync(target_.fd) == 0 ? 0 : -errno;
+    if (fault_injector_ != nullptr) {
+      result = fault_injector_->Adjust(FaultInjector::Op::kSync, target_.path, 0, 0, result);
+    }
+    if (result < 0) {
+      return CountError(
+          ErrnoToIoStatus(static_cast<int>(-result), fmt::format("sync (fdatasync) of {}", target_.path.string())));
+    }
+    return absl::OkStatus();
+  }
+
+  uint64_t size() const override { return size_.load(std::memory_order_acquire); }
+  bool direct_io() const override { return target_.direct; }
+  const std::filesystem::path& path() const override { return target_.path; }
+
+ private:
+  absl::Status CountError(absl::Status status) {
+    if (counters_ != nullptr) counters_->errors.fetch_add(1, std::memory_order_relaxed);
+    return status;
+  }
+
+  void GrowSize(uint64_t end) {
+    uint64_t current = size_.load(std::memory_order_relaxed);
+    while (current < end && !size_.compare_exchange_weak(current, end, std::memory_order_acq_rel)) {
+    }
+  }
+
+  absl::Status CheckArguments(FaultInjector::Op op, uint64_t offset, const std::byte* data, uint64_t length) const {
+    const char* verb = op == FaultInjector::Op::kRead ? "read" : "write";
+    const auto address = reinterpret_cast<uintptr_t>(data);
+    if (offset % kBlockSize != 0 || length % kBlockSize != 0 || address % kBlockSize != 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{} of {} at offset {} length {} buffer {:#x}: offset, length and buffer address must be multiples of {}",
+          verb, target_.path.string(), offset, length, address, kBlockSize));
+    }
+    if (offset > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - length) {
+      return absl::InvalidArgumentError(fmt::format("{} of {} at offset {} length {}: beyond the largest file offset",
+                                                    verb, target_.path.string(), offset, length));
+    }
+    return absl::OkStatus();
+  }
+
+  void Start(FaultInjector::Op op, uint64_t offset, std::byte* data, uint64_t length, IoCallback done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++in_flight_;
+    }
+    const absl::Status valid = CheckArguments(op, offset, data, length);
+    const uint64_t pieces = !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
+    // Everything `finish` needs after in_flight_ drops is copied out of `this`, so
+    // a callback may destroy this file.
+    auto finish = [this, op, offset, length, counters = counters_, done = std::move(done)](absl::Status status) {
+      if (counters != nullptr) {
+        if (!status.ok()) {
+          counters->errors.fetch_add(1, std::memory_order_relaxed);
+        } else if (op == FaultInjector::Op::kRead) {
+          counters->read_ops.fetch_add(1, std::memory_order_relaxed);
+          counters->bytes_read.fetch_add(length, std::memory_order_relaxed);
+        } else {
+          counters->write_ops.fetch_add(1, std::memory_order_relaxed);
+          counters->bytes_written.fetch_add(length, std::memory_order_relaxed);
+        }
+      }
+      if (status.ok() && op == FaultInjector::Op::kWrite) GrowSize(offset + length);
+      IoCallback callback = std::move(done);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--in_flight_ == 0) drained_.notify_all();
+      }
+      if (callback) callback(std::move(status));
+    };
+    auto transfer =
+        std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces), std::move(finish));
+
+    std::vector<std::unique_ptr<Request>> requests;
+    requests.reserve(pieces);
+    if (!valid.ok() || length == 0) {
+      auto r = std::make_unique<Request>();
+      r->kind = Request::Kind::kNop;
+      r->target = &target_;
+      r->offset = offset;
+      r->nop_status = valid;
+      r->transfer = transfer;
+      requests.push_back(std::move(r));
+    } else {
+      for (uint64_t at = 0; at < length; at += max_request_bytes_) {
+        auto r = std::make_unique<Request>();
+        r->kind = op == FaultInjector::Op::kRead ? Request::Kind::kRead : Request::Kind::kWrite;
+        r->target = &target_;
+        r->data = data + at;
+        r->offset = offset + at;
+        r->length = std::min(max_request_bytes_, length - at);
+        r->transfer = transfer;
+        requests.push_back(std::move(r));
+      }
+    }
+    queue_->Submit(std::move(requests));
+  }
+
+  FileDescriptor fd_;
+  IoTarget target_;
+  const std::shared_ptr<UringQueue> queue_;
+  const uint64_t max_request_bytes_;
+  FaultInjector* const fault_injector_;
+  IoCounters* const counters_;
+  std::atomic<uint64_t> size_;
+
+  std::mutex mu_;
+  std::condition_variable drained_;
+  uint64_t in_flight_ = 0;  // transfers whose finish has not yet released the file
+};
+
+class UringIoEngine final : public IoEngine {
+ public:
+  explicit UringIoEngine(const IoEngineOptions& options) : options_(options) {}
+
+  ~UringIoEngine() override {
+    std::map<dev_t, std::shared_ptr<UringQueue>> queues;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queues = queues_;
+    }
+    for (auto& [dev, queue] : queues) queue->Shutdown();
+  }
+
+  absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
+                                                  IoCounters* counters) override {
+    struct stat before {};
+    const bool existed = stat(path.c_str(), &before) == 0;
+    const int base_flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+
+    FileDescriptor fd(open(path.c_str(), base_flags | O_DIRECT, 0600));
+    int result = fd.get() >= 0 ? 0 : -errno;
+    if (options_.fault_injector != nullptr) {
+      const int injected = options_.fault_injector->AdjustOpenDirect(path, result);
+      if (injected < 0) result = injected;
+    }
+    bool direct = true;
+    if (result == -EINVAL) {
+      fd.Reset();
+      if (!options_.allow_buffered_fallback) {
+        if (!existed && create) unlink(path.c_str());
+        return absl::FailedPreconditionError(fmt::format(
+            "open of {}: the filesystem refuses O_DIRECT (tmpfs?) and buffered fallback is disabled; put the "
+            "storage path on a filesystem of the SSD (ext4, xfs)",
+            path.string()));
+      }
+      fd = FileDescriptor(open(path.c_str(), base_flags, 0600));
+      result = fd.get() >= 0 ? 0 : -errno;
+      direct = false;
+      if (result == 0) {
+        fmt::print(stderr,
+                   "fuyou storage: warning: {} does not support O_DIRECT (tmpfs?); using buffered I/O, which goes "
+                   "through the page cache\n",
+                   path.string());
+      }
+    }
+    if (result < 0) {
+      return ErrnoToIoStatus(-result, fmt::format("open of {}{}", path.string(), direct ? " with O_DIRECT" : ""));
+    }
+
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0) return ErrnoToIoStatus(errno, fmt::format("fstat of {}", path.string()));
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(fmt::format("open of {}: not a regular file", path.string()));
+    }
+    absl::StatusOr<std::shared_ptr<UringQueue>> queue = QueueFor(st.st_dev);
+    if (!queue.ok()) return queue.status();
+    return std::make_unique<UringStateFile>(std::move(fd), direct, path, static_cast<uint64_t>(st.st_size),
+                                            *std::move(queue), options_, counters);
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<UringQueue>> QueueFor(dev_t dev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queues_.find(dev);
+    if (it != queues_.end()) return it->second;
+    absl::StatusOr<std::unique_ptr<UringQueue>> queue = UringQueue::Create(
+        options_.queue_depth, options_.fault_injector, fmt::format("{}:{}", major(dev), minor(dev)));
+    if (!queue.ok()) return queue.status();
+    std::shared_ptr<UringQueue> shared = *std::move(queue);
+    queues_.emplace(dev, shared);
+    return shared;
+  }
+
+  const IoEngineOptions options_;
+  std::mutex mu_;
+  std::map<dev_t, std::shared_ptr<UringQueue>> queues_;  // one ring per filesystem
+};
+
+absl::Status WaitFor(const std::function<void(IoCallback)>& start) {
+  std::promise<absl::Status> promise;
+  std::future<absl::Status> future = promise.get_future();
+  start([&promise](absl::Status status) { promise.set_value(std::move(status)); });
+  return future.get();
+}
+
+}  // namespace
+
+absl::Status StateFile::Read(uint64_t offset, std::span<std::byte> buffer) {
+  return WaitFor([&](IoCallback done) { ReadAsync(offset, buffer, std::move(done)); });
+}
+
+absl::Status StateFile::Write(uint64_t offset, std::span<const std::byte> buffer) {
+  return WaitFor([&](IoCallback done) { WriteAsync(offset, buffer, std::move(done)); });
+}
+
+absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& options) {
+  if (options.queue_depth == 0 || options.queue_depth > kMaxQueueDepth) {
+    return absl::InvalidArgumentError(
+        fmt::format("IoEngine: queue_depth {} must be in [1, {}]", options.queue_depth, kMaxQueueDepth));
+  }
+  if (options.max_request_bytes == 0 || options.max_request_bytes % kBlockSize != 0 ||
+      options.max_request_bytes > kMaxRequestBytesLimit) {
+    return absl::InvalidArgumentError(
+        fmt::format("IoEngine: max_request_bytes {} must be a multiple of {} in [{}, {}]", options.max_request_bytes,
+                    kBlockSize, kBlockSize, kMaxRequestBytesLimit));
+  }
+  // Fail here, not at the first Open, when io_uring is unusable.
+  io_uring probe{};
+  const int ret = io_uring_queue_init(1, &probe, 0);
+  if (ret < 0) {
+    return absl::UnavailableError(fmt::format(
+        "IoEngine: io_uring is unusable: {} (errno {}); check kernel.io_uring_disabled and seccomp profiles",
+        std::strerror(-ret), -ret));
+  }
+  io_uring_queue_exit(&probe);
+  return std::make_unique<UringIoEngine>(options);
+}
+
+}  // namespace fuyou::storage

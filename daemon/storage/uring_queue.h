@@ -1,0 +1,125 @@
+// UringQueue: one io_uring plus the thread that reaps its completions. Private to
+// the storage module; IoEngine keeps one per filesystem (see io_engine.h).
+//
+// Requests go to the ring while fewer than `depth` are in it; the rest wait in a
+// FIFO and enter as earlier ones complete. Short transfers are resubmitted for the
+// remainder. Each request ends in one Status handed to its Transfer, which calls
+// its `finish` once every request of the transfer has ended.
+#pragma once
+
+#include <liburing.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/io_engine.h"
+
+namespace fuyou::storage::internal {
+
+// Maps an errno to the Status code the engine reports (see io_engine.h).
+absl::Status ErrnoToIoStatus(int err, const std::string& what);
+
+// What a request needs to know about its file. Owned by the StateFile, which
+// outlives every request on it.
+struct IoTarget {
+  int fd = -1;
+  bool direct = false;
+  std::filesystem::path path;
+};
+
+// One caller-visible transfer (a ReadAsync or WriteAsync call), split into requests.
+class Transfer {
+ public:
+  Transfer(FaultInjector::Op op, uint64_t offset, uint64_t length, uint32_t requests,
+           std::function<void(absl::Status)> finish)
+      : op_(op), offset_(offset), length_(length), outstanding_(requests), finish_(std::move(finish)) {}
+
+  FaultInjector::Op op() const { return op_; }
+  uint64_t offset() const { return offset_; }
+  uint64_t length() const { return length_; }
+
+  // Records the end of one request; the last one runs `finish` with the first
+  // error seen (or OK).
+  void RequestDone(absl::Status status);
+
+ private:
+  const FaultInjector::Op op_;
+  const uint64_t offset_;
+  const uint64_t length_;
+  std::mutex mu_;
+  uint32_t outstanding_;  // guarded by mu_
+  absl::Status status_;   // guarded by mu_
+  std::function<void(absl::Status)> finish_;
+};
+
+// One read, write or no-op in the ring. A no-op carries a Status decided at
+// submission (a rejected argument) so that every callback runs on the completion
+// thread.
+struct Request {
+  enum class Kind { kRead, kWrite, kNop };
+  Kind kind = Kind::kNop;
+  const IoTarget* target = nullptr;
+  std::byte* data = nullptr;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t done = 0;    // bytes already transferred
+  unsigned stalls = 0;  // consecutive completions that made no usable progress
+  absl::Status nop_status;
+  std::shared_ptr<Transfer> transfer;
+};
+
+class UringQueue {
+ public:
+  // `depth`: most requests in the ring at once. `name` labels the reaper thread
+  // and log lines.
+  static absl::StatusOr<std::unique_ptr<UringQueue>> Create(unsigned depth, FaultInjector* fault_injector,
+                                                            std::string name);
+  ~UringQueue();
+  UringQueue(const UringQueue&) = delete;
+  UringQueue& operator=(const UringQueue&) = delete;
+
+  // Thread-safe, never blocks on I/O. After Shutdown the requests end at once, on
+  // the calling thread, with FAILED_PRECONDITION.
+  void Submit(std::vector<std::unique_ptr<Request>> requests);
+
+  // Waits until no request is queued, in the ring or in its callback, then stops
+  // and joins the reaper thread. Idempotent. Must not run on the reaper thread.
+  void Shutdown();
+
+ private:
+  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name);
+
+  void ReapLoop();
+  // Applies one completion to its request. Returns true when the remainder must
+  // be submitted again; otherwise sets `status` to the request's final Status.
+  bool Evaluate(Request& request, int64_t result, absl::Status* status);
+  void FillRingLocked();
+  void SubmitRingLocked();
+
+  const unsigned depth_;
+  FaultInjector* const fault_injector_;
+  const std::string name_;
+  io_uring ring_{};
+  bool ring_ready_ = false;
+
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::deque<std::unique_ptr<Request>> waiting_;  // not yet in the ring
+  unsigned in_ring_ = 0;                          // SQEs submitted, CQE not yet reaped
+  uint64_t live_ = 0;                             // requests not yet ended (incl. callback)
+  bool stopping_ = false;
+  bool joined_ = false;
+  std::thread reaper_;
+};
+
+}  // namespace fuyou::storage::internal
