@@ -128,7 +128,10 @@ class Session {
   // Sends GradReady for gradients already written into GradRegion(slot).
   absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper);
   // Waits for ParamsReady of chunk_id; returns the slot holding the new weights.
-  // The caller reads ParamRegion(slot), then calls ReleaseSlot(slot).
+  // The caller reads ParamRegion(slot), then calls ReleaseSlot(slot). When the
+  // daemon refused the chunk (or the connection was lost) the error comes back
+  // here and the slot is already freed; on DEADLINE_EXCEEDED the chunk stays in
+  // flight and WaitParams may be called again.
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
   void ReleaseSlot(uint32_t slot);
 

@@ -1,0 +1,37 @@
+// Human-readable numbers and plain-text tables for fuyouctl's output.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fuyou::ctl {
+
+// Bytes in binary units: "512 B", "1.5 KiB", "3.25 GiB", "1.0 TiB".
+std::string FormatBytes(uint64_t bytes);
+// A transfer rate given in GB/s (1e9 bytes per second, as the daemon reports):
+// "0 B/s", "850 MB/s", "3.21 GB/s".
+std::string FormatGbps(double gbps);
+// A count with an SI suffix: "999", "12.3 K", "4.56 M", "7.89 G", "1.2 T".
+std::string FormatCount(double count);
+// A duration: "45s", "12m 5s", "3h 12m", "4d 2h".
+std::string FormatDuration(double seconds);
+// A percentage of part in whole: "37.5%", or "-" when whole is 0.
+std::string FormatPercent(double part, double whole);
+
+// A table printed with columns padded to their widest cell.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header);
+  // Columns beyond the header's are dropped; missing ones are left empty.
+  void AddRow(std::vector<std::string> row);
+  size_t rows() const { return rows_.size(); }
+  // Header and rows, columns separated by two spaces, each line ending in '\n'.
+  std::string ToString() const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace fuyou::ctl

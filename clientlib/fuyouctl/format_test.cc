@@ -1,0 +1,55 @@
+#include "format.h"
+
+#include <gtest/gtest.h>
+
+namespace fuyou::ctl {
+namespace {
+
+TEST(FormatBytesTest, UsesBinaryUnits) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(uint64_t{3} << 30), "3.00 GiB");
+  EXPECT_EQ(FormatBytes(uint64_t{250} << 20), "250 MiB");
+  EXPECT_EQ(FormatBytes((uint64_t{1} << 40) - 1), "1.00 TiB");
+}
+
+TEST(FormatGbpsTest, PicksAReadableUnit) {
+  EXPECT_EQ(FormatGbps(0), "0 B/s");
+  EXPECT_EQ(FormatGbps(3.214), "3.21 GB/s");
+  EXPECT_EQ(FormatGbps(0.85), "850 MB/s");
+  EXPECT_EQ(FormatGbps(12e-6), "12.0 kB/s");
+}
+
+TEST(FormatCountTest, UsesSiSuffixes) {
+  EXPECT_EQ(FormatCount(0), "0");
+  EXPECT_EQ(FormatCount(999), "999");
+  EXPECT_EQ(FormatCount(12.5), "12.5");
+  EXPECT_EQ(FormatCount(12345), "12.3 K");
+  EXPECT_EQ(FormatCount(4.56e9), "4.56 G");
+}
+
+TEST(FormatDurationTest, ShowsTwoUnits) {
+  EXPECT_EQ(FormatDuration(45.7), "45s");
+  EXPECT_EQ(FormatDuration(725), "12m 5s");
+  EXPECT_EQ(FormatDuration(3 * 3600 + 12 * 60 + 7), "3h 12m");
+  EXPECT_EQ(FormatDuration(4 * 86400 + 2 * 3600), "4d 2h");
+}
+
+TEST(FormatPercentTest, HandlesZeroWhole) {
+  EXPECT_EQ(FormatPercent(3, 8), "37.5%");
+  EXPECT_EQ(FormatPercent(1, 0), "-");
+}
+
+TEST(TableTest, PadsColumnsToTheWidestCell) {
+  Table table({"NAME", "SIZE"});
+  table.AddRow({"a-long-name", "1 B"});
+  table.AddRow({"b"});
+  EXPECT_EQ(table.ToString(),
+            "NAME         SIZE\n"
+            "a-long-name  1 B\n"
+            "b\n");
+}
+
+}  // namespace
+}  // namespace fuyou::ctl

@@ -1,0 +1,273 @@
+// fuyouctl: the command-line admin client of fuyoud.
+//
+//   fuyouctl status                 health and a one-screen summary
+//   fuyouctl stats [--watch] [--json]
+//   fuyouctl sessions | jobs        live sessions, jobs on the storage tier
+//   fuyouctl delete-job NAME
+//
+// Exit status 0 on success, 1 with a message on stderr on any error (for example
+// when the daemon is not running).
+#include <pwd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fmt/format.h"
+#include "format.h"
+#include "fuyou/admin_client.h"
+#include "fuyou/defaults.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace fuyou::ctl {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void OnSigint(int) { g_interrupted = true; }
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) {
+    return absl::InternalError(fmt::format("cannot print {} as JSON: {}", message.GetTypeName(),
+                                           std::string(status.message())));
+  }
+  if (!pretty) return out;
+  if (!out.empty() && out.back() == '\n') out.pop_back();  // one newline added by the caller
+  return out;
+}
+
+absl::Status PrintJson(const google::protobuf::Message& message, bool pretty = true) {
+  absl::StatusOr<std::string> json = ToJson(message, pretty);
+  if (!json.ok()) return json.status();
+  fmt::print("{}\n", *json);
+  return absl::OkStatus();
+}
+
+std::string UserName(uint32_t uid) {
+  struct passwd entry {};
+  struct passwd* result = nullptr;
+  char buffer[1024];
+  if (::getpwuid_r(uid, &entry, buffer, sizeof(buffer), &result) == 0 && result != nullptr) {
+    return result->pw_name;
+  }
+  return std::to_string(uid);
+}
+
+std::string Ago(int64_t unix_seconds) {
+  if (unix_seconds <= 0) return "-";
+  const double age = static_cast<double>(std::time(nullptr) - unix_seconds);
+  return age < 1 ? "just now" : FormatDuration(age) + " ago";
+}
+
+std::string DramLine(const v1::GetStatsResponse& stats) {
+  return fmt::format("{} of {} ({})", FormatBytes(stats.dram_bytes_in_use()),
+                     FormatBytes(stats.dram_budget_bytes()),
+                     FormatPercent(static_cast<double>(stats.dram_bytes_in_use()),
+                                   static_cast<double>(stats.dram_budget_bytes())));
+}
+
+std::string RenderStats(const v1::GetStatsResponse& stats) {
+  std::string out = fmt::format("fuyoud up {}, {} live session{}, {} steps committed\n\n",
+                                FormatDuration(stats.uptime_seconds()), stats.live_sessions(),
+                                stats.live_sessions() == 1 ? "" : "s", stats.steps_committed());
+  Table storage({"STORAGE PATH", "READ", "WRITTEN", "READ RATE", "WRITE RATE", "I/O"});
+  uint64_t read = 0, written = 0;
+  double read_gbps = 0, write_gbps = 0;
+  for (const v1::StoragePathStats& path : stats.storage()) {
+    storage.AddRow({path.path(), FormatBytes(path.bytes_read()), FormatBytes(path.bytes_written()),
+                    FormatGbps(path.read_gbps()), FormatGbps(path.write_gbps()),
+                    path.direct_io() ? "direct" : "buffered"});
+    read += path.bytes_read();
+    written += path.bytes_written();
+    read_gbps += path.read_gbps();
+    write_gbps += path.write_gbps();
+  }
+  if (stats.storage_size() > 1) {
+    storage.AddRow({"(all paths)", FormatBytes(read), FormatBytes(written), FormatGbps(read_gbps),
+                    FormatGbps(write_gbps), ""});
+  }
+  if (stats.storage_size() == 0) storage.AddRow({"(no storage paths)"});
+  out += storage.ToString() + "\n";
+
+  Table summary({"", ""});
+  summary.AddRow({"optimizer", fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
+                                           FormatCount(stats.chunk_updates_per_second()),
+                                           FormatCount(stats.params_updated_per_second()),
+                                           FormatCount(static_cast<double>(stats.chunk_updates())),
+                                           FormatCount(static_cast<double>(stats.params_updated())))});
+  summary.AddRow({"DRAM", DramLine(stats)});
+  const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
+  summary.AddRow({"cache", fmt::format("{} hits ({} hits, {} misses)",
+                                       FormatPercent(static_cast<double>(stats.cache_hits()),
+                                                     static_cast<double>(lookups)),
+                                       stats.cache_hits(), stats.cache_misses())});
+  std::string rows = summary.ToString();
+  out += rows.substr(rows.find('\n') + 1);  // no header line for the summary
+  return out;
+}
+
+absl::Status RunStatus(AdminClient& admin, const std::string& socket, bool json) {
+  absl::StatusOr<v1::HealthResponse> health = admin.Health();
+  if (!health.ok()) return health.status();
+  absl::StatusOr<v1::GetStatsResponse> stats = admin.GetStats();
+  if (!stats.ok()) return stats.status();
+  if (json) {
+    absl::StatusOr<std::string> h = ToJson(*health, false);
+    absl::StatusOr<std::string> s = ToJson(*stats, false);
+    if (!h.ok()) return h.status();
+    if (!s.ok()) return s.status();
+    fmt::print("{{\"socket\":\"{}\",\"health\":{},\"stats\":{}}}\n", socket, *h, *s);
+    return absl::OkStatus();
+  }
+  fmt::print("fuyoud {} at {}: {}, up {}, AdamW kernel {}\n", health->version(), socket,
+             health->status(), FormatDuration(health->uptime_seconds()), health->kernel_isa());
+  fmt::print("sessions  {} live\n", stats->live_sessions());
+  fmt::print("DRAM      {}\n", DramLine(*stats));
+  fmt::print("storage   {} path{}\n", stats->storage_size(), stats->storage_size() == 1 ? "" : "s");
+  fmt::print("totals    {} steps committed, {} chunk updates, {} params updated\n",
+             stats->steps_committed(), FormatCount(static_cast<double>(stats->chunk_updates())),
+             FormatCount(static_cast<double>(stats->params_updated())));
+  return absl::OkStatus();
+}
+
+absl::Status RunStats(AdminClient& admin, bool watch, double interval_s, bool json) {
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  if (watch) std::signal(SIGINT, OnSigint);
+  do {
+    absl::StatusOr<v1::GetStatsResponse> stats = admin.GetStats();
+    if (!stats.ok()) return stats.status();
+    if (json) {
+      // One object per line under --watch, so that the output is JSON Lines.
+      if (absl::Status status = PrintJson(*stats, !watch); !status.ok()) return status;
+    } else {
+      if (watch && tty) fmt::print("\033[H\033[2J");
+      fmt::print("{}", RenderStats(*stats));
+      if (watch) fmt::print("\n");
+    }
+    std::fflush(stdout);
+    if (!watch) break;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(interval_s);
+    while (!g_interrupted && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } while (!g_interrupted);
+  return absl::OkStatus();
+}
+
+absl::Status RunSessions(AdminClient& admin, bool json) {
+  absl::StatusOr<v1::ListSessionsResponse> sessions = admin.ListSessions();
+  if (!sessions.ok()) return sessions.status();
+  if (json) return PrintJson(*sessions);
+  if (sessions->sessions_size() == 0) {
+    fmt::print("no live sessions\n");
+    return absl::OkStatus();
+  }
+  Table table({"SESSION", "JOB", "USER", "PID", "CHUNKS", "STEP", "SEGMENT", "AGE", "CLIENT"});
+  for (const v1::SessionInfo& s : sessions->sessions()) {
+    table.AddRow({s.session_id(), s.job(), UserName(s.uid()), std::to_string(s.pid()),
+                  std::to_string(s.chunks()), std::to_string(s.committed_step()),
+                  FormatBytes(s.segment_bytes()), FormatDuration(s.age_seconds()), s.client_info()});
+  }
+  fmt::print("{}", table.ToString());
+  return absl::OkStatus();
+}
+
+absl::Status RunJobs(AdminClient& admin, bool json) {
+  absl::StatusOr<v1::ListJobsResponse> jobs = admin.ListJobs();
+  if (!jobs.ok()) return jobs.status();
+  if (json) return PrintJson(*jobs);
+  if (jobs->jobs_size() == 0) {
+    fmt::print("no jobs\n");
+    return absl::OkStatus();
+  }
+  Table table({"JOB", "OWNER", "CHUNKS", "PARAMS", "ON STORAGE", "STEP", "LAST USED", "OPEN"});
+  for (const v1::JobInfo& j : jobs->jobs()) {
+    table.AddRow({j.name(), UserName(j.owner_uid()), std::to_string(j.chunks()),
+                  FormatCount(static_cast<double>(j.parameters())), FormatBytes(j.bytes_on_storage()),
+                  std::to_string(j.committed_step()), Ago(j.last_used_unix()), j.open() ? "yes" : "no"});
+  }
+  fmt::print("{}", table.ToString());
+  return absl::OkStatus();
+}
+
+absl::Status RunDeleteJob(AdminClient& admin, const std::string& name) {
+  absl::StatusOr<v1::DeleteJobResponse> deleted = admin.DeleteJob(name);
+  if (!deleted.ok()) return deleted.status();
+  fmt::print("deleted job '{}': freed {}\n", name, FormatBytes(deleted->bytes_freed()));
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"fuyouctl: inspect and manage the fuyoud offload daemon"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  std::string socket = DefaultSocketPath().string();
+  double timeout_s = 10;
+  app.add_option("--socket", socket, "Socket of fuyoud ($FUYOU_SOCKET, else the system or per-user socket)")
+      ->capture_default_str();
+  app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon to connect and answer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  bool json = false;
+  CLI::App* status = app.add_subcommand("status", "Health of the daemon and a short summary");
+  status->add_flag("--json", json, "Print health and stats as one JSON object");
+
+  bool watch = false;
+  double interval_s = 1.0;
+  CLI::App* stats = app.add_subcommand("stats", "Storage traffic, optimizer throughput, memory");
+  stats->add_flag("--watch,-w", watch, "Refresh until interrupted");
+  stats->add_option("--interval,-n", interval_s, "Seconds between refreshes under --watch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  stats->add_flag("--json", json, "Print the GetStats response as JSON (one line per refresh under --watch)");
+
+  CLI::App* sessions = app.add_subcommand("sessions", "Live sessions");
+  sessions->add_flag("--json", json, "Print as JSON");
+  CLI::App* jobs = app.add_subcommand("jobs", "Jobs on the storage tier");
+  jobs->add_flag("--json", json, "Print as JSON");
+  std::string job_name;
+  CLI::App* delete_job = app.add_subcommand("delete-job", "Delete a job and free its space");
+  delete_job->add_option("NAME", job_name, "Job to delete")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  ClientOptions options;
+  options.address = socket.starts_with("unix:") ? socket : "unix:" + socket;
+  options.rpc_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  options.connect_timeout = options.rpc_timeout;
+  absl::StatusOr<std::unique_ptr<AdminClient>> admin = AdminClient::Connect(options);
+  absl::Status result = admin.status();
+  if (result.ok()) {
+    if (status->parsed()) result = RunStatus(**admin, socket, json);
+    else if (stats->parsed()) result = RunStats(**admin, watch, interval_s, json);
+    else if (sessions->parsed()) result = RunSessions(**admin, json);
+    else if (jobs->parsed()) result = RunJobs(**admin, json);
+    else if (delete_job->parsed()) result = RunDeleteJob(**admin, job_name);
+  }
+  if (!result.ok()) {
+    std::cerr << "fuyouctl: " << result.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fuyou::ctl
+
+int main(int argc, char** argv) { return fuyou::ctl::Main(argc, argv); }

@@ -1,0 +1,44 @@
+// Connecting to fuyoud and turning gRPC results into absl::Status. Private to
+// clientlib: shared by Session, AdminClient and fuyouctl.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fuyou/client.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/status.h"
+
+namespace fuyou::internal {
+
+// options.address, or DefaultAddress() when it is empty.
+std::string ResolveAddress(const ClientOptions& options);
+
+// The socket path of a "unix:" target ("unix:/run/x.sock" -> "/run/x.sock"); any
+// other target is returned unchanged. Used in messages a user reads.
+std::string SocketPathOf(std::string_view address);
+
+// Creates a channel to `address` and waits up to `connect_timeout` for it to
+// connect. UNAVAILABLE, naming the socket and how to start the daemon, when the
+// daemon does not accept the connection in time.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string& address,
+                                                             std::chrono::milliseconds connect_timeout);
+
+// The same code (by number) and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// FromGrpcStatus with the message prefixed by `what` ("RegisterChunks for job 'x'").
+// A transport failure (UNAVAILABLE, DEADLINE_EXCEEDED) says which call went
+// unanswered and for how long.
+absl::Status RpcError(const grpc::Status& status, std::string_view what,
+                      std::chrono::milliseconds timeout);
+
+// Sets the deadline of a unary call.
+void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout);
+
+}  // namespace fuyou::internal

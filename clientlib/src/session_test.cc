@@ -1,0 +1,570 @@
+// Session against a fake in-process Offload service: the fake serves on a Unix
+// socket in a temporary directory, creates a real POSIX shared-memory segment and
+// answers the stream the way fuyoud does, with a few chunk ids that misbehave:
+//   chunk 999: every GradReady is refused with FAILED_PRECONDITION;
+//   chunk 777: GradReady is never answered (to test waits and shutdown);
+//   EndStep 113: refused with an Error that names the step, not a chunk.
+// "Updated" weights are deterministic: new[i] = grad[i] * 2 + step (float32).
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "fmt/format.h"
+#include "fuyou/client.h"
+#include "fuyou/segment_layout.h"
+#include "fuyou/v1/offload.grpc.pb.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace fuyou {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kRefusedChunk = 999;
+constexpr uint32_t kSilentChunk = 777;
+constexpr int64_t kRefusedStep = 113;
+
+class FakeOffload final : public v1::Offload::Service {
+ public:
+  enum class HeaderFault { kNone, kBadMagic, kWrongSlots };
+
+  ~FakeOffload() override { Unmap(); }
+
+  std::atomic<HeaderFault> header_fault{HeaderFault::kNone};
+  std::atomic<int> close_calls{0};
+  std::atomic<int> grad_ready_seen{0};
+  std::atomic<bool> silent_chunk_arrived{false};
+
+  // Chunks the "job" already has: resumed by RegisterChunks.
+  void AddExistingChunk(uint32_t chunk_id, std::vector<float> weights, int64_t updates) {
+    std::lock_guard lock(mu_);
+    store_[chunk_id] = StoredChunk{std::move(weights), updates};
+  }
+  std::vector<float> StoredWeights(uint32_t chunk_id) {
+    std::lock_guard lock(mu_);
+    return store_[chunk_id].weights;
+  }
+
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest* request,
+                           v1::OpenSessionResponse* response) override {
+    std::lock_guard lock(mu_);
+    Unmap();
+    layout_ = SegmentLayout::For(request->num_slots(), request->slot_bytes());
+    name_ = fmt::format("/fuyou-session-test-{}-{}", ::getpid(), ++sessions_);
+    const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return grpc::Status(grpc::StatusCode::INTERNAL, "shm_open failed");
+    size_ = layout_.TotalBytes();
+    if (::ftruncate(fd, static_cast<off_t>(size_)) != 0) return grpc::Status(grpc::StatusCode::INTERNAL, "ftruncate");
+    base_ = static_cast<std::byte*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    ::close(fd);
+    SegmentHeader header{kSegmentMagic, layout_.num_slots, 0, layout_.slot_bytes, size_};
+    if (header_fault == HeaderFault::kBadMagic) header.magic = 0x1234;
+    if (header_fault == HeaderFault::kWrongSlots) header.num_slots += 1;
+    std::memcpy(base_, &header, sizeof(header));
+    registered_.clear();
+    response->set_session_id(fmt::format("fake-{}", sessions_));
+    response->set_segment_name(name_);
+    response->set_segment_bytes(size_);
+    response->set_num_slots(layout_.num_slots);
+    response->set_slot_bytes(layout_.slot_bytes);
+    response->set_committed_step(committed_);
+    response->set_existing_chunks(static_cast<uint32_t>(store_.size()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RegisterChunks(grpc::ServerContext*, const v1::RegisterChunksRequest* request,
+                              v1::RegisterChunksResponse* response) override {
+    std::lock_guard lock(mu_);
+    for (const v1::ChunkSpec& spec : request->chunks()) {
+      if (spec.slot() >= layout_.num_slots) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, fmt::format("slot {} out of range", spec.slot()));
+      }
+      float* region = Param(spec.slot());
+      v1::RegisteredChunk* result = response->add_chunks();
+      result->set_chunk_id(spec.chunk_id());
+      auto it = store_.find(spec.chunk_id());
+      if (it != store_.end()) {
+        std::memcpy(region, it->second.weights.data(), it->second.weights.size() * sizeof(float));
+        result->set_resumed(true);
+        result->set_update_count(it->second.updates);
+      } else {
+        store_[spec.chunk_id()] = StoredChunk{std::vector<float>(region, region + spec.num_elements()), 0};
+      }
+      registered_[spec.chunk_id()] = spec.num_elements();
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stream(grpc::ServerContext*,
+                      grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) override {
+    v1::ClientMessage in;
+    if (!stream->Read(&in) || !in.has_attach()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be Attach");
+    }
+    {
+      std::lock_guard lock(mu_);
+      ::shm_unlink(name_.c_str());
+    }
+    v1::DaemonMessage out;
+    out.mutable_attached()->set_session_id(in.attach().session_id());
+    stream->Write(out);
+    std::map<int64_t, uint32_t> updated_in_step;
+    while (stream->Read(&in)) {
+      out.Clear();
+      if (in.has_grad_ready()) {
+        ++grad_ready_seen;
+        const v1::GradReady& ready = in.grad_ready();
+        if (ready.chunk_id() == kSilentChunk) {
+          silent_chunk_arrived = true;
+          continue;
+        }
+        std::lock_guard lock(mu_);
+        auto known = registered_.find(ready.chunk_id());
+        if (ready.chunk_id() == kRefusedChunk || known == registered_.end()) {
+          v1::Error* error = out.mutable_error();
+          if (known == registered_.end()) {
+            error->set_code(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+            error->set_message(fmt::format("chunk {} is not registered (fake)", ready.chunk_id()));
+          } else {
+            error->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+            error->set_message(fmt::format("chunk {} in slot {} refused by the fake daemon", ready.chunk_id(),
+                                           ready.slot()));
+          }
+          error->set_chunk_id(ready.chunk_id());
+          error->set_step(ready.step());
+        } else {
+          const float* grad = Grad(ready.slot());
+          float* param = Param(ready.slot());
+          for (uint64_t i = 0; i < known->second; ++i) {
+            param[i] = grad[i] * 2 + static_cast<float>(ready.step());
+          }
+          ++updated_in_step[ready.step()];
+          out.mutable_params_ready()->set_step(ready.step());
+          out.mutable_params_ready()->set_chunk_id(ready.chunk_id());
+          out.mutable_params_ready()->set_slot(ready.slot());
+        }
+      } else if (in.has_end_step()) {
+        const int64_t step = in.end_step().step();
+        if (step == kRefusedStep) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(fmt::format("step {} is not the next step (fake)", step));
+          out.mutable_error()->set_step(step);
+        } else {
+          committed_ = step;
+          out.mutable_step_committed()->set_step(step);
+          out.mutable_step_committed()->set_chunks_updated(updated_in_step[step]);
+        }
+      } else if (in.has_abort_step()) {
+        out.mutable_step_aborted()->set_step(in.abort_step().step());
+      } else {
+        continue;
+      }
+      stream->Write(out);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse* response) override {
+    ++close_calls;
+    response->set_committed_step(committed_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct StoredChunk {
+    std::vector<float> weights;
+    int64_t updates = 0;
+  };
+
+  float* Grad(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.GradOffset(slot)); }
+  float* Param(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.ParamOffset(slot)); }
+  void Unmap() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    if (!name_.empty()) ::shm_unlink(name_.c_str());  // when Attach never came
+    base_ = nullptr;
+  }
+
+  std::mutex mu_;
+  SegmentLayout layout_;
+  std::string name_;
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  int sessions_ = 0;
+  std::atomic<int64_t> committed_{0};
+  std::map<uint32_t, StoredChunk> store_;
+  std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
+};
+
+std::span<std::byte> Bytes(std::vector<float>& v) { return std::as_writable_bytes(std::span(v)); }
+std::span<const std::byte> ConstBytes(const std::vector<float>& v) { return std::as_bytes(std::span(v)); }
+
+ChunkSpec Float32Chunk(uint32_t id, uint64_t elements) {
+  return ChunkSpec{.chunk_id = id, .num_elements = elements};
+}
+
+bool Contains(const absl::Status& status, std::string_view text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/fuyou-session-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    dir_ = dir;
+    address_ = "unix:" + dir_ + "/fuyoud.sock";
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    ShutdownServer();
+    std::filesystem::remove_all(dir_);
+  }
+  void ShutdownServer() {
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + milliseconds(200));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  ClientOptions Client() const {
+    ClientOptions client;
+    client.address = address_;
+    client.rpc_timeout = milliseconds(10000);
+    client.connect_timeout = milliseconds(2000);
+    return client;
+  }
+  absl::StatusOr<std::unique_ptr<Session>> Open(uint32_t slots = 2, uint64_t slot_bytes = 4000) {
+    return Session::Open({.job = "test-job", .num_slots = slots, .slot_bytes = slot_bytes}, Client());
+  }
+
+  std::string dir_;
+  std::string address_;
+  FakeOffload fake_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(SessionOpenTest, NothingListeningIsUnavailableWithinTheConnectTimeout) {
+  char dir[] = "/tmp/fuyou-session-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/fuyoud.sock";
+  ClientOptions client;
+  client.address = "unix:" + path;
+  client.connect_timeout = milliseconds(1000);
+  const auto start = Clock::now();
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Session::Open({.job = "j", .num_slots = 1, .slot_bytes = 4096}, client);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(session.status(), path)) << session.status();
+  EXPECT_TRUE(Contains(session.status(), "is the daemon running?")) << session.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SessionOpenTest, BadOptionsAreRefusedLocally) {
+  ClientOptions client;
+  client.address = "unix:/nonexistent/fuyoud.sock";
+  EXPECT_EQ(Session::Open({.job = "", .slot_bytes = 4096}, client).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Session::Open({.job = "j", .num_slots = 65, .slot_bytes = 4096}, client).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Session::Open({.job = "j", .slot_bytes = 0}, client).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DefaultAddressTest, FollowsFuyouSocket) {
+  ::setenv("FUYOU_SOCKET", "/tmp/x/fuyoud.sock", 1);
+  EXPECT_EQ(DefaultAddress(), "unix:/tmp/x/fuyoud.sock");
+  ::unsetenv("FUYOU_SOCKET");
+}
+
+TEST_F(SessionTest, RegisterPushPullEndStepClose) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(2, 4000);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  EXPECT_EQ(s.session_id(), "fake-1");
+  EXPECT_EQ(s.num_slots(), 2u);
+  EXPECT_EQ(s.slot_bytes(), 4096u);  // rounded up by the daemon
+  EXPECT_EQ(s.committed_step(), 0);
+
+  std::vector<float> weights(1000);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<float>(i) * 0.5f;
+  absl::StatusOr<RegisterResult> registered = s.RegisterChunk(Float32Chunk(1, 1000), Bytes(weights));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_FALSE(registered->resumed);
+  EXPECT_EQ(fake_.StoredWeights(1), weights);  // initial weights went through the slot
+
+  std::vector<float> grads(1000);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i);
+  ASSERT_TRUE(s.PushGradients(1, 1, AdamWHyper{}, ConstBytes(grads)).ok());
+  ASSERT_TRUE(s.PullParams(1, Bytes(weights)).ok());
+  for (size_t i = 0; i < weights.size(); ++i) ASSERT_EQ(weights[i], grads[i] * 2 + 1) << i;
+
+  absl::StatusOr<StepResult> committed = s.EndStep(1);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->step, 1);
+  EXPECT_EQ(committed->chunks_updated, 1u);
+  EXPECT_EQ(s.committed_step(), 1);
+  EXPECT_TRUE(s.AbortStep(2).ok());
+
+  EXPECT_TRUE(s.Close().ok());
+  EXPECT_EQ(fake_.close_calls, 1);
+  EXPECT_TRUE(s.Close().ok());  // idempotent
+  EXPECT_EQ(fake_.close_calls, 1);
+  absl::Status after = s.PushGradients(1, 2, AdamWHyper{}, ConstBytes(grads));
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(after, "closed")) << after;
+}
+
+TEST_F(SessionTest, SegmentNameIsUnlinkedAfterAttach) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_EQ(entry.path().filename().string().find(fmt::format("fuyou-session-test-{}-", ::getpid())),
+              std::string::npos);
+  }
+}
+
+TEST_F(SessionTest, ExistingChunkIsResumedIntoTheWeights) {
+  fake_.AddExistingChunk(5, std::vector<float>(10, 42.0f), 7);
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<float> weights(10, 0.0f);
+  absl::StatusOr<RegisterResult> registered = (*session)->RegisterChunk(Float32Chunk(5, 10), Bytes(weights));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_TRUE(registered->resumed);
+  EXPECT_EQ(registered->update_count, 7);
+  EXPECT_EQ(weights, std::vector<float>(10, 42.0f));
+  EXPECT_EQ((*session)->RegisterChunk(Float32Chunk(5, 10), Bytes(weights)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(SessionTest, ChunkErrorComesBackFromPullParamsAndFreesTheSlot) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/1);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(100, 1.0f), grads(100, 1.0f);
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(kRefusedChunk, 100), Bytes(weights)).ok());
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(1, 100), Bytes(weights)).ok());
+
+  ASSERT_TRUE(s.PushGradients(kRefusedChunk, 1, AdamWHyper{}, ConstBytes(grads)).ok());
+  absl::Status pulled = s.PullParams(kRefusedChunk, Bytes(weights));
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pulled.message(), "chunk 999 in slot 0 refused by the fake daemon");
+  EXPECT_EQ(weights, std::vector<float>(100, 1.0f));  // untouched
+
+  // The only slot was freed: another chunk goes through, and the session is usable.
+  ASSERT_TRUE(s.PushGradients(1, 1, AdamWHyper{}, ConstBytes(grads)).ok());
+  ASSERT_TRUE(s.PullParams(1, Bytes(weights)).ok());
+  EXPECT_EQ(weights, std::vector<float>(100, 3.0f));
+  EXPECT_TRUE(s.EndStep(1).ok());
+}
+
+TEST_F(SessionTest, DaemonValidatesWhatSendGradReadySends) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_TRUE(s.SendGradReady(/*chunk_id=*/42, *slot, 1, AdamWHyper{}).ok());
+  absl::StatusOr<uint32_t> ready = s.WaitParams(42, milliseconds(5000));
+  EXPECT_EQ(ready.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(ready.status(), "chunk 42 is not registered")) << ready.status();
+}
+
+TEST_F(SessionTest, ZeroCopyApi) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(16, 0.0f);
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(3, 16), Bytes(weights)).ok());
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_EQ(s.GradRegion(*slot).size(), s.slot_bytes());
+  EXPECT_TRUE(s.GradRegion(s.num_slots()).empty());
+  auto* grad = reinterpret_cast<float*>(s.GradRegion(*slot).data());
+  for (int i = 0; i < 16; ++i) grad[i] = static_cast<float>(i);
+  ASSERT_TRUE(s.SendGradReady(3, *slot, 1, AdamWHyper{}).ok());
+  // Sending the chunk again before taking its parameters is refused.
+  EXPECT_EQ(s.SendGradReady(3, *slot, 1, AdamWHyper{}).code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<uint32_t> ready = s.WaitParams(3, milliseconds(5000));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_EQ(*ready, *slot);
+  const auto* param = reinterpret_cast<const float*>(s.ParamRegion(*ready).data());
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(param[i], static_cast<float>(i) * 2 + 1);
+  s.ReleaseSlot(*ready);
+  EXPECT_EQ(s.WaitParams(3, milliseconds(10)).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionTest, BadArgumentsAreRefusedLocally) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(2, 4096);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(1024), grads(1024);
+
+  absl::Status unknown = s.PushGradients(3, 1, AdamWHyper{}, ConstBytes(grads));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(unknown, "chunk 3 is not registered")) << unknown;
+
+  absl::Status too_big = s.RegisterChunk(Float32Chunk(1, 1025), Bytes(weights)).status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(too_big, "slot_bytes")) << too_big;
+
+  ChunkSpec no_dtype = Float32Chunk(1, 1024);
+  no_dtype.grad_dtype = DType::kUnspecified;
+  EXPECT_EQ(s.RegisterChunk(no_dtype, Bytes(weights)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.RegisterChunk(Float32Chunk(1, 0), {}).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::Status wrong_size = s.RegisterChunk(Float32Chunk(1, 512), Bytes(weights)).status();
+  EXPECT_EQ(wrong_size.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(wrong_size, "weights are 4096 bytes, expected 2048")) << wrong_size;
+
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(1, 1024), Bytes(weights)).ok());
+  std::vector<float> short_grads(10);
+  EXPECT_EQ(s.PushGradients(1, 1, AdamWHyper{}, ConstBytes(short_grads)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.PullParams(1, Bytes(short_grads)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.SendGradReady(1, /*slot=*/0, 1, AdamWHyper{}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.SendGradReady(1, /*slot=*/9, 1, AdamWHyper{}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fake_.grad_ready_seen, 0);
+}
+
+TEST_F(SessionTest, SlotsRunOutAndComeBack) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/1);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(100));
+  ASSERT_TRUE(slot.ok());
+  const auto start = Clock::now();
+  absl::StatusOr<uint32_t> none = s.AcquireSlot(milliseconds(200));
+  EXPECT_GE(Clock::now() - start, milliseconds(150));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(none.status(), "no free slot within 200 ms")) << none.status();
+  s.ReleaseSlot(*slot);
+  EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok());
+}
+
+TEST_F(SessionTest, StepErrorComesBackFromEndStep) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<StepResult> result = (*session)->EndStep(kRefusedStep);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(result.status().message(), "step 113 is not the next step (fake)");
+  EXPECT_EQ((*session)->committed_step(), 0);
+  EXPECT_TRUE((*session)->EndStep(1).ok());  // still usable
+}
+
+TEST_F(SessionTest, WaitWithoutAnswerTimesOut) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<float> weights(8), grads(8);
+  ASSERT_TRUE((*session)->RegisterChunk(Float32Chunk(kSilentChunk, 8), Bytes(weights)).ok());
+  ASSERT_TRUE((*session)->PushGradients(kSilentChunk, 1, AdamWHyper{}, ConstBytes(grads)).ok());
+  absl::StatusOr<uint32_t> ready = (*session)->WaitParams(kSilentChunk, milliseconds(200));
+  EXPECT_EQ(ready.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(ready.status(), "chunk 777")) << ready.status();
+}
+
+TEST_F(SessionTest, ServerShutdownMidWaitIsUnavailableNotAHang) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(8), grads(8);
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(kSilentChunk, 8), Bytes(weights)).ok());
+  ASSERT_TRUE(s.PushGradients(kSilentChunk, 1, AdamWHyper{}, ConstBytes(grads)).ok());
+  while (!fake_.silent_chunk_arrived) std::this_thread::sleep_for(milliseconds(5));
+
+  std::thread killer([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    ShutdownServer();
+  });
+  const auto start = Clock::now();
+  absl::Status pulled = s.PullParams(kSilentChunk, Bytes(weights));  // rpc_timeout is 10 s
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  killer.join();
+  EXPECT_EQ(pulled.code(), absl::StatusCode::kUnavailable) << pulled;
+  EXPECT_TRUE(Contains(pulled, "connection to fuyoud lost")) << pulled;
+
+  // Every later call fails the same way, quickly.
+  EXPECT_EQ(s.EndStep(1).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.AcquireSlot(milliseconds(5000)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.Close().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_F(SessionTest, WrongMagicIsDataLoss) {
+  fake_.header_fault = FakeOffload::HeaderFault::kBadMagic;
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(session.status(), "magic")) << session.status();
+  EXPECT_EQ(fake_.close_calls, 1);  // the daemon is told to free the session
+}
+
+TEST_F(SessionTest, HeaderThatDisagreesIsRefused) {
+  fake_.header_fault = FakeOffload::HeaderFault::kWrongSlots;
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(session.status(), "header of 3 slots")) << session.status();
+  EXPECT_EQ(fake_.close_calls, 1);
+}
+
+TEST_F(SessionTest, DestructorClosesTheSession) {
+  {
+    absl::StatusOr<std::unique_ptr<Session>> session = Open();
+    ASSERT_TRUE(session.ok()) << session.status();
+  }
+  EXPECT_EQ(fake_.close_calls, 1);
+}
+
+TEST_F(SessionTest, ManyThreadsPushAndPull) {
+  constexpr int kThreads = 4, kChunksPerThread = 4, kSteps = 20;
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/3, 1024 * sizeof(float));
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  for (uint32_t c = 0; c < kThreads * kChunksPerThread; ++c) {
+    std::vector<float> weights(1024, 0.0f);
+    ASSERT_TRUE(s.RegisterChunk(Float32Chunk(c, 1024), Bytes(weights)).ok());
+  }
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int k = 0; k < kChunksPerThread; ++k) {
+          const uint32_t chunk = t * kChunksPerThread + k;
+          std::vector<float> grads(1024, static_cast<float>(chunk)), weights(1024);
+          if (!s.PushGradients(chunk, step, AdamWHyper{}, ConstBytes(grads)).ok()) ++failures;
+          if (!s.PullParams(chunk, Bytes(weights)).ok()) ++failures;
+          if (weights[1023] != static_cast<float>(chunk) * 2 + static_cast<float>(step)) ++failures;
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    ASSERT_EQ(failures, 0) << "step " << step;
+    absl::StatusOr<StepResult> committed = s.EndStep(step);
+    ASSERT_TRUE(committed.ok()) << committed.status();
+    EXPECT_EQ(committed->chunks_updated, static_cast<uint32_t>(kThreads * kChunksPerThread));
+  }
+  EXPECT_EQ(s.committed_step(), kSteps);
+}
+
+}  // namespace
+}  // namespace fuyou

@@ -1,0 +1,94 @@
+#include "daemon_process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "fuyou/admin_client.h"
+
+extern char** environ;
+
+namespace fuyou::testing {
+namespace fs = std::filesystem;
+
+TempDir::TempDir() {
+  char pattern[] = "/tmp/fuyou-test-XXXXXX";
+  if (::mkdtemp(pattern) != nullptr) path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  return pid;
+}
+
+DaemonProcess::DaemonProcess(const fs::path& dir, std::vector<std::string> extra_args)
+    : socket_path_(dir / "fuyoud.sock"), data_dir_(dir / "data"), extra_args_(std::move(extra_args)) {}
+
+DaemonProcess::~DaemonProcess() { Stop(); }
+
+absl::Status DaemonProcess::Start() {
+  std::vector<std::string> args = {"--socket", socket_path_.string(), "--data-dir", data_dir_.string()};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  pid_ = Spawn(FUYOUD_PATH, args);
+  if (pid_ < 0) return absl::InternalError("cannot spawn " FUYOUD_PATH);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::InternalError("fuyoud exited during start-up");
+    }
+    if (fs::exists(socket_path_)) {
+      auto admin = AdminClient::Connect(client_options());
+      if (admin.ok() && (*admin)->Health().ok()) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError("fuyoud did not answer within 20 s");
+}
+
+int DaemonProcess::Stop() {
+  if (pid_ < 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 300; ++i) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Kill();
+  return -1;
+}
+
+void DaemonProcess::Kill() {
+  if (pid_ < 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+ClientOptions DaemonProcess::client_options() const {
+  ClientOptions options;
+  options.address = "unix:" + socket_path_.string();
+  options.rpc_timeout = std::chrono::milliseconds(20000);
+  options.connect_timeout = std::chrono::milliseconds(3000);
+  return options;
+}
+
+}  // namespace fuyou::testing
