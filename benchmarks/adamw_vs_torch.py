@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""fuyou's CPU AdamW kernel against torch.optim.AdamW(foreach=True) and against an
+Adam-shaped memory-bandwidth probe, on the same element count, in one run.
+
+    /usr/bin/python3 benchmarks/adamw_vs_torch.py BUILD/benchmarks/adamw_bench \
+        [--n 67108864] [--tensors 16] [--threads 1,2] [--reps 5] [--json out.json]
+
+torch runs first (fp32 params split into --tensors tensors, torch.set_num_threads(t)),
+then adamw_bench runs with the same n and thread counts; one table compares them.
+Run it with Debian's Python (/usr/bin/python3), which has torch.
+"""
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def time_torch(n, tensors, threads, reps):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    per = n // tensors
+    sizes = [per] * tensors
+    sizes[-1] += n - per * tensors
+    params = [torch.nn.Parameter(torch.rand(s) * 2 - 1) for s in sizes]
+    for p in params:
+        p.grad = (torch.rand_like(p) * 2 - 1) * 0.01
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=True)
+    opt.step()  # warm-up: allocates the states
+    secs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        opt.step()
+        secs.append(time.perf_counter() - t0)
+    del opt, params
+    gc.collect()
+    secs.sort()
+    return {"best_seconds": secs[0], "median_seconds": secs[len(secs) // 2]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench", help="path to the adamw_bench binary")
+    ap.add_argument("--n", type=int, default=64 << 20, help="elements (default 64Mi)")
+    ap.add_argument("--tensors", type=int, default=16, help="torch tensors the n elements form")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps / rounds")
+    ap.add_argument("--json", help="write the combined results here")
+    args = ap.parse_args()
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    if not os.access(args.bench, os.X_OK):
+        sys.exit(f"adamw_vs_torch: {args.bench} is not an executable adamw_bench")
+
+    print(f"torch {torch.__version__}: AdamW(foreach=True), n={args.n} in {args.tensors} tensors",
+          flush=True)
+    torch_rows = {}
+    for t in thread_counts:
+        torch_rows[t] = time_torch(args.n, args.tensors, t, args.reps)
+        print(f"  threads={t}: best {torch_rows[t]['best_seconds'] * 1e3:.1f} ms, "
+              f"median {torch_rows[t]['median_seconds'] * 1e3:.1f} ms", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_json = os.path.join(tmp, "adamw_bench.json")
+        cmd = [args.bench, f"--n={args.n}", f"--threads={args.threads}",
+               f"--reps={args.reps}", f"--json={bench_json}"]
+        print("running:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        with open(bench_json) as f:
+            bench = json.load(f)
+
+    rows = []
+    header = (f"{'threads':>7} {'impl':<14} {'best ms':>9} {'Gelem/s':>8} {'GB/s':>7} "
+              f"{'ours/torch':>10} {'ours/probe':>10}")
+    print("\nbest of each (median in the JSON); GB/s counts 28 B/elem (32 for fp32+out;"
+          " torch: 28)")
+    print(header)
+    print("-" * len(header))
+    for t in thread_counts:
+        tr = torch_rows[t]
+        torch_eps = args.n / tr["best_seconds"]
+        torch_eps_med = args.n / tr["median_seconds"]
+        by_variant = {r["variant"]: r for r in bench["rows"] if r["threads"] == t}
+        probe = by_variant["probe"]
+        probe_eps = args.n / probe["best_seconds"]
+        print(f"{t:>7} {'torch foreach':<14} {tr['best_seconds'] * 1e3:>9.1f} "
+              f"{torch_eps / 1e9:>8.3f} {torch_eps * 28 / 1e9:>7.2f} {'':>10} "
+              f"{torch_eps / probe_eps:>10.3f}")
+        rows.append({"threads": t, "impl": "torch_foreach", **tr,
+                     "elems_per_s": torch_eps, "ratio_vs_probe": torch_eps / probe_eps,
+                     "ratio_vs_probe_median": torch_eps_med * probe["median_seconds"] / args.n})
+        for name in ["probe", "fp32", "fp32+out", "bf16", "fp16"]:
+            r = by_variant[name]
+            eps = args.n / r["best_seconds"]
+            eps_med = args.n / r["median_seconds"]
+            vs_torch = "" if name == "probe" else f"{eps / torch_eps:>10.2f}"
+            print(f"{t:>7} {('ours ' + name) if name != 'probe' else 'probe':<14} "
+                  f"{r['best_seconds'] * 1e3:>9.1f} {eps / 1e9:>8.3f} {r['gb_per_s']:>7.2f} "
+                  f"{vs_torch:>10} {eps / probe_eps:>10.3f}")
+            rows.append({"threads": t, "impl": "probe" if name == "probe" else f"ours_{name}",
+                         "best_seconds": r["best_seconds"],
+                         "median_seconds": r["median_seconds"], "elems_per_s": eps,
+                         "gb_per_s": r["gb_per_s"],
+                         "ratio_vs_torch": None if name == "probe" else eps / torch_eps,
+                         "ratio_vs_torch_median": None if name == "probe"
+                         else eps_med / torch_eps_med,
+                         "ratio_vs_probe": eps / probe_eps,
+                         "ratio_vs_probe_median": r["ratio_vs_probe_median"]})
+        print()
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": args.n, "tensors": args.tensors, "torch": torch.__version__,
+                       "isa": bench["isa"], "probe_isa": bench["probe_isa"],
+                       "reps": args.reps, "rows": rows}, f, indent=2)
+        print("wrote", args.json)
+
+
+if __name__ == "__main__":
+    main()
