@@ -1,0 +1,57 @@
+"""fuyou: AdamW for PyTorch with optimizer states on NVMe SSDs, run by fuyoud.
+
+    import fuyou
+    opt = fuyou.AdamW(model.parameters(), lr=1e-4, job="my-run")
+    ...
+    loss.backward(); opt.step(); opt.zero_grad()
+
+See fuyou.AdamW for mixed precision, clipping, accumulation and resuming, and
+fuyou.EmbeddedDaemon for the private daemon started when none is running.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, FuyouError,
+                      InvalidArgument)
+from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
+from .optimizer import AdamW
+
+__all__ = [
+    "AdamW",
+    "EmbeddedDaemon",
+    "FuyouError",
+    "DaemonUnavailable",
+    "InvalidArgument",
+    "FailedPrecondition",
+    "DeadlineExceeded",
+    "admin_stats",
+    "admin_client",
+    "default_socket_path",
+    "find_daemon_binary",
+]
+
+__version__ = "0.1.0"
+
+
+def admin_client(address: Optional[str] = None, timeout: float = 10.0):
+    """A connected fuyou._fuyou.AdminClient (health, get_stats, list_sessions,
+    list_jobs, delete_job). `address` None: the default socket, or else the
+    embedded daemon this process started."""
+    from . import _native
+    from .daemon import _require_listening, resolve_admin_address, socket_path_of, to_address
+    target = to_address(address) if address else resolve_admin_address()
+    path = socket_path_of(target)
+    if path is not None:
+        _require_listening(path, target, min(timeout, 2.0), hint="")
+    return _native.module().AdminClient.connect(target, timeout)
+
+
+def admin_stats(address: Optional[str] = None, timeout: float = 10.0) -> dict:
+    """fuyoud's GetStats as a dict: storage (list of dicts with path, bytes_read,
+    bytes_written, read_gbps, write_gbps, direct_io), chunk_updates,
+    params_updated, chunk_updates_per_second, params_updated_per_second,
+    dram_bytes_in_use, dram_budget_bytes, cache_hits, cache_misses, live_sessions,
+    steps_committed, uptime_seconds."""
+    return admin_client(address, timeout).get_stats()

@@ -1,0 +1,456 @@
+// fuyou._fuyou: the pybind11 binding of clientlib (fuyou::Session, fuyou::AdminClient).
+//
+// A thin layer: it converts arguments, releases the GIL around every call that can
+// block (network, waits on the daemon), and turns a non-OK absl::Status into a
+// Python exception of fuyou.FuyouError's family (see fuyou/_errors.py), carrying
+// the gRPC code name and the daemon's message. The PyTorch integration lives in
+// Python (fuyou/optimizer.py).
+//
+// Slot regions are returned as writable memoryviews over the mapped shared-memory
+// segment, so `torch.frombuffer(region, dtype=...)` views them without a copy. Each
+// view keeps the Python Session object alive; it must not be used after close().
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fuyou/admin_client.h"
+#include "fuyou/client.h"
+#include "fuyou/defaults.h"
+#include "fuyou/dtype.h"
+#include "fuyou/segment_layout.h"
+
+namespace py = pybind11;
+
+namespace fuyou::python {
+namespace {
+
+// Thrown by the helpers below, translated to fuyou._errors.FuyouError & co.
+struct StatusError : std::exception {
+  StatusError(std::string code_name, std::string message)
+      : code_name(std::move(code_name)), message(std::move(message)) {}
+  const char* what() const noexcept override { return message.c_str(); }
+  std::string code_name;
+  std::string message;
+};
+
+[[noreturn]] void ThrowStatus(const absl::Status& status) {
+  throw StatusError(absl::StatusCodeToString(status.code()), std::string(status.message()));
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) ThrowStatus(status);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> result) {
+  if (!result.ok()) ThrowStatus(result.status());
+  return *std::move(result);
+}
+
+std::chrono::milliseconds ToMillis(double seconds) {
+  if (seconds < 0) seconds = 0;
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+ClientOptions MakeClientOptions(const std::string& address, double rpc_timeout,
+                                double connect_timeout) {
+  ClientOptions options;
+  options.address = address;
+  options.rpc_timeout = ToMillis(rpc_timeout);
+  options.connect_timeout = ToMillis(connect_timeout);
+  return options;
+}
+
+DType ToDType(int value) {
+  const auto dtype = static_cast<DType>(value);
+  if (value < 0 || value > 255 || !IsValidDType(dtype)) {
+    throw StatusError("INVALID_ARGUMENT", "unknown dtype value " + std::to_string(value) +
+                                              " (expected 1=float32, 2=bfloat16, 3=float16)");
+  }
+  return dtype;
+}
+
+// A contiguous byte view of a Python buffer (bytearray, memoryview, numpy array,
+// a torch tensor's numpy view, ...). `writable` asks for a writable buffer.
+std::span<std::byte> BytesOf(const py::buffer& buffer, bool writable, py::buffer_info& keep) {
+  keep = buffer.request(writable);
+  // A C-contiguous buffer: strides equal to the packed strides.
+  py::ssize_t expected = keep.itemsize;
+  for (py::ssize_t d = keep.ndim - 1; d >= 0; --d) {
+    if (keep.shape[d] != 1 && keep.strides[d] != expected) {
+      throw StatusError("INVALID_ARGUMENT", "buffer is not C-contiguous");
+    }
+    expected *= keep.shape[d];
+  }
+  return {static_cast<std::byte*>(keep.ptr),
+          static_cast<size_t>(keep.size) * static_cast<size_t>(keep.itemsize)};
+}
+
+// The Python-side owner of a clientlib Session.
+class PySession : public std::enable_shared_from_this<PySession> {
+ public:
+  explicit PySession(std::unique_ptr<Session> session) : session_(std::move(session)) {}
+
+  Session& get() const {
+    if (session_ == nullptr) throw StatusError("FAILED_PRECONDITION", "the session is closed");
+    return *session_;
+  }
+  bool closed() const { return session_ == nullptr || closed_; }
+
+  // Close, then keep the object (and its mapping) until Python drops the last view:
+  // a stale tensor over a region reads freed-but-mapped memory, never unmapped memory.
+  void Close() {
+    if (session_ == nullptr || closed_) return;
+    closed_ = true;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = session_->Close();
+    }
+    Check(status);
+  }
+
+  std::span<std::byte> Region(uint32_t slot, bool grad) const {
+    Session& s = get();
+    if (closed_) throw StatusError("FAILED_PRECONDITION", "the session is closed");
+    if (slot >= s.num_slots()) {
+      throw StatusError("INVALID_ARGUMENT", "slot " + std::to_string(slot) + " out of range (" +
+                                                std::to_string(s.num_slots()) + " slots)");
+    }
+    return grad ? s.GradRegion(slot) : s.ParamRegion(slot);
+  }
+
+ private:
+  std::unique_ptr<Session> session_;
+  bool closed_ = false;
+};
+
+// A slot region exported through the buffer protocol; holds its session alive.
+struct PyRegion {
+  std::shared_ptr<PySession> owner;
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+
+py::memoryview MakeRegionView(const std::shared_ptr<PySession>& session, uint32_t slot, bool grad) {
+  std::span<std::byte> bytes = session->Region(slot, grad);
+  py::object region = py::cast(PyRegion{session, bytes.data(), bytes.size()});
+  return py::memoryview(region);
+}
+
+AdamWHyper MakeHyper(float lr, float beta1, float beta2, float eps, float weight_decay,
+                     float grad_scale) {
+  AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.grad_scale = grad_scale;
+  return h;
+}
+
+py::dict StatsToDict(const v1::GetStatsResponse& r) {
+  py::list storage;
+  for (const auto& s : r.storage()) {
+    py::dict d;
+    d["path"] = s.path();
+    d["bytes_read"] = s.bytes_read();
+    d["bytes_written"] = s.bytes_written();
+    d["read_gbps"] = s.read_gbps();
+    d["write_gbps"] = s.write_gbps();
+    d["direct_io"] = s.direct_io();
+    storage.append(d);
+  }
+  py::dict d;
+  d["storage"] = storage;
+  d["chunk_updates"] = r.chunk_updates();
+  d["params_updated"] = r.params_updated();
+  d["chunk_updates_per_second"] = r.chunk_updates_per_second();
+  d["params_updated_per_second"] = r.params_updated_per_second();
+  d["dram_bytes_in_use"] = r.dram_bytes_in_use();
+  d["dram_budget_bytes"] = r.dram_budget_bytes();
+  d["cache_hits"] = r.cache_hits();
+  d["cache_misses"] = r.cache_misses();
+  d["live_sessions"] = r.live_sessions();
+  d["steps_committed"] = r.steps_committed();
+  d["uptime_seconds"] = r.uptime_seconds();
+  return d;
+}
+
+template <typename T, typename F>
+T Blocking(F&& f) {
+  absl::StatusOr<T> result = [&] {
+    py::gil_scoped_release release;
+    return f();
+  }();
+  return Check(std::move(result));
+}
+
+void BlockingStatus(const std::function<absl::Status()>& f) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = f();
+  }
+  Check(status);
+}
+
+}  // namespace
+}  // namespace fuyou::python
+
+PYBIND11_MODULE(_fuyou, m) {
+  using namespace fuyou;
+  using namespace fuyou::python;
+  m.doc() = "Binding of fuyou's clientlib (see fuyou.AdamW for the PyTorch API).";
+
+  // Status errors become fuyou._errors.from_status(code_name, message), a subclass
+  // of fuyou.FuyouError; RuntimeError if that module cannot be imported.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      try {
+        py::object errors = py::module_::import("fuyou._errors");
+        py::object exc = errors.attr("from_status")(e.code_name, e.message);
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+      } catch (py::error_already_set& inner) {
+        inner.discard_as_unraisable("fuyou._fuyou error translation");
+        PyErr_SetString(PyExc_RuntimeError, (e.code_name + ": " + e.message).c_str());
+      }
+    }
+  });
+
+  m.attr("DTYPE_FLOAT32") = static_cast<int>(DType::kFloat32);
+  m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);
+  m.attr("DTYPE_FLOAT16") = static_cast<int>(DType::kFloat16);
+  m.attr("MAX_SLOTS") = kMaxSlots;
+  m.attr("SEGMENT_ALIGNMENT") = kSegmentAlignment;
+
+  m.def("default_address", &DefaultAddress,
+        "gRPC target clientlib uses when no address is given.");
+  m.def("default_socket_path", [] { return DefaultSocketPath().string(); },
+        "Socket a client connects to by default (defaults.h DefaultSocketPath).");
+  m.def("default_data_dir", [] { return DefaultDataDir().string(); });
+
+  py::class_<PyRegion>(m, "_Region", py::buffer_protocol())
+      .def_buffer([](PyRegion& r) {
+        return py::buffer_info(r.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(r.size)}, {py::ssize_t{1}},
+                               /*readonly=*/false);
+      });
+
+  py::class_<PySession, std::shared_ptr<PySession>>(m, "Session")
+      .def_static(
+          "open",
+          [](const std::string& job, uint32_t num_slots, uint64_t slot_bytes,
+             const std::string& client_info, const std::string& address, double rpc_timeout,
+             double connect_timeout) {
+            SessionOptions options;
+            options.job = job;
+            options.num_slots = num_slots;
+            options.slot_bytes = slot_bytes;
+            options.client_info = client_info;
+            const ClientOptions client = MakeClientOptions(address, rpc_timeout, connect_timeout);
+            auto session = Blocking<std::unique_ptr<Session>>(
+                [&] { return Session::Open(options, client); });
+            return std::make_shared<PySession>(std::move(session));
+          },
+          py::arg("job"), py::arg("num_slots"), py::arg("slot_bytes"),
+          py::arg("client_info") = "", py::arg("address") = "", py::arg("rpc_timeout") = 30.0,
+          py::arg("connect_timeout") = 5.0,
+          "Connects to fuyoud, opens a session on `job` and maps its segment.")
+      .def_property_readonly("committed_step",
+                             [](const PySession& s) { return s.get().committed_step(); })
+      .def_property_readonly("num_slots", [](const PySession& s) { return s.get().num_slots(); })
+      .def_property_readonly("slot_bytes",
+                             [](const PySession& s) { return s.get().slot_bytes(); })
+      .def_property_readonly("session_id",
+                             [](const PySession& s) { return s.get().session_id(); })
+      .def_property_readonly("closed", &PySession::closed)
+      .def(
+          "register_chunk",
+          [](PySession& s, uint32_t chunk_id, uint64_t num_elements, int param_dtype,
+             int grad_dtype, const py::buffer& weights) {
+            ChunkSpec spec;
+            spec.chunk_id = chunk_id;
+            spec.num_elements = num_elements;
+            spec.param_dtype = ToDType(param_dtype);
+            spec.grad_dtype = ToDType(grad_dtype);
+            py::buffer_info keep;
+            std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
+            Session& session = s.get();
+            const RegisterResult r = Blocking<RegisterResult>(
+                [&] { return session.RegisterChunk(spec, bytes); });
+            return py::make_tuple(r.resumed, r.update_count);
+          },
+          py::arg("chunk_id"), py::arg("num_elements"), py::arg("param_dtype"),
+          py::arg("grad_dtype"), py::arg("weights"),
+          "Registers a chunk; `weights` (writable) gives a new chunk's initial weights or "
+          "receives a resumed chunk's. Returns (resumed, update_count).")
+      .def(
+          "push_gradients",
+          [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads, float lr,
+             float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
+            py::buffer_info keep;
+            std::span<std::byte> bytes = BytesOf(grads, /*writable=*/false, keep);
+            Session& session = s.get();
+            const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
+            BlockingStatus([&] { return session.PushGradients(chunk_id, step, hyper, bytes); });
+          },
+          py::arg("chunk_id"), py::arg("step"), py::arg("grads"), py::arg("lr"),
+          py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+          py::arg("grad_scale") = 1.0f)
+      .def(
+          "pull_params",
+          [](PySession& s, uint32_t chunk_id, const py::buffer& weights) {
+            py::buffer_info keep;
+            std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
+            Session& session = s.get();
+            BlockingStatus([&] { return session.PullParams(chunk_id, bytes); });
+          },
+          py::arg("chunk_id"), py::arg("weights"))
+      .def(
+          "acquire_slot",
+          [](PySession& s, double timeout) {
+            Session& session = s.get();
+            return Blocking<uint32_t>([&] { return session.AcquireSlot(ToMillis(timeout)); });
+          },
+          py::arg("timeout"), "Takes a free slot, waiting up to `timeout` seconds.")
+      .def(
+          "grad_region",
+          [](PySession& s, uint32_t slot) {
+            return MakeRegionView(s.shared_from_this(), slot, /*grad=*/true);
+          },
+          py::arg("slot"), "Writable memoryview of the slot's gradient region.")
+      .def(
+          "param_region",
+          [](PySession& s, uint32_t slot) {
+            return MakeRegionView(s.shared_from_this(), slot, /*grad=*/false);
+          },
+          py::arg("slot"), "Writable memoryview of the slot's parameter region.")
+      .def(
+          "send_grad_ready",
+          [](PySession& s, uint32_t chunk_id, uint32_t slot, int64_t step, float lr, float beta1,
+             float beta2, float eps, float weight_decay, float grad_scale) {
+            Session& session = s.get();
+            const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
+            BlockingStatus([&] { return session.SendGradReady(chunk_id, slot, step, hyper); });
+          },
+          py::arg("chunk_id"), py::arg("slot"), py::arg("step"), py::arg("lr"),
+          py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+          py::arg("grad_scale") = 1.0f)
+      .def(
+          "wait_params",
+          [](PySession& s, uint32_t chunk_id, double timeout) {
+            Session& session = s.get();
+            return Blocking<uint32_t>(
+                [&] { return session.WaitParams(chunk_id, ToMillis(timeout)); });
+          },
+          py::arg("chunk_id"), py::arg("timeout"),
+          "Waits for ParamsReady of the chunk; returns the slot holding its new weights.")
+      .def(
+          "release_slot",
+          [](PySession& s, uint32_t slot) {
+            Session& session = s.get();
+            py::gil_scoped_release release;
+            session.ReleaseSlot(slot);
+          },
+          py::arg("slot"))
+      .def(
+          "end_step",
+          [](PySession& s, int64_t step) {
+            Session& session = s.get();
+            const StepResult r = Blocking<StepResult>([&] { return session.EndStep(step); });
+            return py::make_tuple(r.step, r.chunks_updated);
+          },
+          py::arg("step"), "Commits the step; returns (step, chunks_updated).")
+      .def(
+          "abort_step",
+          [](PySession& s, int64_t step) {
+            Session& session = s.get();
+            BlockingStatus([&] { return session.AbortStep(step); });
+          },
+          py::arg("step"))
+      .def("close", &PySession::Close, "Ends the session (idempotent).");
+
+  py::class_<AdminClient, std::shared_ptr<AdminClient>>(m, "AdminClient")
+      .def_static(
+          "connect",
+          [](const std::string& address, double timeout) {
+            const ClientOptions client = MakeClientOptions(address, timeout, timeout);
+            std::unique_ptr<AdminClient> admin = Blocking<std::unique_ptr<AdminClient>>(
+                [&] { return AdminClient::Connect(client); });
+            return std::shared_ptr<AdminClient>(std::move(admin));
+          },
+          py::arg("address") = "", py::arg("timeout") = 10.0)
+      .def("health",
+           [](AdminClient& a) {
+             const auto r = Blocking<v1::HealthResponse>([&] { return a.Health(); });
+             py::dict d;
+             d["status"] = r.status();
+             d["version"] = r.version();
+             d["uptime_seconds"] = r.uptime_seconds();
+             d["kernel_isa"] = r.kernel_isa();
+             return d;
+           })
+      .def("get_stats",
+           [](AdminClient& a) {
+             return StatsToDict(Blocking<v1::GetStatsResponse>([&] { return a.GetStats(); }));
+           })
+      .def("list_sessions",
+           [](AdminClient& a) {
+             const auto r = Blocking<v1::ListSessionsResponse>([&] { return a.ListSessions(); });
+             py::list out;
+             for (const auto& s : r.sessions()) {
+               py::dict d;
+               d["session_id"] = s.session_id();
+               d["job"] = s.job();
+               d["uid"] = s.uid();
+               d["pid"] = s.pid();
+               d["client_info"] = s.client_info();
+               d["chunks"] = s.chunks();
+               d["committed_step"] = s.committed_step();
+               d["segment_bytes"] = s.segment_bytes();
+               d["age_seconds"] = s.age_seconds();
+               out.append(d);
+             }
+             return out;
+           })
+      .def("list_jobs",
+           [](AdminClient& a) {
+             const auto r = Blocking<v1::ListJobsResponse>([&] { return a.ListJobs(); });
+             py::list out;
+             for (const auto& j : r.jobs()) {
+               py::dict d;
+               d["name"] = j.name();
+               d["owner_uid"] = j.owner_uid();
+               d["chunks"] = j.chunks();
+               d["parameters"] = j.parameters();
+               d["bytes_on_storage"] = j.bytes_on_storage();
+               d["committed_step"] = j.committed_step();
+               d["last_used_unix"] = j.last_used_unix();
+               d["open"] = j.open();
+               out.append(d);
+             }
+             return out;
+           })
+      .def(
+          "delete_job",
+          [](AdminClient& a, const std::string& name) {
+            return Blocking<v1::DeleteJobResponse>([&] { return a.DeleteJob(name); })
+                .bytes_freed();
+          },
+          py::arg("name"), "Deletes a job; returns the bytes freed.");
+}
