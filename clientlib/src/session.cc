@@ -73,6 +73,11 @@ class Session::Impl {
         stub_(v1::Offload::NewStub(channel_)) {}
 
   ~Impl() {
+    {
+      // A Close the caller already made has reported its own result.
+      std::lock_guard close_lock(close_mu_);
+      if (close_done_) return;
+    }
     absl::Status status = Close();
     if (!status.ok() && !absl::IsUnavailable(status) && !session_id_.empty()) {
       fmt::print(stderr, "fuyou: closing session {} of job '{}' failed: {}\n", session_id_,

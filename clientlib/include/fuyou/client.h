@@ -142,7 +142,8 @@ class Session {
   // Abandons `step`: chunks already updated in it return to the last commit.
   absl::Status AbortStep(int64_t step);
 
-  // Ends the session: pending work is finished, the segment freed.
+  // Ends the session: pending work is finished, the segment unmapped. Spans from
+  // GradRegion/ParamRegion must not be used after Close.
   absl::Status Close();
 
   class Impl;
