@@ -3,10 +3,15 @@
 Adam-shaped memory-bandwidth probe, on the same element count, in one run.
 
     /usr/bin/python3 benchmarks/adamw_vs_torch.py BUILD/benchmarks/adamw_bench \
-        [--n 67108864] [--tensors 16] [--threads 1,2] [--reps 5] [--json out.json]
+        [--n 67108864] [--tensors 16] [--threads 1,2] [--reps 5] [--rounds 4] [--json out.json]
 
-torch runs first (fp32 params split into --tensors tensors, torch.set_num_threads(t)),
-then adamw_bench runs with the same n and thread counts; one table compares them.
+torch (fp32 params split into --tensors tensors, torch.set_num_threads(t)) and
+adamw_bench (same n and thread counts) run interleaved: --rounds rounds, each
+timing --reps steps of torch and --reps rounds of adamw_bench, the order
+alternating (torch first, then ours first, ...), so neither side gets the
+machine's quiet or noisy minutes to itself. The table gives the best of all
+rounds and the ratio of medians; "paired" is the median over rounds of each
+round's ours/torch ratio, the figure least exposed to drift.
 Run it with Debian's Python (/usr/bin/python3), which has torch.
 """
 import argparse
@@ -21,8 +26,7 @@ import time
 import torch
 
 
-def time_torch(n, tensors, threads, reps):
-    torch.set_num_threads(threads)
+def make_torch(n, tensors):
     torch.manual_seed(0)
     per = n // tensors
     sizes = [per] * tensors
@@ -32,15 +36,32 @@ def time_torch(n, tensors, threads, reps):
         p.grad = (torch.rand_like(p) * 2 - 1) * 0.01
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=True)
     opt.step()  # warm-up: allocates the states
+    return opt
+
+
+def time_torch(opt, threads, reps):
+    torch.set_num_threads(threads)
+    opt.step()  # warm-up at this thread count
     secs = []
     for _ in range(reps):
         t0 = time.perf_counter()
         opt.step()
         secs.append(time.perf_counter() - t0)
-    del opt, params
-    gc.collect()
-    secs.sort()
-    return {"best_seconds": secs[0], "median_seconds": secs[len(secs) // 2]}
+    return secs
+
+
+def median(values):
+    values = sorted(values)
+    k = len(values)
+    return values[k // 2] if k % 2 else 0.5 * (values[k // 2 - 1] + values[k // 2])
+
+
+def run_bench(bench, n, threads, reps, tmp, round_index):
+    bench_json = os.path.join(tmp, f"adamw_bench.{round_index}.json")
+    cmd = [bench, f"--n={n}", f"--threads={threads}", f"--reps={reps}", f"--json={bench_json}"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(bench_json) as f:
+        return json.load(f)
 
 
 def main():
@@ -50,33 +71,57 @@ def main():
     ap.add_argument("--n", type=int, default=64 << 20, help="elements (default 64Mi)")
     ap.add_argument("--tensors", type=int, default=16, help="torch tensors the n elements form")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--reps", type=int, default=5, help="timed steps / rounds")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps / rounds per round")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds of torch and ours")
     ap.add_argument("--json", help="write the combined results here")
     args = ap.parse_args()
     thread_counts = [int(t) for t in args.threads.split(",")]
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"adamw_vs_torch: {args.bench} is not an executable adamw_bench")
 
-    print(f"torch {torch.__version__}: AdamW(foreach=True), n={args.n} in {args.tensors} tensors",
-          flush=True)
-    torch_rows = {}
-    for t in thread_counts:
-        torch_rows[t] = time_torch(args.n, args.tensors, t, args.reps)
-        print(f"  threads={t}: best {torch_rows[t]['best_seconds'] * 1e3:.1f} ms, "
-              f"median {torch_rows[t]['median_seconds'] * 1e3:.1f} ms", flush=True)
-
+    print(f"torch {torch.__version__}: AdamW(foreach=True), n={args.n} in {args.tensors} tensors;"
+          f" {args.rounds} interleaved rounds of {args.reps}", flush=True)
+    opt = make_torch(args.n, args.tensors)
+    torch_secs = {t: [] for t in thread_counts}      # every torch step
+    torch_round = {t: [] for t in thread_counts}     # each round's torch median
+    ours_rounds = []                                 # each round's adamw_bench JSON
     with tempfile.TemporaryDirectory() as tmp:
-        bench_json = os.path.join(tmp, "adamw_bench.json")
-        cmd = [args.bench, f"--n={args.n}", f"--threads={args.threads}",
-               f"--reps={args.reps}", f"--json={bench_json}"]
-        print("running:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        with open(bench_json) as f:
-            bench = json.load(f)
+        for r in range(args.rounds):
+            order = ["torch", "ours"] if r % 2 == 0 else ["ours", "torch"]
+            for who in order:
+                if who == "torch":
+                    for t in thread_counts:
+                        secs = time_torch(opt, t, args.reps)
+                        torch_secs[t] += secs
+                        torch_round[t].append(median(secs))
+                else:
+                    ours_rounds.append(run_bench(args.bench, args.n, args.threads, args.reps, tmp, r))
+            print(f"  round {r + 1}/{args.rounds} ({' then '.join(order)}): torch "
+                  + ", ".join(f"t={t} {torch_round[t][-1] * 1e3:.1f} ms" for t in thread_counts),
+                  flush=True)
+    del opt
+    gc.collect()
+    torch_rows = {t: {"best_seconds": min(torch_secs[t]), "median_seconds": median(torch_secs[t])}
+                  for t in thread_counts}
+    # Ours: best of the rounds' bests, median of the rounds' medians; per-round ratios.
+    bench = {"isa": ours_rounds[0]["isa"], "probe_isa": ours_rounds[0]["probe_isa"], "rows": []}
+    paired = {}
+    for row in ours_rounds[0]["rows"]:
+        key = (row["threads"], row["variant"])
+        same = [next(x for x in b["rows"] if (x["threads"], x["variant"]) == key) for b in ours_rounds]
+        merged = dict(row)
+        merged["best_seconds"] = min(x["best_seconds"] for x in same)
+        merged["median_seconds"] = median([x["median_seconds"] for x in same])
+        merged["gb_per_s"] = max(x["gb_per_s"] for x in same)
+        merged["ratio_vs_probe_median"] = median([x["ratio_vs_probe_median"] for x in same])
+        bench["rows"].append(merged)
+        if row["threads"] in torch_round:
+            paired[key] = median([torch_round[row["threads"]][i] / same[i]["median_seconds"]
+                                  for i in range(len(same))])
 
     rows = []
     header = (f"{'threads':>7} {'impl':<14} {'best ms':>9} {'Gelem/s':>8} {'GB/s':>7} "
-              f"{'ours/torch':>10} {'ours/probe':>10}")
+              f"{'ours/torch':>10} {'paired':>7} {'ours/probe':>10}")
     print("\nbest of each (median in the JSON); GB/s counts 28 B/elem (32 for fp32+out;"
           " torch: 28)")
     print(header)
@@ -89,7 +134,7 @@ def main():
         probe = by_variant["probe"]
         probe_eps = args.n / probe["best_seconds"]
         print(f"{t:>7} {'torch foreach':<14} {tr['best_seconds'] * 1e3:>9.1f} "
-              f"{torch_eps / 1e9:>8.3f} {torch_eps * 28 / 1e9:>7.2f} {'':>10} "
+              f"{torch_eps / 1e9:>8.3f} {torch_eps * 28 / 1e9:>7.2f} {'':>10} {'':>7} "
               f"{torch_eps / probe_eps:>10.3f}")
         rows.append({"threads": t, "impl": "torch_foreach", **tr,
                      "elems_per_s": torch_eps, "ratio_vs_probe": torch_eps / probe_eps,
@@ -99,9 +144,10 @@ def main():
             eps = args.n / r["best_seconds"]
             eps_med = args.n / r["median_seconds"]
             vs_torch = "" if name == "probe" else f"{eps / torch_eps:>10.2f}"
+            pair = "" if name == "probe" else f"{paired[(t, name)]:>7.2f}"
             print(f"{t:>7} {('ours ' + name) if name != 'probe' else 'probe':<14} "
                   f"{r['best_seconds'] * 1e3:>9.1f} {eps / 1e9:>8.3f} {r['gb_per_s']:>7.2f} "
-                  f"{vs_torch:>10} {eps / probe_eps:>10.3f}")
+                  f"{vs_torch:>10} {pair:>7} {eps / probe_eps:>10.3f}")
             rows.append({"threads": t, "impl": "probe" if name == "probe" else f"ours_{name}",
                          "best_seconds": r["best_seconds"],
                          "median_seconds": r["median_seconds"], "elems_per_s": eps,
@@ -109,6 +155,7 @@ def main():
                          "ratio_vs_torch": None if name == "probe" else eps / torch_eps,
                          "ratio_vs_torch_median": None if name == "probe"
                          else eps_med / torch_eps_med,
+                         "ratio_vs_torch_paired": None if name == "probe" else paired[(t, name)],
                          "ratio_vs_probe": eps / probe_eps,
                          "ratio_vs_probe_median": r["ratio_vs_probe_median"]})
         print()
@@ -117,7 +164,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"n": args.n, "tensors": args.tensors, "torch": torch.__version__,
                        "isa": bench["isa"], "probe_isa": bench["probe_isa"],
-                       "reps": args.reps, "rows": rows}, f, indent=2)
+                       "reps": args.reps, "rounds": args.rounds, "rows": rows}, f, indent=2)
         print("wrote", args.json)
 
 

@@ -4,6 +4,8 @@ set(FUYOU_DAEMON_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/common/log.cc
+  ${FUYOU_DAEMON_DIR}/common/crash_point.cc
+  ${FUYOU_DAEMON_DIR}/common/trace.cc
   ${FUYOU_DAEMON_DIR}/config/daemon_config.cc
   ${FUYOU_DAEMON_DIR}/stats/daemon_stats.cc
   ${FUYOU_DAEMON_DIR}/jobs/job.cc
@@ -11,6 +13,7 @@ add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/scheduler/state_cache.cc
   ${FUYOU_DAEMON_DIR}/session/shm_segment.cc
   ${FUYOU_DAEMON_DIR}/session/session.cc
+  ${FUYOU_DAEMON_DIR}/session/session_import.cc
   ${FUYOU_DAEMON_DIR}/session/session_registry.cc
   ${FUYOU_DAEMON_DIR}/server/socket_path.cc
   ${FUYOU_DAEMON_DIR}/server/offload_service.cc
@@ -31,5 +34,7 @@ fuyou_add_test(NAME daemon_config_test
   SOURCES ${FUYOU_DAEMON_DIR}/config/daemon_config_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME state_cache_test
   SOURCES ${FUYOU_DAEMON_DIR}/scheduler/state_cache_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME crash_point_test
+  SOURCES ${FUYOU_DAEMON_DIR}/common/crash_point_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME job_test
   SOURCES ${FUYOU_DAEMON_DIR}/jobs/job_test.cc LIBS fuyou_daemon_core)

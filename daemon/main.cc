@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "config/daemon_config.h"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> data_dirs;
   std::string dram_budget;
   std::string max_segment;
+  std::string job_quota;
   int threads = -1;
   int io_depth = -1;
   std::string log_level;
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
                  "storage directory for optimizer states, one per SSD; repeat for several (default: "
                  "$FUYOU_DATA_DIR, /var/lib/fuyou for root, else ~/.local/share/fuyou)");
   app.add_option("--dram-budget", dram_budget, "DRAM for optimizer states, e.g. 4GiB (default 2GiB)");
+  app.add_option("--job-quota", job_quota,
+                 "most storage one job may reserve, e.g. 100GiB, or \"unlimited\" (default unlimited)");
   app.add_option("--max-segment", max_segment, "largest shared-memory segment a session may ask for (default 8GiB)");
   app.add_option("--threads", threads, "optimizer worker threads, 0 = all cores (default 0)");
   app.add_option("--io-depth", io_depth, "io_uring queue depth per storage path (default 64)");
@@ -71,6 +75,15 @@ int main(int argc, char** argv) {
     if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--max-segment: " + std::string(bytes.status().message())));
     config.max_segment_bytes = *bytes;
   }
+  if (!job_quota.empty()) {
+    if (job_quota == "unlimited") {
+      config.job_quota_bytes = 0;
+    } else {
+      auto bytes = fuyou::ParseByteSize(job_quota);
+      if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--job-quota: " + std::string(bytes.status().message())));
+      config.job_quota_bytes = *bytes;
+    }
+  }
   if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
   if (io_depth > 0) config.io_queue_depth = static_cast<unsigned>(io_depth);
   if (drain_seconds >= 0) config.drain_seconds = drain_seconds;
@@ -80,6 +93,14 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("log level '" + config.log_level + "' is not trace|debug|info|warn|error"));
   }
   fuyou::log::SetLevel(level);
+  // Test-only hooks, read from the environment (see common/crash_point.h and
+  // storage/fault_spec.h); both log loudly when set.
+  if (auto status = fuyou::crash_point::ArmFromEnvironment(); !status.ok()) return Fail(status);
+  if (fuyou::crash_point::internal::armed) {
+    fuyou::log::Warn("FUYOU_CRASH_AT={} is set: fuyoud will kill itself at that crash point (test only)",
+                     std::getenv("FUYOU_CRASH_AT"));
+  }
+  if (const char* faults = std::getenv("FUYOU_TEST_FAULTS")) config.test_faults = faults;
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

@@ -15,3 +15,35 @@ fuyou_add_test(NAME offload_integration_test
   LABELS integration)
 target_compile_definitions(offload_integration_test PRIVATE CRASH_CLIENT_PATH="$<TARGET_FILE:crash_client>")
 add_dependencies(offload_integration_test fuyoud crash_client)
+
+fuyou_add_test(NAME dram_tier_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/dram_tier_integration_test.cc
+  LIBS fuyou_test_support fuyou_proto
+  LABELS integration)
+add_dependencies(dram_tier_integration_test fuyoud)
+
+fuyou_add_test(NAME state_transfer_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/state_transfer_test.cc
+  LIBS fuyou_test_support
+  LABELS integration)
+add_dependencies(state_transfer_test fuyoud)
+
+# Crash consistency: the daemon killed at its crash points (FUYOU_CRASH_AT), and
+# clients killed mid-step, against one deterministic job (crash_driver.h).
+add_library(fuyou_crash_driver STATIC ${FUYOU_INTEGRATION_DIR}/crash_driver.cc)
+target_link_libraries(fuyou_crash_driver PUBLIC fuyou_test_support fmt::fmt)
+add_executable(crash_loop_client ${FUYOU_INTEGRATION_DIR}/crash_loop_client.cc)
+target_link_libraries(crash_loop_client PRIVATE fuyou_crash_driver)
+fuyou_add_test(NAME crash_loop_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/crash_loop_test.cc
+  LIBS fuyou_crash_driver fmt::fmt
+  LABELS integration)
+target_compile_definitions(crash_loop_test PRIVATE CRASH_LOOP_CLIENT_PATH="$<TARGET_FILE:crash_loop_client>")
+add_dependencies(crash_loop_test fuyoud crash_loop_client)
+
+# Storage faults (FUYOU_TEST_FAULTS), corrupt extents, capacity and quota, leaks.
+fuyou_add_test(NAME durability_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/durability_integration_test.cc
+  LIBS fuyou_test_support fuyou_proto fmt::fmt
+  LABELS integration)
+add_dependencies(durability_integration_test fuyoud)

@@ -104,6 +104,10 @@ class Session::Impl {
   void ReleaseSlot(uint32_t slot);
   absl::StatusOr<StepResult> EndStep(int64_t step);
   absl::Status AbortStep(int64_t step);
+  absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
+  absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
+  absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count);
+  absl::StatusOr<uint32_t> CommitImport();
   absl::Status Close();
 
  private:
@@ -113,6 +117,14 @@ class Session::Impl {
     int64_t step = 0;
     bool done = false;
     absl::Status status;  // of the answer: OK for ParamsReady
+  };
+  // A ReadState, WriteState, SetUpdateCount or CommitImport waiting for its
+  // answer; one at a time (control_mu_).
+  struct ControlWaiter {
+    bool active = false;
+    bool done = false;
+    absl::Status status;
+    v1::DaemonMessage reply;
   };
   // An EndStep or AbortStep waiting for its answer.
   struct StepWaiter {
@@ -133,6 +145,10 @@ class Session::Impl {
   absl::Status CheckUsableLocked();
   absl::Status Write(const v1::ClientMessage& message, std::string_view what);
   absl::StatusOr<StepResult> WaitStep(int64_t step, bool abort);
+  // Sends a control message and waits for its answer; the caller holds control_mu_.
+  absl::StatusOr<v1::DaemonMessage> Control(const v1::ClientMessage& message, const std::string& what);
+  // The registered chunk's spec, checking [first, first + count) lies in it.
+  absl::StatusOr<ChunkSpec> CheckStateRange(uint32_t chunk_id, uint64_t first, uint64_t count, const char* verb);
   void ReadLoop();
   void Dispatch(const v1::DaemonMessage& message);
   void DeliverError(const v1::Error& error);
@@ -172,6 +188,9 @@ class Session::Impl {
   std::map<uint32_t, ChunkSpec> chunks_;
   std::map<uint32_t, PendingChunk> pending_;
   std::map<int64_t, StepWaiter> steps_;
+  ControlWaiter control_;
+
+  std::mutex control_mu_;  // one control request at a time; taken before mu_
 
   std::mutex close_mu_;
   bool close_done_ = false;
@@ -347,6 +366,14 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
       }
       break;
     }
+    case v1::DaemonMessage::kStateRead:
+    case v1::DaemonMessage::kStateWritten:
+    case v1::DaemonMessage::kUpdateCountSet:
+    case v1::DaemonMessage::kImportCommitted:
+      if (!control_.active || control_.done) return;  // its waiter gave up
+      control_.done = true;
+      control_.reply = message;
+      break;
     case v1::DaemonMessage::kError:
       DeliverError(message.error());
       break;
@@ -360,6 +387,11 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
 void Session::Impl::DeliverError(const v1::Error& error) {
   absl::Status status = StatusFromErrorMessage(error);
   if ((absl::IsAborted(status) || absl::IsInternal(status)) && fatal_.ok()) fatal_ = status;
+  if (control_.active && !control_.done && !(error.has_chunk_id() && pending_.contains(error.chunk_id()))) {
+    control_.done = true;  // control requests are only sent while no chunk is in flight
+    control_.status = status;
+    return;
+  }
   if (error.has_chunk_id()) {
     auto it = pending_.find(error.chunk_id());
     if (it != pending_.end() && !it->second.done) {
@@ -409,6 +441,10 @@ void Session::Impl::OnStreamEnd(const grpc::Status& grpc_status) {
         waiter.done = true;
         waiter.status = end;
       }
+    }
+    if (control_.active && !control_.done) {
+      control_.done = true;
+      control_.status = end;
     }
     if (slots_ != nullptr) slots_->Fail(end);
   }
@@ -660,6 +696,156 @@ absl::StatusOr<StepResult> Session::Impl::EndStep(int64_t step) { return WaitSte
 absl::Status Session::Impl::AbortStep(int64_t step) { return WaitStep(step, true).status(); }
 
 // ----------------------------------------------------------------------------
+// Export and import
+
+absl::StatusOr<v1::DaemonMessage> Session::Impl::Control(const v1::ClientMessage& message, const std::string& what) {
+  {
+    std::lock_guard lock(mu_);
+    if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
+    if (!pending_.empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "{} of {}: {} chunks have gradients in flight; states are read and written only between steps", what,
+          Who(), pending_.size()));
+    }
+    control_ = ControlWaiter{};
+    control_.active = true;
+  }
+  absl::Status written = Write(message, what);
+  std::unique_lock lock(mu_);
+  if (!written.ok()) {
+    control_ = ControlWaiter{};
+    return written;
+  }
+  const bool answered = cv_.wait_for(lock, client_.rpc_timeout, [&] { return control_.done; });
+  ControlWaiter waiter = std::exchange(control_, ControlWaiter{});
+  if (!answered) {
+    return absl::DeadlineExceededError(
+        fmt::format("no answer to {} of {} within {} ms", what, Who(), client_.rpc_timeout.count()));
+  }
+  if (!waiter.status.ok()) return waiter.status;
+  return std::move(waiter.reply);
+}
+
+absl::StatusOr<ChunkSpec> Session::Impl::CheckStateRange(uint32_t chunk_id, uint64_t first, uint64_t count,
+                                                         const char* verb) {
+  std::lock_guard lock(mu_);
+  auto it = chunks_.find(chunk_id);
+  if (it == chunks_.end()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: chunk {} is not registered in the session of {}: call RegisterChunk first", verb, chunk_id,
+                    Who()));
+  }
+  const uint64_t n = it->second.num_elements;
+  if (count == 0 || first > n || count > n - first) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: chunk {} of {}: elements [{}, {}) are not a non-empty range of its {} elements", verb, chunk_id, Who(),
+        first, first + count, n));
+  }
+  return it->second;
+}
+
+absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,
+                                                 std::span<float> out) {
+  absl::StatusOr<ChunkSpec> spec = CheckStateRange(chunk_id, first, out.size(), "ReadState");
+  if (!spec.ok()) return spec.status();
+  std::lock_guard control(control_mu_);
+  absl::StatusOr<uint32_t> slot = AcquireSlot(client_.rpc_timeout);
+  if (!slot.ok()) return slot.status();
+  const uint64_t piece = slot_bytes_ / sizeof(float);
+  int64_t update_count = 0;
+  for (uint64_t done = 0; done < out.size();) {
+    const uint64_t count = std::min<uint64_t>(piece, out.size() - done);
+    v1::ClientMessage message;
+    v1::ReadState* read = message.mutable_read_state();
+    read->set_chunk_id(chunk_id);
+    read->set_which(static_cast<v1::StateKind>(which));
+    read->set_slot(*slot);
+    read->set_first_element(first + done);
+    read->set_num_elements(count);
+    absl::StatusOr<v1::DaemonMessage> reply = Control(
+        message, fmt::format("ReadState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
+    if (!reply.ok()) {
+      if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
+      return reply.status();
+    }
+    const v1::StateRead& answer = reply->state_read();
+    if (!reply->has_state_read() || answer.chunk_id() != chunk_id || answer.slot() != *slot ||
+        answer.first_element() != first + done || answer.num_elements() != count) {
+      slots_->Release(*slot);
+      return absl::InternalError(fmt::format(
+          "ReadState of chunk {} of {}: fuyoud answered with a message for another request", chunk_id, Who()));
+    }
+    std::memcpy(out.data() + done, ParamRegion(*slot).data(), count * sizeof(float));
+    update_count = answer.update_count();
+    done += count;
+  }
+  slots_->Release(*slot);
+  return update_count;
+}
+
+absl::Status Session::Impl::WriteState(uint32_t chunk_id, StateKind which, uint64_t first,
+                                       std::span<const float> values) {
+  absl::StatusOr<ChunkSpec> spec = CheckStateRange(chunk_id, first, values.size(), "WriteState");
+  if (!spec.ok()) return spec.status();
+  std::lock_guard control(control_mu_);
+  absl::StatusOr<uint32_t> slot = AcquireSlot(client_.rpc_timeout);
+  if (!slot.ok()) return slot.status();
+  const uint64_t piece = slot_bytes_ / sizeof(float);
+  for (uint64_t done = 0; done < values.size();) {
+    const uint64_t count = std::min<uint64_t>(piece, values.size() - done);
+    std::memcpy(GradRegion(*slot).data(), values.data() + done, count * sizeof(float));
+    v1::ClientMessage message;
+    v1::WriteState* write = message.mutable_write_state();
+    write->set_chunk_id(chunk_id);
+    write->set_which(static_cast<v1::StateKind>(which));
+    write->set_slot(*slot);
+    write->set_first_element(first + done);
+    write->set_num_elements(count);
+    absl::StatusOr<v1::DaemonMessage> reply = Control(
+        message, fmt::format("WriteState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
+    if (!reply.ok()) {
+      if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
+      return reply.status();
+    }
+    if (!reply->has_state_written() || reply->state_written().chunk_id() != chunk_id) {
+      slots_->Release(*slot);
+      return absl::InternalError(fmt::format(
+          "WriteState of chunk {} of {}: fuyoud answered with a message for another request", chunk_id, Who()));
+    }
+    done += count;
+  }
+  slots_->Release(*slot);
+  return absl::OkStatus();
+}
+
+absl::Status Session::Impl::SetUpdateCount(uint32_t chunk_id, int64_t update_count) {
+  std::lock_guard control(control_mu_);
+  v1::ClientMessage message;
+  message.mutable_set_update_count()->set_chunk_id(chunk_id);
+  message.mutable_set_update_count()->set_update_count(update_count);
+  absl::StatusOr<v1::DaemonMessage> reply = Control(message, fmt::format("SetUpdateCount of chunk {}", chunk_id));
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_update_count_set() || reply->update_count_set().chunk_id() != chunk_id) {
+    return absl::InternalError(fmt::format(
+        "SetUpdateCount of chunk {} of {}: fuyoud answered with a message for another request", chunk_id, Who()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Session::Impl::CommitImport() {
+  std::lock_guard control(control_mu_);
+  v1::ClientMessage message;
+  message.mutable_commit_import();
+  absl::StatusOr<v1::DaemonMessage> reply = Control(message, "CommitImport");
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_import_committed()) {
+    return absl::InternalError(
+        fmt::format("CommitImport of {}: fuyoud answered with a message for another request", Who()));
+  }
+  return reply->import_committed().chunks_changed();
+}
+
+// ----------------------------------------------------------------------------
 // Closing
 
 absl::Status Session::Impl::Close() {
@@ -773,6 +959,18 @@ absl::StatusOr<uint32_t> Session::WaitParams(uint32_t chunk_id, std::chrono::mil
 void Session::ReleaseSlot(uint32_t slot) { impl_->ReleaseSlot(slot); }
 absl::StatusOr<StepResult> Session::EndStep(int64_t step) { return impl_->EndStep(step); }
 absl::Status Session::AbortStep(int64_t step) { return impl_->AbortStep(step); }
+absl::StatusOr<int64_t> Session::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,
+                                           std::span<float> out) {
+  return impl_->ReadState(chunk_id, which, first, out);
+}
+absl::Status Session::WriteState(uint32_t chunk_id, StateKind which, uint64_t first,
+                                 std::span<const float> values) {
+  return impl_->WriteState(chunk_id, which, first, values);
+}
+absl::Status Session::SetUpdateCount(uint32_t chunk_id, int64_t update_count) {
+  return impl_->SetUpdateCount(chunk_id, update_count);
+}
+absl::StatusOr<uint32_t> Session::CommitImport() { return impl_->CommitImport(); }
 absl::Status Session::Close() { return impl_->Close(); }
 
 }  // namespace fuyou

@@ -121,7 +121,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     }
   }
   if (const toml::table* storage = table_of("storage")) {
-    if (auto s = CheckKnownKeys(*storage, "storage", {"paths", "io_queue_depth", "allow_buffered"}, origin); !s.ok()) {
+    if (auto s = CheckKnownKeys(*storage, "storage", {"paths", "io_queue_depth", "allow_buffered", "job_quota"}, origin); !s.ok()) {
       return s;
     }
     if (const auto* node = storage->get("paths")) {
@@ -145,6 +145,15 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
       auto value = node->value<bool>();
       if (!value) return KeyError(origin, "storage.allow_buffered", "expected true or false");
       config->allow_buffered_io = *value;
+    }
+    if (const auto* node = storage->get("job_quota")) {
+      if (auto text = node->value<std::string>(); text && *text == "unlimited") {
+        config->job_quota_bytes = 0;
+      } else {
+        auto bytes = ReadByteSize(*node, origin, "storage.job_quota");
+        if (!bytes.ok()) return bytes.status();
+        config->job_quota_bytes = *bytes;
+      }
     }
   }
   if (const toml::table* memory = table_of("memory")) {

@@ -23,12 +23,17 @@ struct DaemonConfig {
   std::vector<std::filesystem::path> storage_paths;  // default: {DefaultDataDir()}
   unsigned io_queue_depth = 64;
   bool allow_buffered_io = true;
+  // Most bytes one job may reserve on storage (both extents of every chunk, over
+  // all paths); 0 = unlimited. Enforced when chunks are registered.
+  uint64_t job_quota_bytes = 0;
   uint64_t dram_budget_bytes = uint64_t{2} << 30;
   uint64_t max_segment_bytes = uint64_t{8} << 30;
   unsigned worker_threads = 0;  // 0: all cores
   DurabilityMode durability = DurabilityMode::kStepAtomic;
   // Seconds a SIGTERM waits for sessions to finish their step before closing them.
   double drain_seconds = 10.0;
+  // TEST-ONLY: storage faults to inject (FUYOU_TEST_FAULTS; see storage/fault_spec.h).
+  std::string test_faults;
 };
 
 // Built-in defaults for the calling user (see clientlib/include/fuyou/defaults.h).

@@ -70,6 +70,18 @@ TEST(ApplyTomlText, WrongTypeAndSyntaxErrorsAreReported) {
   EXPECT_EQ(ApplyTomlText("[durability]\nmode = \"yolo\"\n", "t", &config).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ApplyTomlText, JobQuotaIsUnlimitedUnlessSet) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.job_quota_bytes, 0u);
+  ASSERT_TRUE(ApplyTomlText("[storage]\njob_quota = \"100GiB\"\n", "t", &config).ok());
+  EXPECT_EQ(config.job_quota_bytes, uint64_t{100} << 30);
+  ASSERT_TRUE(ApplyTomlText("[storage]\njob_quota = \"unlimited\"\n", "t", &config).ok());
+  EXPECT_EQ(config.job_quota_bytes, 0u);
+  absl::Status bad = ApplyTomlText("[storage]\njob_quota = \"lots\"\n", "t", &config);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("storage.job_quota"), std::string::npos) << bad.message();
+}
+
 TEST(ValidateConfig, RejectsTinyBudgetAndDuplicatePaths) {
   DaemonConfig config = DefaultDaemonConfig();
   config.dram_budget_bytes = 1 << 20;

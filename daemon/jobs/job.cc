@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/crash_point.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "fuyou/segment_layout.h"
@@ -182,7 +183,9 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
 }
 
 absl::Status Job::Commit(v1::JobManifest next) {
+  FUYOU_CRASH_POINT("before_state_sync");
   for (auto& file : files_) FUYOU_RETURN_IF_ERROR(file->Sync());
+  FUYOU_CRASH_POINT("after_state_sync");
   next.set_last_used_unix(NowUnix());
   std::string body = next.SerializeAsString();
   const uint64_t checksum = XXH3_64bits(body.data(), body.size());
@@ -191,10 +194,13 @@ absl::Status Job::Commit(v1::JobManifest next) {
   bytes += body;
   const fs::path& dir = dirs_[0];
   FUYOU_RETURN_IF_ERROR(WriteFileDurably(dir / kManifestTemp, bytes));
+  FUYOU_CRASH_POINT("manifest_tmp_written");
   if (::rename((dir / kManifestTemp).c_str(), (dir / kManifestFile).c_str()) != 0) {
     return ErrnoStatus(errno, fmt::format("job '{}': cannot rename the new manifest into place", name_));
   }
+  FUYOU_CRASH_POINT("manifest_renamed");
   FUYOU_RETURN_IF_ERROR(SyncDirectory(dir));
+  FUYOU_CRASH_POINT("dir_synced");
   manifest_ = std::move(next);
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "server/socket_path.h"
 #include "session/session_registry.h"
 #include "stats/daemon_stats.h"
+#include "storage/fault_spec.h"
 #include "storage/io_engine.h"
 
 namespace fuyou {
@@ -73,6 +74,7 @@ class DaemonServer::Impl {
   DaemonConfig config;
   std::vector<std::unique_ptr<StoragePathLock>> locks;
   std::unique_ptr<DaemonStats> stats;
+  std::unique_ptr<storage::SpecFaultInjector> faults;  // test-only; outlives io
   std::unique_ptr<storage::IoEngine> io;
   std::unique_ptr<optimizer::AdamWKernel> kernel;
   std::unique_ptr<StateCache> cache;
@@ -111,6 +113,16 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   storage::IoEngineOptions io_options;
   io_options.queue_depth = config.io_queue_depth;
   io_options.allow_buffered_fallback = config.allow_buffered_io;
+  if (!config.test_faults.empty()) {
+    auto faults = storage::SpecFaultInjector::FromSpec(config.test_faults);
+    if (!faults.ok()) {
+      return absl::InvalidArgumentError(fmt::format("FUYOU_TEST_FAULTS: {}", faults.status().message()));
+    }
+    impl->faults = std::move(*faults);
+    io_options.fault_injector = impl->faults.get();
+    log::Warn("FUYOU_TEST_FAULTS='{}' is set: storage faults are injected on purpose (test only)",
+              config.test_faults);
+  }
   auto io = storage::IoEngine::Create(io_options);
   if (!io.ok()) return io.status();
   impl->io = std::move(*io);
@@ -126,6 +138,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   if (!jobs.ok()) return jobs.status();
   impl->jobs = std::move(*jobs);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
+  services.job_quota_bytes = config.job_quota_bytes;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes);
   impl->offload = std::make_unique<OffloadService>(*impl->sessions);
   impl->admin = std::make_unique<AdminService>(*impl->stats, *impl->sessions, *impl->jobs, *impl->cache,

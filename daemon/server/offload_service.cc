@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
@@ -55,7 +56,9 @@ grpc::Status OffloadService::Stream(grpc::ServerContext*,
   attached.mutable_attached()->set_session_id(id);
   bool open = stream->Write(attached);
   while (open && stream->Read(&message)) {
-    open = stream->Write(session->Handle(message));
+    const v1::DaemonMessage reply = session->Handle(message);
+    open = stream->Write(reply);
+    if (reply.has_step_committed()) FUYOU_CRASH_POINT("step_committed_reply_sent");
   }
   if (!session->closed()) {
     log::Info("session {}: stream of job '{}' ended without CloseSession (client gone?)", id, session->job_name());

@@ -8,8 +8,10 @@
 #include <optional>
 #include <set>
 
+#include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "common/trace.h"
 #include "fmt/format.h"
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
@@ -102,12 +104,18 @@ int64_t Session::Close() {
   std::lock_guard lock(mutex_);
   if (closed_) return step_ - 1;
   closed_ = true;
+  FUYOU_CRASH_POINT("session_close");
   WaitForIo();
   if (!updated_.empty()) {
     log::Info("session {} of job '{}' ended in step {}: {} chunk updates rolled back to step {}", id_, job_name_,
               step_, updated_.size(), step_ - 1);
   }
   RollBackStepLocked();
+  if (!imported_.empty()) {
+    log::Info("session {} of job '{}' ended with an import of {} chunks not committed: dropped", id_, job_name_,
+              imported_.size());
+  }
+  DropImportLocked();
   segment_.reset();
   services_.jobs.Release(job_name_);
   job_.reset();
@@ -138,8 +146,13 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
   if (!created.ok()) return created.status();
   CacheEntryPtr entry = std::move(*created);
   entry->version = version;
+  const int64_t read_start = trace::NowUs();
   absl::Status status = job_->file(extent.path_index()).Read(extent.offset(), entry->buffer.span().first(extent.length()));
-  if (status.ok() && PayloadChecksum(*entry, record.num_elements()) != extent.checksum()) {
+  trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
+  if (!status.ok()) {
+    status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
+                                                     job_name_, record.chunk_id(), status.message()));
+  } else if (PayloadChecksum(*entry, record.num_elements()) != extent.checksum()) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
         "nothing was returned from it",
@@ -170,7 +183,9 @@ void Session::Prefetch(const v1::ChunkRecord& record) {
   const uint64_t expected = extent.checksum();
   job_->file(extent.path_index())
       .ReadAsync(extent.offset(), entry->buffer.span().first(extent.length()),
-                 [this, entry, num_elements, expected, chunk_id = record.chunk_id()](absl::Status status) {
+                 [this, entry, num_elements, expected, chunk_id = record.chunk_id(),
+                  read_start = trace::NowUs()](absl::Status status) {
+                   trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
                    if (status.ok() && PayloadChecksum(*entry, num_elements) != expected) {
                      status = absl::DataLossError(fmt::format(
                          "job '{}' chunk {}: the states read from storage fail their checksum; the extent is "
@@ -246,8 +261,42 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     }
   }
 
+  // Reserve the extents of every new chunk before writing anything: a job that
+  // does not fit (the per-job quota, or the storage paths) is refused with nothing
+  // written and nothing committed.
   v1::JobManifest next = job_->manifest();
   bool manifest_changed = false;
+  std::map<uint32_t, int> new_chunks;  // chunk id -> index in next.chunks()
+  uint64_t new_bytes = 0;
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    if (job_->FindChunk(spec.chunk_id()) < 0) new_bytes += 2 * ChunkStateBytes(spec.num_elements());
+  }
+  if (const uint64_t quota = services_.job_quota_bytes; quota != 0 && new_bytes != 0) {
+    const uint64_t needed = job_->bytes_on_storage() + new_bytes;
+    if (needed > quota) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "job '{}' needs {} bytes on storage, over the per-job quota of {} ({} bytes already reserved, {} more for "
+          "the chunks of this request); nothing was written. Use fewer or smaller chunks, or raise [storage] "
+          "job_quota / --job-quota",
+          job_name_, needed, quota, job_->bytes_on_storage(), new_bytes));
+    }
+  }
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    if (job_->FindChunk(spec.chunk_id()) >= 0) continue;
+    FUYOU_RETURN_IF_ERROR(job_->AddChunk(next, spec.chunk_id(), spec.num_elements(),
+                                         static_cast<DType>(spec.param_dtype()),
+                                         static_cast<DType>(spec.grad_dtype())));
+    new_chunks[spec.chunk_id()] = next.chunks_size() - 1;
+    manifest_changed = true;
+  }
+  if (!new_chunks.empty()) FUYOU_CRASH_POINT("registration_reserved");
+  // On failure, forget the states of new chunks: the manifest never named them.
+  std::vector<uint32_t> cached_new;
+  auto fail = [&](absl::Status status) {
+    for (uint32_t id : cached_new) services_.cache.Drop(job_name_, id);
+    return status;
+  };
+
   v1::RegisterChunksResponse response;
   for (const v1::ChunkSpec& spec : request.chunks()) {
     const uint32_t id = spec.chunk_id();
@@ -255,10 +304,11 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     std::span<std::byte> weights = segment_->ParamRegion(spec.slot());
     v1::RegisteredChunk* result = response.add_chunks();
     result->set_chunk_id(id);
-    if (int index = job_->FindChunk(id); index >= 0) {
+    if (new_chunks.count(id) == 0) {
+      const int index = job_->FindChunk(id);
       const v1::ChunkRecord& record = job_->manifest().chunks(index);
       auto entry = AcquireStates(record);
-      if (!entry.ok()) return entry.status();
+      if (!entry.ok()) return fail(entry.status());
       optimizer::ConvertFromFloat32(reinterpret_cast<const float*>((*entry)->buffer.data()), weights.data(),
                                     param_dtype, record.num_elements());
       services_.cache.Unpin(*entry);
@@ -272,13 +322,11 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
       }
       continue;
     }
-    FUYOU_RETURN_IF_ERROR(job_->AddChunk(next, id, spec.num_elements(), param_dtype,
-                                         static_cast<DType>(spec.grad_dtype())));
-    manifest_changed = true;
-    v1::ChunkRecord* record = next.mutable_chunks(next.chunks_size() - 1);
+    v1::ChunkRecord* record = next.mutable_chunks(new_chunks[id]);
     v1::StateExtent* extent = record->mutable_extents(0);
     auto created = services_.cache.Create(job_name_, id, extent->length(), /*wait=*/true);
-    if (!created.ok()) return created.status();
+    if (!created.ok()) return fail(created.status());
+    cached_new.push_back(id);
     CacheEntryPtr entry = std::move(*created);
     const uint64_t n = spec.num_elements();
     auto* master = reinterpret_cast<float*>(entry->buffer.data());
@@ -289,22 +337,19 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     absl::Status written = job_->file(extent->path_index()).Write(extent->offset(), entry->buffer.span().first(extent->length()));
     services_.cache.Unpin(entry);
     if (!written.ok()) {
-      services_.cache.Drop(job_name_, id);
-      return absl::Status(written.code(),
-                          fmt::format("job '{}': cannot write the initial states of chunk {}: {}", job_name_, id,
-                                      written.message()));
+      return fail(absl::Status(written.code(),
+                               fmt::format("job '{}': cannot write the initial states of chunk {}: {}; nothing of "
+                                           "this registration was committed",
+                                           job_name_, id, written.message())));
     }
     result->set_resumed(false);
     result->set_update_count(0);
   }
+  if (!new_chunks.empty()) FUYOU_CRASH_POINT("registration_states_written");
   if (manifest_changed) {
-    if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
-      for (const v1::ChunkSpec& spec : request.chunks()) {
-        if (job_->FindChunk(spec.chunk_id()) < 0) services_.cache.Drop(job_name_, spec.chunk_id());
-      }
-      return committed;
-    }
+    if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) return fail(committed);
   }
+  if (!new_chunks.empty()) FUYOU_CRASH_POINT("registration_committed");
   for (const v1::ChunkSpec& spec : request.chunks()) {
     registered_[spec.chunk_id()] = RegisteredChunk{spec.num_elements(), static_cast<DType>(spec.param_dtype()),
                                                    static_cast<DType>(spec.grad_dtype())};
@@ -322,6 +367,10 @@ v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
     case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
     case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
     case v1::ClientMessage::kAbortStep: return OnAbortStep(message.abort_step());
+    case v1::ClientMessage::kReadState: return OnReadState(message.read_state());
+    case v1::ClientMessage::kWriteState: return OnWriteState(message.write_state());
+    case v1::ClientMessage::kSetUpdateCount: return OnSetUpdateCount(message.set_update_count());
+    case v1::ClientMessage::kCommitImport: return OnCommitImport();
     case v1::ClientMessage::kAttach:
       return ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {});
     default:
@@ -355,9 +404,15 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     return refuse(absl::FailedPreconditionError(
         fmt::format("chunk {} was already updated in step {}; each chunk is sent once per step", chunk_id, step)));
   }
+  if (!imported_.empty()) {
+    return refuse(absl::FailedPreconditionError(fmt::format(
+        "job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step", job_name_,
+        imported_.size())));
+  }
   if (absl::Status failed = StepError(); !failed.ok()) {
     return refuse(absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message())));
   }
+  FUYOU_CRASH_POINT("grad_received");
   const v1::ChunkRecord& record = job_->manifest().chunks(job_->FindChunk(chunk_id));
   auto acquired = AcquireStates(record);
   if (!acquired.ok()) return refuse(acquired.status());
@@ -383,15 +438,20 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   buffers.weights_out = segment_->ParamRegion(request.slot()).data();
   buffers.weight_dtype = registered->second.param_dtype;
   buffers.n = n;
+  const int64_t update_start = trace::NowUs();
   services_.kernel.Update(params, buffers);
+  trace::Record("update", chunk_id, update_start, trace::NowUs());
   services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
   services_.stats.params_updated.fetch_add(n, std::memory_order_relaxed);
+  FUYOU_CRASH_POINT("after_kernel");
 
   // Write the new states to the shadow extent; the committed one stays intact.
   const uint32_t new_version = 1 - record.committed_version();
   entry->version = new_version;
   entry->uncommitted = true;
-  const uint64_t checksum = PayloadChecksum(*entry, n);
+  // The checksum is computed when the write completes (the bytes stay pinned until
+  // then), so ParamsReady does not wait for a pass over 12 bytes a parameter.
+  auto checksum = std::make_shared<uint64_t>(0);
   updated_[chunk_id] = UpdatedChunk{entry, new_version, checksum};
   arrivals_.push_back(chunk_id);
   const v1::StateExtent& extent = record.extents(static_cast<int>(new_version));
@@ -401,7 +461,10 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   }
   job_->file(extent.path_index())
       .WriteAsync(extent.offset(), entry->buffer.span().first(extent.length()),
-                  [this, entry, chunk_id](absl::Status status) {
+                  [this, entry, chunk_id, n, checksum, write_start = trace::NowUs()](absl::Status status) {
+                    trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
+                    if (status.ok()) *checksum = PayloadChecksum(*entry, n);
+                    FUYOU_CRASH_POINT("writeback_completed");
                     services_.cache.Unpin(entry);
                     std::lock_guard io_lock(io_mutex_);
                     if (!status.ok() && write_error_.ok()) {
@@ -412,6 +475,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
                     --inflight_io_;
                     io_done_.notify_all();
                   });
+  FUYOU_CRASH_POINT("writeback_submitted");
 
   // Read ahead: the chunks that followed this one in the last step.
   auto position = std::find(order_.begin(), order_.end(), chunk_id);
@@ -433,6 +497,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
                           step, job_name_, step_ - 1, step_)),
                       {}, step);
   }
+  FUYOU_CRASH_POINT("end_step_received");
   WaitForIo();
   if (absl::Status failed = StepError(); !failed.ok()) {
     RollBackStepLocked();
@@ -445,7 +510,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
     v1::ChunkRecord* record = next.mutable_chunks(job_->FindChunk(chunk_id));
     record->set_update_count(record->update_count() + 1);
     record->set_committed_version(updated.new_version);
-    record->mutable_extents(static_cast<int>(updated.new_version))->set_checksum(updated.checksum);
+    record->mutable_extents(static_cast<int>(updated.new_version))->set_checksum(*updated.checksum);
   }
   next.set_committed_step(step);
   if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
@@ -482,6 +547,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
                           step_ - 1)),
                       {}, step);
   }
+  FUYOU_CRASH_POINT("abort_step_received");
   WaitForIo();
   RollBackStepLocked();
   v1::DaemonMessage reply;

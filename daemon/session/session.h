@@ -10,6 +10,11 @@
 // the end of the session before EndStep roll the step back by dropping the
 // uncommitted states: the committed extents were never touched.
 //
+// Between steps, ReadState copies a committed state (master, m or v) of a chunk
+// into a slot (export), and WriteState / SetUpdateCount change a chunk's states
+// as a pending import that CommitImport makes durable in one manifest commit,
+// with the same shadow extents as a step (see session_import.cc).
+//
 // Thread-safe: the stream handler, RegisterChunks and CloseSession may call in
 // from different threads; calls are serialised. I/O completions never take the
 // session's lock (they run on the storage engine's completion threads).
@@ -23,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +56,8 @@ struct SessionServices {
   DaemonStats& stats;
   // How many chunks ahead of the one being updated are read in advance.
   unsigned prefetch_window = 2;
+  // Most bytes one job may reserve on storage; 0 = unlimited.
+  uint64_t job_quota_bytes = 0;
 };
 
 class Session {
@@ -91,12 +99,33 @@ class Session {
   struct UpdatedChunk {
     CacheEntryPtr entry;  // holds the uncommitted states (unpinned once written)
     uint32_t new_version = 0;
-    uint64_t checksum = 0;
+    // Hashed by the write-back's completion, off the path to ParamsReady; read
+    // only after WaitForIo.
+    std::shared_ptr<uint64_t> checksum;
   };
 
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
+
+  // Import and export (session_import.cc).
+  struct ImportedChunk {
+    bool states_written = false;  // the shadow extent holds new states
+    uint32_t new_version = 0;
+    uint64_t checksum = 0;
+    std::optional<int64_t> update_count;
+  };
+  v1::DaemonMessage OnReadState(const v1::ReadState& request);
+  v1::DaemonMessage OnWriteState(const v1::WriteState& request);
+  v1::DaemonMessage OnSetUpdateCount(const v1::SetUpdateCount& request);
+  v1::DaemonMessage OnCommitImport();
+  // OK when chunk, state, slot and range of a ReadState/WriteState are valid.
+  absl::Status CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,
+                                 const char* verb) const;
+  // The states of a chunk with pending import writes, pinned (cache or shadow extent).
+  absl::StatusOr<CacheEntryPtr> AcquireImportedStates(const v1::ChunkRecord& record, const ImportedChunk& imported);
+  // Drops a pending import: the committed states were never touched.
+  void DropImportLocked();
 
   // The committed states of a chunk, pinned: from the cache or read and verified.
   absl::StatusOr<CacheEntryPtr> AcquireStates(const v1::ChunkRecord& record);
@@ -126,6 +155,7 @@ class Session {
   std::map<uint32_t, UpdatedChunk> updated_;
   std::vector<uint32_t> arrivals_;  // this step's chunks in arrival order
   std::vector<uint32_t> order_;     // predicted order (last step's arrivals)
+  std::map<uint32_t, ImportedChunk> imported_;  // pending import, until CommitImport
 
   // In-flight I/O; guarded by io_mutex_, which I/O completions take.
   mutable std::mutex io_mutex_;

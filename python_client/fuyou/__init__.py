@@ -27,12 +27,19 @@ __all__ = [
     "FailedPrecondition",
     "DeadlineExceeded",
     "admin_stats",
+    "export_checkpoint",
     "admin_client",
     "default_socket_path",
     "find_daemon_binary",
 ]
 
 __version__ = "0.1.0"
+
+
+def export_checkpoint(optimizer: AdamW, path=None, model=None) -> dict:
+    """``optimizer.export_checkpoint(path, model)``: the job's weights and a
+    torch.optim.AdamW-compatible optimizer state as a PyTorch checkpoint."""
+    return optimizer.export_checkpoint(path, model)
 
 
 def admin_client(address: Optional[str] = None, timeout: float = 10.0):

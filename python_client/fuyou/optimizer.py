@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
+from . import _checkpoint
 from ._chunking import Chunk, plan_chunks
 from ._errors import FailedPrecondition, FuyouError, InvalidArgument
 from ._loss_scale import make_loss_scaler
@@ -105,6 +106,18 @@ class AdamW(torch.optim.Optimizer):
     hyper-parameters, the loss-scale state and the step counters; the moments
     themselves stay in the daemon under ``job``.
 
+    **Export and import.** :meth:`export_checkpoint` writes the job's weights and
+    a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,
+    ``exp_avg_sq`` per parameter) to a PyTorch checkpoint. ``init_from`` (a
+    path, such a checkpoint dict, or a plain ``torch.optim.AdamW.state_dict()``
+    of the same parameter groups) starts a *new* job from it: the master weights
+    come from the model's parameters (load the checkpoint's weights into the
+    model first, as with torch), or from an export whose ``model`` is keyed by
+    parameter index; moments and step counts from the optimizer state; the
+    groups' ``lr``, ``betas``, ``eps`` and ``weight_decay`` are taken over as
+    ``load_state_dict`` does. The checkpoint is checked (group sizes, shapes)
+    before anything is sent to the daemon, and the import commits atomically.
+
     Args:
         job: name of the job on the daemon (1-64 of ``[A-Za-z0-9._-]``).
         address: gRPC target of fuyoud (``unix:/path`` or a socket path). None:
@@ -117,6 +130,7 @@ class AdamW(torch.optim.Optimizer):
         num_slots: shared-memory slots, i.e. chunks in flight at once (1-64).
         timeout: seconds any wait on the daemon may take before
             :class:`fuyou.FuyouError` is raised (a dead daemon never hangs a job).
+        init_from: checkpoint to start a new job from (see above).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -124,7 +138,7 @@ class AdamW(torch.optim.Optimizer):
                  chunk_bytes: int = 32 << 20, num_slots: int = 4, overlap: bool = True,
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
-                 embedded: Optional[bool] = None, timeout: float = 60.0):
+                 embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -176,9 +190,12 @@ class AdamW(torch.optim.Optimizer):
         self._views: Dict[tuple, torch.Tensor] = {}
         self._reset_step_state()
 
+        plan = _checkpoint.plan_import(self, init_from) if init_from is not None else None
         self._address, self._daemon = resolve_address(address, embedded)
         try:
             self._open_and_register(num_slots)
+            if plan is not None:
+                _checkpoint.apply_import(self, plan)
         except BaseException:
             session, self._session = self._session, None
             if session is not None:
@@ -302,6 +319,24 @@ class AdamW(torch.optim.Optimizer):
                 "fuyou.AdamW cannot take parameter groups after construction: its chunks "
                 "are registered with the daemon; pass every group to the constructor")
         super().add_param_group(param_group)
+
+    def export_checkpoint(self, path=None, model: Optional[torch.nn.Module] = None) -> dict:
+        """The job at its last committed step as a PyTorch checkpoint dict
+        ``{"model", "optimizer", "fuyou"}``, also written with ``torch.save`` to
+        ``path`` when given. ``optimizer`` loads into ``torch.optim.AdamW`` over
+        the same parameter groups. ``model`` given: ``"model"`` is its state_dict
+        with fp32 master weights for the trainable parameters; otherwise it maps
+        each parameter's index (as in the optimizer state) to fp32 weights.
+        Call it between steps."""
+        with self._lock:
+            self._check_usable()
+            if self._sent:
+                raise FailedPrecondition(
+                    f"export_checkpoint of job {self.job!r} during a step: call it after step()")
+            checkpoint = _checkpoint.export_state(self, model)
+        if path is not None:
+            torch.save(checkpoint, path)
+        return checkpoint
 
     def state_dict(self) -> dict:
         sd = super().state_dict()

@@ -149,6 +149,23 @@ py::memoryview MakeRegionView(const std::shared_ptr<PySession>& session, uint32_
   return py::memoryview(region);
 }
 
+// The floats of a C-contiguous float32 buffer (a float32 tensor's numpy view).
+std::span<float> FloatsOf(const py::buffer& buffer, bool writable, py::buffer_info& keep) {
+  std::span<std::byte> bytes = BytesOf(buffer, writable, keep);
+  if (keep.itemsize != sizeof(float) || keep.format != py::format_descriptor<float>::format()) {
+    throw StatusError("INVALID_ARGUMENT", "expected a float32 buffer, got format '" + keep.format + "'");
+  }
+  return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
+StateKind ToStateKind(int value) {
+  if (value < static_cast<int>(StateKind::kMaster) || value > static_cast<int>(StateKind::kExpAvgSq)) {
+    throw StatusError("INVALID_ARGUMENT", "unknown state kind " + std::to_string(value) +
+                                              " (expected 1=master, 2=exp_avg, 3=exp_avg_sq)");
+  }
+  return static_cast<StateKind>(value);
+}
+
 AdamWHyper MakeHyper(float lr, float beta1, float beta2, float eps, float weight_decay,
                      float grad_scale) {
   AdamWHyper h;
@@ -236,6 +253,9 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);
   m.attr("DTYPE_FLOAT16") = static_cast<int>(DType::kFloat16);
   m.attr("MAX_SLOTS") = kMaxSlots;
+  m.attr("STATE_MASTER") = static_cast<int>(StateKind::kMaster);
+  m.attr("STATE_EXP_AVG") = static_cast<int>(StateKind::kExpAvg);
+  m.attr("STATE_EXP_AVG_SQ") = static_cast<int>(StateKind::kExpAvgSq);
   m.attr("SEGMENT_ALIGNMENT") = kSegmentAlignment;
 
   m.def("default_address", &DefaultAddress,
@@ -383,6 +403,44 @@ PYBIND11_MODULE(_fuyou, m) {
             BlockingStatus([&] { return session.AbortStep(step); });
           },
           py::arg("step"))
+      .def(
+          "read_state",
+          [](PySession& s, uint32_t chunk_id, int which, uint64_t first, const py::buffer& out) {
+            py::buffer_info keep;
+            std::span<float> floats = FloatsOf(out, /*writable=*/true, keep);
+            Session& session = s.get();
+            const StateKind kind = ToStateKind(which);
+            return Blocking<int64_t>([&] { return session.ReadState(chunk_id, kind, first, floats); });
+          },
+          py::arg("chunk_id"), py::arg("which"), py::arg("first"), py::arg("out"),
+          "Reads len(out) fp32 values of a committed state from element `first` into the "
+          "writable float32 buffer `out`; returns the chunk's update count.")
+      .def(
+          "write_state",
+          [](PySession& s, uint32_t chunk_id, int which, uint64_t first, const py::buffer& values) {
+            py::buffer_info keep;
+            std::span<float> floats = FloatsOf(values, /*writable=*/false, keep);
+            Session& session = s.get();
+            const StateKind kind = ToStateKind(which);
+            BlockingStatus([&] { return session.WriteState(chunk_id, kind, first, floats); });
+          },
+          py::arg("chunk_id"), py::arg("which"), py::arg("first"), py::arg("values"),
+          "Replaces fp32 values of a state from element `first`, as part of the pending import.")
+      .def(
+          "set_update_count",
+          [](PySession& s, uint32_t chunk_id, int64_t update_count) {
+            Session& session = s.get();
+            BlockingStatus([&] { return session.SetUpdateCount(chunk_id, update_count); });
+          },
+          py::arg("chunk_id"), py::arg("update_count"),
+          "Sets a chunk's update count (Adam's t), as part of the pending import.")
+      .def(
+          "commit_import",
+          [](PySession& s) {
+            Session& session = s.get();
+            return Blocking<uint32_t>([&] { return session.CommitImport(); });
+          },
+          "Commits the pending import atomically; returns the number of chunks changed.")
       .def("close", &PySession::Close, "Ends the session (idempotent).");
 
   py::class_<AdminClient, std::shared_ptr<AdminClient>>(m, "AdminClient")

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <string_view>
 #include <thread>
 
 #include "fuyou/admin_client.h"
@@ -25,25 +26,38 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
-pid_t Spawn(const std::string& program, const std::vector<std::string>& args) {
+pid_t Spawn(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(program.c_str()));
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  std::vector<std::string> names;
+  for (const std::string& entry : env) names.push_back(entry.substr(0, entry.find('=') + 1));
+  std::vector<char*> envp;
+  for (char** inherited = environ; *inherited != nullptr; ++inherited) {
+    bool replaced = false;
+    for (const std::string& name : names) replaced = replaced || std::string_view(*inherited).starts_with(name);
+    if (!replaced) envp.push_back(*inherited);
+  }
+  for (const std::string& entry : env) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) return -1;
   return pid;
 }
 
-DaemonProcess::DaemonProcess(const fs::path& dir, std::vector<std::string> extra_args)
-    : socket_path_(dir / "fuyoud.sock"), data_dir_(dir / "data"), extra_args_(std::move(extra_args)) {}
+DaemonProcess::DaemonProcess(const fs::path& dir, std::vector<std::string> extra_args, std::vector<std::string> env)
+    : socket_path_(dir / "fuyoud.sock"),
+      data_dir_(dir / "data"),
+      extra_args_(std::move(extra_args)),
+      env_(std::move(env)) {}
 
 DaemonProcess::~DaemonProcess() { Stop(); }
 
 absl::Status DaemonProcess::Start() {
   std::vector<std::string> args = {"--socket", socket_path_.string(), "--data-dir", data_dir_.string()};
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-  pid_ = Spawn(FUYOUD_PATH, args);
+  pid_ = Spawn(FUYOUD_PATH, args, env_);
   if (pid_ < 0) return absl::InternalError("cannot spawn " FUYOUD_PATH);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -81,6 +95,20 @@ void DaemonProcess::Kill() {
   ::kill(pid_, SIGKILL);
   ::waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+int DaemonProcess::WaitForExit(std::chrono::milliseconds timeout) {
+  if (pid_ < 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 ClientOptions DaemonProcess::client_options() const {

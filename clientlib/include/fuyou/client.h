@@ -81,6 +81,14 @@ struct RegisterResult {
   int64_t update_count = 0;
 };
 
+// One of the fp32 optimizer states the daemon keeps per chunk (values match
+// fuyou.v1.StateKind).
+enum class StateKind : int {
+  kMaster = 1,    // fp32 master weights
+  kExpAvg = 2,    // Adam's first moment (torch: exp_avg)
+  kExpAvgSq = 3,  // Adam's second moment (torch: exp_avg_sq)
+};
+
 struct StepResult {
   int64_t step = 0;
   uint32_t chunks_updated = 0;
@@ -141,6 +149,26 @@ class Session {
   absl::StatusOr<StepResult> EndStep(int64_t step);
   // Abandons `step`: chunks already updated in it return to the last commit.
   absl::Status AbortStep(int64_t step);
+
+  // --- export and import, between steps ------------------------------------
+  // These refuse (FAILED_PRECONDITION) while a step has chunks in flight. They
+  // move values through one slot, in pieces of slot_bytes() / 4 elements, and
+  // run one at a time per session. On DEADLINE_EXCEEDED the slot they used stays
+  // held (the daemon may still write into it).
+  //
+  // Reads elements [first, first + out.size()) of a committed state of a
+  // registered chunk into `out`; returns the chunk's update count (Adam's t).
+  // FAILED_PRECONDITION also when the chunk has import changes not committed.
+  absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
+  // Replaces elements [first, first + values.size()) of a state of a registered
+  // chunk, as part of the pending import: durable at CommitImport, dropped if
+  // the session ends before. A step cannot start while an import is pending.
+  absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
+  // Sets a registered chunk's update count (Adam's t), as part of the pending import.
+  absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count);
+  // Commits the pending import in one atomic manifest commit; the committed step
+  // does not change. Returns the number of chunks the import changed.
+  absl::StatusOr<uint32_t> CommitImport();
 
   // Ends the session: pending work is finished, the segment unmapped. Spans from
   // GradRegion/ParamRegion must not be used after Close.

@@ -1,0 +1,430 @@
+// overlap_bench: a client that behaves like a GPU job, against a real fuyoud whose
+// optimizer states are several times its DRAM budget (so every step reads and
+// writes all states on the SSD).
+//
+// The job has L layers. Each layer's backward is a timed wait that leaves the host
+// CPU free, as a GPU's would; then the layer's chunk of fp32 gradients (real data)
+// is copied into a shared-memory slot and GradReady is sent. Four step shapes, run
+// interleaved round after round so they see the same machine:
+//   (a) backward    the L waits alone, no daemon;
+//   (b) optimizer   every chunk sent back to back, weights collected, EndStep;
+//   (c) overlapped  each chunk sent right after its layer's wait (by a second
+//                   thread, as a GPU's copy engine would: the copy does not
+//                   delay the next layer's backward), weights collected as
+//                   slots are needed and at the end, EndStep;
+//   (d) serial      all of (a), then all of (b) (ZeRO-Infinity's order).
+// Reports overlapped / max(a, b) (the paper's claim: close to 1) and serial /
+// overlapped, writes a timeline of the last overlapped step (client: backward
+// waits; daemon: updates, SSD reads and writes from its FUYOU_TRACE file) as JSON
+// and, with --png, as a picture through benchmarks/plot_timeline.py. Then starts a
+// fresh daemon per model size and reports its peak RSS (VmHWM) after two steps.
+//
+//   overlap_bench [--layers=24] [--chunk-params=2M] [--budget=128M] [--layer-ms=auto]
+//                 [--rounds=3] [--slots=4] [--rss-sizes=256M,1G,2G] [--dir=DIR]
+//                 [--json=PATH] [--timeline=PATH] [--png=PATH]
+//
+// --layer-ms=auto sets each layer's wait to (b)/L, measured first, so backward and
+// optimizer+I/O take about as long: the case where overlap matters most.
+// --rss-sizes are bytes of optimizer states (12 per parameter); "none" skips them.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "bench_daemon.h"
+#include "daemon_process.h"
+#include "fmt/format.h"
+#include "fuyou/admin_client.h"
+#include "fuyou/client.h"
+
+#ifndef FUYOU_BENCH_SOURCE_DIR
+#define FUYOU_BENCH_SOURCE_DIR "benchmarks"
+#endif
+
+namespace fuyou::bench {
+namespace {
+
+struct Config {
+  uint32_t layers = 24;
+  uint64_t chunk_params = uint64_t{2} << 20;
+  uint64_t budget = uint64_t{128} << 20;
+  double layer_ms = -1;  // auto
+  int rounds = 3;
+  uint32_t slots = 4;
+  std::vector<uint64_t> rss_sizes = {uint64_t{256} << 20, uint64_t{1} << 30, uint64_t{2} << 30};
+  std::filesystem::path dir;
+  std::string json, timeline, png;
+};
+
+Config ParseArgs(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      const std::string prefix = std::string("--") + name + "=";
+      return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
+    };
+    if (const char* v = value("layers")) c.layers = static_cast<uint32_t>(std::stoul(v));
+    else if (const char* v = value("chunk-params")) c.chunk_params = ParseBytes(v);
+    else if (const char* v = value("budget")) c.budget = ParseBytes(v);
+    else if (const char* v = value("layer-ms")) c.layer_ms = std::string(v) == "auto" ? -1 : std::stod(v);
+    else if (const char* v = value("rounds")) c.rounds = std::max(1, std::stoi(v));
+    else if (const char* v = value("slots")) c.slots = std::max(1u, static_cast<uint32_t>(std::stoul(v)));
+    else if (const char* v = value("rss-sizes")) {
+      c.rss_sizes.clear();
+      if (std::string(v) != "none") {
+        for (const auto& s : Split(v)) c.rss_sizes.push_back(ParseBytes(s));
+      }
+    } else if (const char* v = value("dir")) c.dir = v;
+    else if (const char* v = value("json")) c.json = v;
+    else if (const char* v = value("timeline")) c.timeline = v;
+    else if (const char* v = value("png")) c.png = v;
+    else Die("overlap_bench: unknown argument " + arg + " (see the comment at the top of overlap_bench.cc)");
+  }
+  if (c.layers == 0 || c.chunk_params == 0) Die("overlap_bench: --layers and --chunk-params must be > 0");
+  return c;
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value, const std::string& what) {
+  if (!value.ok()) Die(fmt::format("overlap_bench: {}: {}", what, value.status().ToString()));
+  return std::move(*value);
+}
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(fmt::format("overlap_bench: {}: {}", what, status.ToString()));
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct Interval {
+  uint32_t chunk;
+  int64_t start_us, end_us;
+};
+
+// One job on one daemon: L chunks, a slot window, the model's weights.
+class Job {
+ public:
+  Job(const testing::DaemonProcess& daemon, uint32_t layers, uint64_t chunk_params, uint32_t slots)
+      : layers_(layers), n_(chunk_params) {
+    session_ = Check(Session::Open({.job = "overlap", .num_slots = slots, .slot_bytes = 4 * n_},
+                                   daemon.client_options()),
+                     "open session");
+    weights_.resize(static_cast<size_t>(layers_) * n_);
+    for (size_t k = 0; k < weights_.size(); ++k) weights_[k] = 0.02f * static_cast<float>(k % 101) - 1.0f;
+    grads_.resize(n_);
+    for (uint64_t k = 0; k < n_; ++k) grads_[k] = 1e-3f * static_cast<float>(k % 17) - 8e-3f;
+    // Registered in forward order; backward produces the last layer's gradients first.
+    for (uint32_t layer = 0; layer < layers_; ++layer) {
+      Check(session_->RegisterChunk({.chunk_id = layer, .num_elements = n_}, WeightBytes(layer)), "register chunk");
+    }
+    step_ = session_->committed_step() + 1;
+  }
+
+  // Copies the gradients of `layer` into a slot (first collecting the oldest chunk
+  // in flight when every slot is taken) and sends GradReady.
+  void Send(uint32_t layer) {
+    if (in_flight_.size() == session_->num_slots()) CollectOldest();
+    const uint32_t slot = Check(session_->AcquireSlot(kTimeout), "acquire slot");
+    std::memcpy(session_->GradRegion(slot).data(), grads_.data(), 4 * n_);
+    Check(session_->SendGradReady(layer, slot, step_, hyper_), "send GradReady");
+    in_flight_.push_back(layer);
+  }
+  void CollectOldest() {
+    const uint32_t layer = in_flight_.front();
+    in_flight_.pop_front();
+    const uint32_t slot = Check(session_->WaitParams(layer, kTimeout), "wait params");
+    std::memcpy(WeightBytes(layer).data(), session_->ParamRegion(slot).data(), 4 * n_);
+    session_->ReleaseSlot(slot);
+  }
+  void EndStep() {
+    while (!in_flight_.empty()) CollectOldest();
+    Check(session_->EndStep(step_).status(), "end step");
+    ++step_;
+  }
+  // Every chunk back to back, then EndStep: optimizer + I/O alone.
+  void OptimizerStep() {
+    for (uint32_t i = 0; i < layers_; ++i) Send(layers_ - 1 - i);
+    EndStep();
+  }
+  uint32_t layers() const { return layers_; }
+  Session& session() { return *session_; }
+
+ private:
+  static constexpr std::chrono::milliseconds kTimeout{120000};
+  std::span<std::byte> WeightBytes(uint32_t layer) {
+    return {reinterpret_cast<std::byte*>(weights_.data() + static_cast<size_t>(layer) * n_), 4 * n_};
+  }
+
+  uint32_t layers_;
+  uint64_t n_;
+  std::unique_ptr<Session> session_;
+  std::vector<float> weights_, grads_;
+  std::deque<uint32_t> in_flight_;
+  int64_t step_ = 1;
+  AdamWHyper hyper_;
+};
+
+// One layer's backward: a wait that leaves the CPU free.
+Interval Backward(uint32_t layer, double layer_ms) {
+  const int64_t start = NowUs();
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(layer_ms));
+  return {layer, start, NowUs()};
+}
+
+struct Figures {
+  std::vector<double> a, b, c, d;
+};
+
+uint64_t BytesRead(const testing::DaemonProcess& daemon) {
+  auto admin = Check(AdminClient::Connect(daemon.client_options()), "admin connect");
+  auto stats = Check(admin->GetStats(), "GetStats");
+  uint64_t total = 0;
+  for (const auto& path : stats.storage()) total += path.bytes_read();
+  return total;
+}
+
+std::filesystem::path WorkDir(const Config& c, const testing::TempDir& tmp) {
+  if (c.dir.empty()) return tmp.path();
+  std::filesystem::path dir = c.dir / fmt::format("overlap-bench-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+struct RssRow {
+  uint64_t state_bytes = 0;
+  uint32_t chunks = 0;
+  int64_t hwm_kib = 0;
+  double step_s = 0;
+};
+
+RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
+  testing::TempDir tmp;
+  const std::filesystem::path dir = WorkDir(c, tmp);
+  testing::DaemonProcess daemon(dir, {"--dram-budget", std::to_string(c.budget), "--log-level", "warn"});
+  Check(daemon.Start(), "start fuyoud");
+  const auto layers = static_cast<uint32_t>(std::max<uint64_t>(1, state_bytes / (12 * c.chunk_params)));
+  RssRow row{state_bytes, layers, 0, 0};
+  {
+    Job job(daemon, layers, c.chunk_params, c.slots);
+    for (int s = 0; s < 2; ++s) {
+      const auto t0 = Clock::now();
+      job.OptimizerStep();
+      row.step_s = Seconds(t0, Clock::now());
+    }
+    row.hwm_kib = ProcStatusKiB(daemon.pid(), "VmHWM");
+    Check(job.session().Close(), "close");
+  }
+  daemon.Stop();
+  if (!c.dir.empty()) std::filesystem::remove_all(dir);
+  return row;
+}
+
+int Main(int argc, char** argv) {
+  Config c = ParseArgs(argc, argv);
+  const uint64_t state_bytes = 12 * c.chunk_params * c.layers;
+  testing::TempDir tmp;
+  const std::filesystem::path dir = WorkDir(c, tmp);
+  const auto trace_path = dir / "trace.jsonl";
+  ::setenv("FUYOU_TRACE", trace_path.c_str(), 1);
+  testing::DaemonProcess daemon(dir, {"--dram-budget", std::to_string(c.budget), "--log-level", "warn"});
+  Check(daemon.Start(), "start fuyoud");
+  ::unsetenv("FUYOU_TRACE");
+  fmt::print("overlap_bench: {} layers x {} params = {} MiB of states, DRAM budget {} MiB ({:.1f}x), slots {}\n",
+             c.layers, c.chunk_params, state_bytes >> 20, c.budget >> 20,
+             static_cast<double>(state_bytes) / static_cast<double>(c.budget), c.slots);
+
+  Figures f;
+  std::vector<Interval> last_backward;
+  int64_t last_start = 0, last_end = 0;
+  uint64_t read_per_step = 0;
+  {
+    Job job(daemon, c.layers, c.chunk_params, c.slots);
+    job.OptimizerStep();  // warm-up: pages, caches, the daemon's order prediction
+    if (c.layer_ms < 0) {
+      std::vector<double> b;
+      for (int i = 0; i < 2; ++i) {
+        const auto t0 = Clock::now();
+        job.OptimizerStep();
+        b.push_back(Seconds(t0, Clock::now()));
+      }
+      c.layer_ms = 1e3 * Median(b) / c.layers;
+    }
+    fmt::print("backward: {} waits of {:.2f} ms\n", c.layers, c.layer_ms);
+    for (int round = 0; round < c.rounds; ++round) {
+      // (a) backward alone.
+      auto t0 = Clock::now();
+      for (uint32_t i = 0; i < c.layers; ++i) Backward(c.layers - 1 - i, c.layer_ms);
+      f.a.push_back(Seconds(t0, Clock::now()));
+      // (b) optimizer + I/O alone.
+      const uint64_t read0 = BytesRead(daemon);
+      t0 = Clock::now();
+      job.OptimizerStep();
+      f.b.push_back(Seconds(t0, Clock::now()));
+      read_per_step = BytesRead(daemon) - read0;
+      // (c) overlapped. The hand-over (copy into the slot, GradReady, collecting
+      // weights when slots run out) runs on a second thread, as a GPU's copy
+      // engine and side stream would, so backward's waits do not include it.
+      std::vector<Interval> backward;
+      last_start = NowUs();
+      t0 = Clock::now();
+      {
+        std::mutex mu;
+        std::condition_variable ready;
+        std::deque<uint32_t> queue;
+        bool done = false;
+        std::thread sender([&] {
+          for (;;) {
+            std::unique_lock lock(mu);
+            ready.wait(lock, [&] { return done || !queue.empty(); });
+            if (queue.empty()) return;
+            const uint32_t layer = queue.front();
+            queue.pop_front();
+            lock.unlock();
+            job.Send(layer);
+          }
+        });
+        for (uint32_t i = 0; i < c.layers; ++i) {
+          const uint32_t layer = c.layers - 1 - i;
+          backward.push_back(Backward(layer, c.layer_ms));
+          std::lock_guard lock(mu);
+          queue.push_back(layer);
+          ready.notify_one();
+        }
+        {
+          std::lock_guard lock(mu);
+          done = true;
+          ready.notify_one();
+        }
+        sender.join();
+      }
+      job.EndStep();
+      f.c.push_back(Seconds(t0, Clock::now()));
+      last_end = NowUs();
+      last_backward = std::move(backward);
+      // (d) serial: all of backward, then every update.
+      t0 = Clock::now();
+      for (uint32_t i = 0; i < c.layers; ++i) Backward(c.layers - 1 - i, c.layer_ms);
+      job.OptimizerStep();
+      f.d.push_back(Seconds(t0, Clock::now()));
+    }
+    Check(job.session().Close(), "close");
+  }
+  const int64_t main_hwm = ProcStatusKiB(daemon.pid(), "VmHWM");
+  daemon.Stop();
+
+  const double a = Median(f.a), b = Median(f.b), cc = Median(f.c), d = Median(f.d);
+  const double ratio = cc / std::max(a, b);
+  const double speedup = d / cc;
+  fmt::print("\n{:<34} {:>10}\n", "step (median of " + std::to_string(c.rounds) + ")", "seconds");
+  fmt::print("{:<34} {:>10.3f}\n", "(a) backward alone", a);
+  fmt::print("{:<34} {:>10.3f}\n", "(b) optimizer + SSD I/O alone", b);
+  fmt::print("{:<34} {:>10.3f}\n", "(c) overlapped (fuyou)", cc);
+  fmt::print("{:<34} {:>10.3f}\n", "(d) serial (ZeRO-Infinity order)", d);
+  fmt::print("overlapped / max(a, b) = {:.3f} (target <= 1.15); serial / overlapped = {:.2f}x\n", ratio, speedup);
+  fmt::print("SSD bytes read per step {} MiB; daemon peak RSS {} MiB (budget {} MiB + {} MiB segment)\n",
+             read_per_step >> 20, main_hwm / 1024, c.budget >> 20, (uint64_t{2} * c.slots * 4 * c.chunk_params) >> 20);
+
+  // Timeline of the last overlapped step.
+  std::vector<TraceEvent> events;
+  for (const TraceEvent& e : ReadTrace(trace_path)) {
+    if (e.end_us >= last_start && e.start_us <= last_end) events.push_back(e);
+  }
+  std::map<std::string, double> busy;  // seconds each resource was busy (union of intervals)
+  {
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> spans;
+    for (const Interval& i : last_backward) spans["backward"].push_back({i.start_us, i.end_us});
+    for (const TraceEvent& e : events) spans[e.event].push_back({std::max(e.start_us, last_start), std::min(e.end_us, last_end)});
+    for (auto& [name, list] : spans) {
+      std::sort(list.begin(), list.end());
+      int64_t total = 0, cur_s = -1, cur_e = -1;
+      for (auto [s, e] : list) {
+        if (s > cur_e) {
+          total += cur_e - cur_s;
+          cur_s = s;
+          cur_e = e;
+        } else {
+          cur_e = std::max(cur_e, e);
+        }
+      }
+      total += cur_e - cur_s;
+      busy[name] = total / 1e6;
+    }
+  }
+  const double step_s = (last_end - last_start) / 1e6;
+  fmt::print("last overlapped step {:.3f} s; busy: backward {:.3f}, update {:.3f}, ssd_read {:.3f}, ssd_write {:.3f}\n",
+             step_s, busy["backward"], busy["update"], busy["ssd_read"], busy["ssd_write"]);
+  std::string timeline = c.timeline.empty() ? (dir / "timeline.json").string() : c.timeline;
+  if (!c.png.empty() || !c.timeline.empty()) {
+    std::FILE* out = std::fopen(timeline.c_str(), "w");
+    if (out == nullptr) Die("cannot write " + timeline);
+    fmt::print(out, "{{\"step_start_us\":{},\"step_end_us\":{},\"layers\":{},\"layer_ms\":{:.3f},\"events\":[",
+               last_start, last_end, c.layers, c.layer_ms);
+    bool first = true;
+    for (const Interval& i : last_backward) {
+      fmt::print(out, "{}{{\"event\":\"backward\",\"chunk\":{},\"start_us\":{},\"end_us\":{}}}", first ? "" : ",",
+                 i.chunk, i.start_us, i.end_us);
+      first = false;
+    }
+    for (const TraceEvent& e : events) {
+      fmt::print(out, ",{{\"event\":\"{}\",\"chunk\":{},\"start_us\":{},\"end_us\":{}}}", e.event, e.chunk,
+                 e.start_us, e.end_us);
+    }
+    fmt::print(out, "]}}\n");
+    std::fclose(out);
+    if (!c.timeline.empty()) fmt::print("timeline: {}\n", timeline);
+  }
+  if (!c.png.empty()) {
+    const std::string command =
+        fmt::format("/usr/bin/python3 {}/plot_timeline.py '{}' '{}'", FUYOU_BENCH_SOURCE_DIR, timeline, c.png);
+    if (std::system(command.c_str()) != 0) fmt::print(stderr, "overlap_bench: plotting failed: {}\n", command);
+    else fmt::print("timeline picture: {}\n", c.png);
+  }
+
+  // Peak RSS of a fresh daemon per model size, same budget.
+  std::vector<RssRow> rss;
+  for (uint64_t size : c.rss_sizes) rss.push_back(MeasureRss(c, size));
+  if (!rss.empty()) {
+    fmt::print("\n{:>12} {:>7} {:>10} {:>14} {:>12}\n", "states MiB", "chunks", "step s", "peak RSS MiB",
+               "limit MiB");
+    for (const RssRow& r : rss) {
+      fmt::print("{:>12} {:>7} {:>10.3f} {:>14} {:>12}\n", r.state_bytes >> 20, r.chunks, r.step_s, r.hwm_kib / 1024,
+                 (c.budget >> 20) + 256);
+    }
+  }
+  if (!c.json.empty()) {
+    std::FILE* out = std::fopen(c.json.c_str(), "w");
+    if (out == nullptr) Die("cannot write " + c.json);
+    auto list = [](const std::vector<double>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{:.4f}", i ? "," : "", v[i]);
+      return s + "]";
+    };
+    fmt::print(out,
+               "{{\"benchmark\":\"overlap_bench\",\"layers\":{},\"chunk_params\":{},\"state_bytes\":{},"
+               "\"budget_bytes\":{},\"slots\":{},\"layer_ms\":{:.3f},\"rounds\":{},"
+               "\"backward_s\":{:.4f},\"optimizer_io_s\":{:.4f},\"overlapped_s\":{:.4f},\"serial_s\":{:.4f},"
+               "\"overlapped_over_max\":{:.4f},\"speedup_over_serial\":{:.4f},"
+               "\"samples\":{{\"backward\":{},\"optimizer_io\":{},\"overlapped\":{},\"serial\":{}}},"
+               "\"ssd_bytes_read_per_step\":{},\"daemon_peak_rss_kib\":{},"
+               "\"busy_s\":{{\"step\":{:.4f},\"backward\":{:.4f},\"update\":{:.4f},\"ssd_read\":{:.4f},"
+               "\"ssd_write\":{:.4f}}},\"rss\":[",
+               c.layers, c.chunk_params, state_bytes, c.budget, c.slots, c.layer_ms, c.rounds, a, b, cc, d, ratio,
+               speedup, list(f.a), list(f.b), list(f.c), list(f.d), read_per_step, main_hwm, step_s, busy["backward"],
+               busy["update"], busy["ssd_read"], busy["ssd_write"]);
+    for (size_t i = 0; i < rss.size(); ++i) {
+      fmt::print(out, "{}{{\"state_bytes\":{},\"chunks\":{},\"step_s\":{:.4f},\"peak_rss_kib\":{}}}", i ? "," : "",
+                 rss[i].state_bytes, rss[i].chunks, rss[i].step_s, rss[i].hwm_kib);
+    }
+    fmt::print(out, "]}}\n");
+    std::fclose(out);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fuyou::bench
+
+int main(int argc, char** argv) { return fuyou::bench::Main(argc, argv); }

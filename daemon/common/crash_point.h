@@ -1,0 +1,83 @@
+// Crash points: named places in fuyoud where a test can make the daemon die, to
+// prove that a crash at that instant leaves every job at its last commit (in the
+// spirit of RocksDB's test_util/sync_point.h).
+//
+//   FUYOU_CRASH_POINT("manifest_renamed");
+//
+// Test-only. When fuyoud starts with FUYOU_CRASH_AT="<name>:<N>" in its
+// environment, the N-th time (1-based, counted over the whole process and all
+// threads) the point <name> is passed, the daemon logs one line to stderr and
+// kills itself with SIGKILL: no destructor, flush or fsync runs, as in a real
+// crash (a power loss additionally loses what was not fsynced; that is not
+// simulated). When the variable is unset, a point costs one load of a static bool.
+//
+// The points, in the order a job meets them:
+//   registration (Session::RegisterChunks, in daemon/session/session.cc)
+//     registration_reserved        extents of every new chunk reserved, nothing written
+//     registration_states_written  initial states of the new chunks written, not committed
+//     registration_committed       the manifest naming them committed, before the reply
+//   a step (daemon/session/session.cc)
+//     grad_received                GradReady accepted, before the states are acquired
+//     after_kernel                 new weights in the slot, before ParamsReady is sent
+//     writeback_submitted          write-back to the shadow extent queued
+//     writeback_completed          a write-back finished (on an I/O completion thread)
+//     end_step_received            EndStep accepted, before waiting for the write-backs
+//     abort_step_received          AbortStep accepted, before the rollback
+//     session_close                a session is closing, before the rollback of its step
+//   every commit of a manifest (Job::Commit in daemon/jobs/job.cc: job creation,
+//   registration, and the end of each step)
+//     before_state_sync            before the state files are fdatasync'ed
+//     after_state_sync             state files synced, no manifest.tmp yet
+//     manifest_tmp_written         manifest.tmp written and fsync'ed, not renamed
+//     manifest_renamed             manifest.tmp renamed over manifest.pb, dir not synced
+//     dir_synced                   directory fsync'ed: the commit is complete
+//   the reply (daemon/server/offload_service.cc)
+//     step_committed_reply_sent    StepCommitted written to the client's stream
+// A crash at or before manifest_tmp_written leaves the previous commit; from
+// manifest_renamed on, the new one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace fuyou::crash_point {
+
+// Where to crash: the `hit`-th pass of the point `name`.
+struct CrashSpec {
+  std::string name;
+  uint64_t hit = 0;
+};
+
+// Parses "<name>:<N>", N >= 1; INVALID_ARGUMENT saying what is wrong otherwise.
+absl::StatusOr<CrashSpec> ParseCrashSpec(std::string_view text);
+
+// Reads FUYOU_CRASH_AT and arms the matching point. Call once, at start-up, before
+// any thread runs a point. OK and nothing armed when the variable is unset or
+// empty; INVALID_ARGUMENT when it cannot be parsed.
+absl::Status ArmFromEnvironment();
+
+// Arms `spec` directly (for unit tests); an empty name disarms. Same threading
+// rule as ArmFromEnvironment.
+void Arm(const CrashSpec& spec);
+
+// Counts a pass of `name`; returns the count when `name` is the armed point
+// (the pass that reaches the armed hit does not return), 0 otherwise. Use the
+// macro, which skips the call when nothing is armed.
+uint64_t Pass(const char* name);
+
+namespace internal {
+// True when a point is armed. Written only before threads start.
+extern bool armed;
+// Called at the armed hit: logs and raises SIGKILL. Replaceable in unit tests.
+extern void (*on_crash)(const char* name, uint64_t hit);
+}  // namespace internal
+
+}  // namespace fuyou::crash_point
+
+#define FUYOU_CRASH_POINT(name)                                                       \
+  do {                                                                                \
+    if (::fuyou::crash_point::internal::armed) ::fuyou::crash_point::Pass(name);      \
+  } while (0)

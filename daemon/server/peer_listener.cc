@@ -1,0 +1,121 @@
+#include "server/peer_listener.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "fmt/format.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_posix.h"
+
+namespace fuyou {
+
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::filesystem::path& path, mode_t mode) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  const mode_t old_umask = ::umask(0177);
+  const int bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (bound != 0) {
+    ::close(fd);
+    return ErrnoStatus(bind_errno, fmt::format("cannot bind {}", path.string()));
+  }
+  if (::chmod(path.c_str(), mode) != 0 || ::listen(fd, 128) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, fmt::format("cannot set up {}", path.string()));
+  }
+  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "eventfd");
+  }
+  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake));
+}
+
+PeerListener::PeerListener(int listen_fd, int wake_fd) : listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+
+PeerListener::~PeerListener() {
+  Stop();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+void PeerListener::Serve(grpc::Server* server) {
+  thread_ = std::thread([this, server] { AcceptLoop(server); });
+}
+
+void PeerListener::Stop() {
+  if (!thread_.joinable()) return;
+  uint64_t one = 1;
+  (void)::write(wake_fd_, &one, sizeof one);
+  thread_.join();
+}
+
+void PeerListener::AcceptLoop(grpc::Server* server) {
+  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      log::Error("accept loop: poll failed: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        log::Warn("accept on the daemon socket failed: {}", std::strerror(errno));
+      }
+      continue;
+    }
+    ucred credentials{};
+    socklen_t length = sizeof credentials;
+    if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+      log::Warn("cannot read the peer credentials of a connection ({}); refusing it", std::strerror(errno));
+      ::close(connection);
+      continue;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      peers_[connection] = PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
+    }
+    // gRPC owns the fd from here and closes it with the connection; a reused fd
+    // number overwrites the entry above before any call on it can arrive.
+    grpc::AddInsecureChannelFromFd(server, connection);
+  }
+}
+
+std::optional<PeerCredentials> PeerListener::PeerOf(const std::string& peer) const {
+  if (peer.rfind("fd:", 0) != 0) return std::nullopt;
+  int fd = 0;
+  try {
+    fd = std::stoi(peer.substr(3));
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::lock_guard lock(mutex_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
+uid_t CallerUid(const PeerListener* listener, const std::string& peer) {
+  if (listener != nullptr) {
+    if (auto credentials = listener->PeerOf(peer)) return credentials->uid;
+  }
+  return ::geteuid();
+}
+
+}  // namespace fuyou

@@ -1,0 +1,67 @@
+// PeerListener: the daemon's Unix socket, accepted by fuyoud itself so that each
+// connection's peer credentials (SO_PEERCRED: pid, uid, gid) are known.
+//
+// gRPC's insecure Unix transport does not expose who connected. So the daemon
+// binds and listens, accepts each connection, records its credentials, and hands
+// the connected fd to gRPC (grpc::AddInsecureChannelFromFd). Calls on that
+// connection report the peer "fd:N", which PeerOf maps back to the credentials.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace fuyou {
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+class PeerListener {
+ public:
+  // Binds `path` (which PrepareSocketPath has cleared) with permissions `mode`
+  // and listens. The socket is created under umask 0177 and then chmod-ed, so it
+  // is never more open than `mode`.
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::filesystem::path& path, mode_t mode);
+  // Stops accepting and closes the listening socket (not the socket file).
+  ~PeerListener();
+
+  // Starts the accept thread, which hands connections to `server` (not owned;
+  // must outlive this object or Stop must be called first).
+  void Serve(grpc::Server* server);
+  void Stop();
+
+  // Credentials of the connection a call came in on (ServerContext::peer()).
+  std::optional<PeerCredentials> PeerOf(const std::string& peer) const;
+
+ private:
+  PeerListener(int listen_fd, int wake_fd);
+  void AcceptLoop(grpc::Server* server);
+
+  int listen_fd_;
+  int wake_fd_;  // eventfd that wakes the accept loop to stop
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::map<int, PeerCredentials> peers_;  // by connected fd
+};
+
+// The uid a call comes from; the daemon's own uid when it cannot be told.
+uid_t CallerUid(const PeerListener* listener, const std::string& peer);
+
+}  // namespace fuyou

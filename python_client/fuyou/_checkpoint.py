@@ -1,0 +1,242 @@
+"""Export a fuyou.AdamW job to a PyTorch checkpoint, and start a job from one.
+
+A checkpoint is a dict (``torch.save`` of it is what ``export_checkpoint`` writes)::
+
+    {"model": {name or param index: fp32 master weights},
+     "optimizer": a torch.optim.AdamW state_dict (state: step, exp_avg, exp_avg_sq),
+     "fuyou": {"job": ..., "committed_step": ...}}
+
+The states move between the daemon and the job through the session's shared-memory
+slots (ReadState / WriteState), never through gRPC messages. An import is written
+as one pending change of the job that CommitImport makes durable at once; it does
+not advance the job's committed step.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ._chunking import Chunk
+from ._errors import FailedPrecondition, InvalidArgument
+
+__all__ = ["export_state", "plan_import", "apply_import", "STATE_MASTER", "STATE_EXP_AVG",
+           "STATE_EXP_AVG_SQ"]
+
+# fuyou.v1.StateKind values.
+STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
+
+# What torch 1.13's AdamW.state_dict() puts in each param group besides
+# lr, betas, eps, weight_decay and params; fuyou implements exactly these values.
+_TORCH_GROUP_DEFAULTS = {"amsgrad": False, "foreach": None, "maximize": False,
+                         "capturable": False}
+_HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
+
+
+def _torch_indices(param_groups) -> Dict[int, int]:
+    """id(param) -> the index torch.optim.Optimizer.state_dict() gives it."""
+    mapping: Dict[int, int] = {}
+    start = 0
+    for group in param_groups:
+        for i, p in enumerate(group["params"], start):
+            mapping.setdefault(id(p), i)
+        start += len(group["params"])
+    return mapping
+
+
+# --------------------------------------------------------------------- export
+def _read_chunk(session, c: Chunk) -> Tuple[List[torch.Tensor], int]:
+    states = [torch.empty(c.num_elements, dtype=torch.float32) for _ in range(3)]
+    t = 0
+    for kind, buf in zip((STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ), states):
+        t = session.read_state(c.chunk_id, kind, 0, buf.numpy())
+    return states, int(t)
+
+
+def export_state(opt, model: Optional[torch.nn.Module] = None) -> dict:
+    """The checkpoint dict of `opt` at its last committed step (see the module doc).
+    `model` given: "model" is its state_dict with the trainable parameters replaced
+    by their fp32 master weights; else "model" maps param index -> fp32 weights."""
+    session = opt._session
+    params = opt._params  # trainable, by param_index
+    per_param = [[torch.empty(p.numel(), dtype=torch.float32) for _ in range(3)] for p in params]
+    steps: List[set] = [set() for _ in params]
+    for c in opt._chunks:
+        states, t = _read_chunk(session, c)
+        for seg in c.segments:
+            for dst, src in zip(per_param[seg.param_index], states):
+                dst[seg.start:seg.end] = src[seg.offset:seg.offset + seg.numel]
+            steps[seg.param_index].add(t)
+
+    index = _torch_indices(opt.param_groups)
+    state: Dict[int, dict] = {}
+    masters: Dict[int, torch.Tensor] = {}  # id(param) -> fp32 master, shaped like the param
+    for pidx, p in enumerate(params):
+        master, m, v = (t.view(p.shape) for t in per_param[pidx])
+        masters[id(p)] = master
+        counts = steps[pidx]
+        if len(counts) > 1:
+            warnings.warn(f"parameter {index[id(p)]} spans chunks updated {sorted(counts)} times; "
+                          f"exported with step {max(counts)}")
+        t = max(counts, default=0)
+        if t == 0:
+            continue  # never updated: torch.optim.AdamW has no state for it either
+        state[index[id(p)]] = {"step": torch.tensor(float(t)), "exp_avg": m, "exp_avg_sq": v}
+
+    groups = []
+    for g in opt.param_groups:
+        saved = {k: v for k, v in g.items() if k != "params"}
+        saved.update(_TORCH_GROUP_DEFAULTS)
+        saved["params"] = [index[id(p)] for p in g["params"]]
+        groups.append(saved)
+
+    if model is not None:
+        weights = {}
+        for name, t in model.state_dict(keep_vars=True).items():
+            master = masters.get(id(t))
+            weights[name] = master.clone() if master is not None else t.detach().clone()
+    else:
+        weights = {}
+        for g in opt.param_groups:
+            for p in g["params"]:
+                i = index[id(p)]
+                if i not in weights:
+                    master = masters.get(id(p))
+                    weights[i] = master.clone() if master is not None else p.detach().float().clone()
+    return {"model": weights,
+            "optimizer": {"state": state, "param_groups": groups},
+            "fuyou": {"job": opt.job, "committed_step": opt.committed_step}}
+
+
+# --------------------------------------------------------------------- import
+@dataclass
+class ChunkImport:
+    chunk: Chunk
+    master: Optional[torch.Tensor]  # fp32, or None: the weights registered from the model
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: int
+
+
+@dataclass
+class ImportPlan:
+    chunks: List[ChunkImport]
+    hyper: List[dict]  # per param group: the hyper-parameters to take over
+
+
+def _load(init_from) -> Tuple[dict, Optional[dict]]:
+    source = init_from
+    if isinstance(init_from, (str, os.PathLike)):
+        source = torch.load(init_from, map_location="cpu")
+    if not isinstance(source, dict):
+        raise InvalidArgument(f"init_from must be a checkpoint path or dict, not {type(source).__name__}")
+    if "state" in source and "param_groups" in source:
+        return source, None
+    if isinstance(source.get("optimizer"), dict):
+        return source["optimizer"], source.get("model")
+    raise InvalidArgument("init_from is neither a torch.optim.AdamW state_dict (state, "
+                          "param_groups) nor a checkpoint with an 'optimizer' entry")
+
+
+def _tensor(value, what: str, shape: torch.Size) -> torch.Tensor:
+    if not torch.is_tensor(value):
+        raise InvalidArgument(f"checkpoint: {what} is not a tensor")
+    if value.shape != shape:
+        raise InvalidArgument(f"checkpoint: {what} has shape {tuple(value.shape)}, but the "
+                              f"parameter has shape {tuple(shape)}")
+    return value.detach().to(torch.float32).reshape(-1)
+
+
+def plan_import(opt, init_from) -> ImportPlan:
+    """Validates a checkpoint against `opt`'s parameters and chunks and builds the
+    per-chunk states to write. Talks to no daemon: a bad checkpoint raises
+    InvalidArgument before anything is written."""
+    saved, model = _load(init_from)
+    groups = saved["param_groups"]
+    if len(groups) != len(opt.param_groups):
+        raise InvalidArgument(f"checkpoint has {len(groups)} parameter groups, the optimizer "
+                              f"{len(opt.param_groups)}")
+    saved_index: Dict[int, int] = {}  # id(param) -> index in the checkpoint
+    for gi, (sg, g) in enumerate(zip(groups, opt.param_groups)):
+        if len(sg["params"]) != len(g["params"]):
+            raise InvalidArgument(f"checkpoint group {gi} has {len(sg['params'])} parameters, "
+                                  f"the optimizer's {len(g['params'])}")
+        for key in ("amsgrad", "maximize"):
+            if sg.get(key):
+                raise InvalidArgument(f"checkpoint group {gi} has {key}=True, which fuyou.AdamW "
+                                      "does not implement")
+        for i, p in zip(sg["params"], g["params"]):
+            saved_index.setdefault(id(p), i)
+    masters_by_index = model if model and all(isinstance(k, int) for k in model) else None
+
+    per_param = []  # pidx -> (master or None, m, v, step)
+    for p in opt._params:
+        i = saved_index[id(p)]
+        st = saved["state"].get(i)
+        master = None
+        if masters_by_index is not None and i in masters_by_index:
+            master = _tensor(masters_by_index[i], f"model weights of parameter {i}", p.shape)
+        if not st:
+            zeros = torch.zeros(p.numel(), dtype=torch.float32)
+            per_param.append((master, zeros, zeros, 0))
+            continue
+        m = _tensor(st.get("exp_avg"), f"exp_avg of parameter {i}", p.shape)
+        v = _tensor(st.get("exp_avg_sq"), f"exp_avg_sq of parameter {i}", p.shape)
+        step = float(st.get("step", 0))
+        if step < 0 or step != int(step):
+            raise InvalidArgument(f"checkpoint: step of parameter {i} is {step}, not a count")
+        per_param.append((master, m, v, int(step)))
+
+    chunks = []
+    for c in opt._chunks:
+        steps = {per_param[seg.param_index][3] for seg in c.segments}
+        if len(steps) != 1:
+            names = sorted({saved_index[id(seg.param)] for seg in c.segments})
+            raise InvalidArgument(
+                f"checkpoint: parameters {names} share chunk {c.chunk_id:#x} but have different "
+                f"steps {sorted(steps)}; a chunk has one Adam step count (put parameters that "
+                "were not always updated in a parameter group of their own)")
+        has_master = any(per_param[seg.param_index][0] is not None for seg in c.segments)
+        master = torch.empty(c.num_elements, dtype=torch.float32) if has_master else None
+        m = torch.empty(c.num_elements, dtype=torch.float32)
+        v = torch.empty(c.num_elements, dtype=torch.float32)
+        for seg in c.segments:
+            pm, pmo, pv, _ = per_param[seg.param_index]
+            dst = slice(seg.offset, seg.offset + seg.numel)
+            m[dst] = pmo[seg.start:seg.end]
+            v[dst] = pv[seg.start:seg.end]
+            if master is not None:
+                master[dst] = (pm if pm is not None else
+                               seg.param.detach().float().reshape(-1))[seg.start:seg.end]
+        chunks.append(ChunkImport(c, master, m, v, steps.pop()))
+    hyper = [{k: sg[k] for k in _HYPER_KEYS if k in sg} for sg in groups]
+    return ImportPlan(chunks, hyper)
+
+
+def apply_import(opt, plan: ImportPlan) -> None:
+    """Writes the planned states into `opt`'s freshly created job and commits them.
+    The job must be new: importing over trained states would silently mix two runs."""
+    if opt.resumed or opt.committed_step != 0:
+        raise FailedPrecondition(
+            f"init_from starts a new job, but job {opt.job!r} already exists (committed step "
+            f"{opt.committed_step}); choose a new job name or delete the job")
+    session = opt._session
+    for ci in plan.chunks:
+        cid = ci.chunk.chunk_id
+        if ci.master is not None:
+            session.write_state(cid, STATE_MASTER, 0, ci.master.numpy())
+        if ci.step != 0:  # a new chunk's moments are already zero
+            session.write_state(cid, STATE_EXP_AVG, 0, ci.exp_avg.numpy())
+            session.write_state(cid, STATE_EXP_AVG_SQ, 0, ci.exp_avg_sq.numpy())
+            session.set_update_count(cid, ci.step)
+    session.commit_import()
+    with torch.no_grad():
+        for ci in plan.chunks:
+            if ci.master is not None:
+                opt._install(ci.chunk, ci.master.to(ci.chunk.dtype))
+    for group, hyper in zip(opt.param_groups, plan.hyper):
+        group.update(hyper)

@@ -1,0 +1,195 @@
+// Crash loop: the crash driver's job (crash_driver.h) against a real fuyoud that
+// kills itself at a crash point (FUYOU_CRASH_AT, see daemon/common/crash_point.h),
+// or inside a client that kills itself mid-step. After each crash the job must
+// resume at exactly its last commit and, trained to the end, give weights
+// bit-identical to an uninterrupted run.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "crash_driver.h"
+#include "daemon_process.h"
+
+namespace fuyou::testing {
+namespace {
+using std::chrono::milliseconds;
+
+const std::vector<std::string> kDaemonArgs = {"--dram-budget", "64MiB", "--threads", "2"};
+
+// Points after which the commit in flight is on disk (see crash_point.h).
+bool IsAfterCommit(const std::string& point) {
+  static const std::set<std::string> after = {"manifest_renamed", "dir_synced", "step_committed_reply_sent",
+                                              "registration_committed"};
+  return after.count(point.substr(0, point.find(':'))) != 0;
+}
+
+// The uninterrupted run, once per test process.
+const WeightHistory& Reference() {
+  static const WeightHistory history = [] {
+    TempDir dir;
+    DaemonProcess daemon(dir.path(), kDaemonArgs);
+    WeightHistory recorded;
+    absl::Status started = daemon.Start();
+    EXPECT_TRUE(started.ok()) << started.message();
+    DriverProgress progress;
+    absl::Status run = DriveJob(daemon.client_options(), "reference", nullptr, progress, &recorded);
+    EXPECT_TRUE(run.ok()) << progress.failed_call;
+    return recorded;
+  }();
+  return history;
+}
+
+// Runs the driver until the daemon answers a session open (the daemon may still
+// be closing the session of a client that just died).
+absl::Status DriveWhenOpen(const ClientOptions& options, const std::string& job, DriverProgress& progress) {
+  absl::Status status;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    status = DriveJob(options, job, &Reference(), progress);
+    if (!(progress.opened_at < 0 && absl::IsFailedPrecondition(status))) return status;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return status;
+}
+
+bool SameAsReference(const DriverProgress& progress) {
+  return progress.weights == Reference()[kDriverSteps];
+}
+
+TEST(CrashLoopTest, TheDaemonKilledAtAnyCrashPointResumesAtItsLastCommit) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  // Commits: #1 creates the job, #2-#5 register chunks 0-3, #(5+s) ends step s.
+  // grad_received/after_kernel/writeback_*: 4 a step, 6 in step 3 (2 aborted).
+  const std::vector<std::string> points = {
+      "before_state_sync:1",          // job creation
+      "manifest_renamed:1",           // job creation, manifest in place
+      "registration_reserved:1",      // chunk 0
+      "registration_states_written:2",
+      "after_state_sync:3",           // registration of chunk 1
+      "registration_committed:3",     // chunk 2
+      "manifest_tmp_written:4",       // chunk 2
+      "dir_synced:5",                 // chunk 3, registration done
+      "grad_received:1",              // step 1
+      "writeback_submitted:1",
+      "writeback_completed:3",
+      "before_state_sync:7",          // step 2's commit
+      "abort_step_received:1",        // step 3
+      "writeback_submitted:11",       // step 3, first real update after the abort
+      "after_state_sync:8",           // step 3's commit
+      "writeback_completed:16",       // step 4, last write-back
+      "step_committed_reply_sent:4",
+      "end_step_received:5",
+      "manifest_tmp_written:10",      // step 5
+      "manifest_renamed:11",          // step 6
+      "grad_received:29",             // step 7
+      "dir_synced:12",                // step 7
+      "grad_received:31",             // step 8, first chunk
+      "after_kernel:34",              // step 8, last chunk
+      "manifest_renamed:13",          // step 8
+      "step_committed_reply_sent:8",
+      "session_close:1",
+  };
+  struct Row {
+    std::string point, died_in;
+    int64_t acked = 0, found = 0;
+    bool commit_in_flight = false;
+    int resumed = 0;
+  };
+  std::vector<Row> rows;
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& point : points) {
+    SCOPED_TRACE(point);
+    TempDir dir;
+    DaemonProcess daemon(dir.path(), kDaemonArgs, {"FUYOU_CRASH_AT=" + point});
+    absl::Status started = daemon.Start();
+    ASSERT_TRUE(started.ok()) << started.message();
+    DriverProgress before;
+    absl::Status run = DriveJob(daemon.client_options(), "crash-job", &Reference(), before);
+    const int exit = daemon.WaitForExit(milliseconds(10000));
+    ASSERT_TRUE(exit != -1 && WIFSIGNALED(exit) && WTERMSIG(exit) == SIGKILL)
+        << "fuyoud did not die at " << point << " (the driver " << (run.ok() ? "finished" : before.failed_call) << ")";
+    if (!run.ok()) EXPECT_TRUE(absl::IsUnavailable(run)) << before.failed_call;
+    EXPECT_EQ(before.mismatches, std::vector<std::string>{});
+
+    daemon.set_env({});
+    started = daemon.Start();
+    ASSERT_TRUE(started.ok()) << started.message();
+    DriverProgress after;
+    absl::Status rerun = DriveJob(daemon.client_options(), "crash-job", &Reference(), after);
+    ASSERT_TRUE(rerun.ok()) << after.failed_call;
+    // Legal: the last commit the client saw, or the one in flight when the
+    // crash came after its manifest was renamed into place.
+    const bool after_commit = IsAfterCommit(point);
+    const int64_t expected_step = before.acked_step + (before.commit_in_flight && after_commit ? 1 : 0);
+    const int expected_resumed =
+        before.opened_at < 0 ? 0 : before.chunks_registered + (before.registration_in_flight && after_commit ? 1 : 0);
+    EXPECT_EQ(after.opened_at, expected_step);
+    EXPECT_EQ(after.chunks_resumed, expected_resumed);
+    EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+    EXPECT_TRUE(SameAsReference(after)) << "final weights differ from the uninterrupted run";
+    rows.push_back({point, run.ok() ? "(finished)" : before.failed_call.substr(0, before.failed_call.find(':')),
+                    before.acked_step, after.opened_at, before.commit_in_flight, after.chunks_resumed});
+    EXPECT_EQ(daemon.Stop(), 0);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("\n[crash table] daemon killed (SIGKILL) at FUYOU_CRASH_AT, restarted, job resumed and finished\n");
+  std::printf("%-30s %-26s %5s %6s %9s %8s  %s\n", "crash point", "client call that failed", "acked", "in-fl.",
+              "resumed@", "chunks", "committed step found");
+  for (const Row& row : rows) {
+    std::printf("%-30s %-26s %5lld %6s %9lld %8d  %s\n", row.point.c_str(), row.died_in.c_str(),
+                static_cast<long long>(row.acked), row.commit_in_flight ? "EndStep" : "-",
+                static_cast<long long>(row.found), row.resumed,
+                row.found == row.acked ? "last acked commit" : "the step in flight (crash after its rename)");
+  }
+  std::printf("[figures] %zu crash points, all final weights bit-identical to the uninterrupted run; %.1f s\n",
+              rows.size(), seconds);
+}
+
+TEST(CrashLoopTest, AClientKilledMidStepResumesAtItsLastCommit) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  TempDir dir;
+  DaemonProcess daemon(dir.path(), kDaemonArgs);
+  absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  struct Point {
+    std::string what;
+    int64_t step;
+    int k;
+    int64_t expected;  // committed step after the kill
+  };
+  const std::vector<Point> points = {
+      {"pushed", 1, 1, 0},     // one gradient of step 1 handed over
+      {"pushed", 3, 4, 2},     // after the aborted attempt, all of step 3 handed over
+      {"pulled", 5, 4, 4},     // every weight of step 5 back, EndStep never sent
+      {"committed", 6, 0, 6},  // right after step 6 committed
+  };
+  std::printf("\n[client crash table] client killed (SIGKILL) at a point, job resumed by a new client\n");
+  for (const Point& point : points) {
+    const std::string job = fmt::format("client-{}-{}-{}", point.what, point.step, point.k);
+    SCOPED_TRACE(job);
+    pid_t client = Spawn(CRASH_LOOP_CLIENT_PATH, {daemon.socket_path().string(), job, point.what,
+                                                 std::to_string(point.step), std::to_string(point.k)});
+    ASSERT_GT(client, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(client, &status, 0), client);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "exit status " << status;
+    DriverProgress after;
+    absl::Status rerun = DriveWhenOpen(daemon.client_options(), job, after);
+    ASSERT_TRUE(rerun.ok()) << after.failed_call;
+    EXPECT_EQ(after.opened_at, point.expected);
+    EXPECT_EQ(after.chunks_resumed, 4);
+    EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+    EXPECT_TRUE(SameAsReference(after));
+    std::printf("  killed after %-9s step %lld k=%d -> resumed at committed step %lld\n", point.what.c_str(),
+                static_cast<long long>(point.step), point.k, static_cast<long long>(after.opened_at));
+  }
+}
+
+}  // namespace
+}  // namespace fuyou::testing
