@@ -16,6 +16,7 @@ add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/session/session_import.cc
   ${FUYOU_DAEMON_DIR}/session/session_registry.cc
   ${FUYOU_DAEMON_DIR}/server/socket_path.cc
+  ${FUYOU_DAEMON_DIR}/server/peer_listener.cc
   ${FUYOU_DAEMON_DIR}/server/offload_service.cc
   ${FUYOU_DAEMON_DIR}/server/admin_service.cc
   ${FUYOU_DAEMON_DIR}/server/daemon_server.cc)

@@ -473,6 +473,45 @@ TEST(AdamWKernelTest, ConcurrentUpdatesAreSerialisedAndCorrect) {
 
 // ---- Conversions ------------------------------------------------------------------
 
+// An overflowed g*g makes v (and the denominator) infinite: torch's m / inf is a zero
+// update, and so must the SIMD paths' reciprocal be (not the NaN that a plain
+// Newton-Raphson step on an infinite denominator would give). Also huge but finite
+// denominators, and the masked tail.
+TEST(AdamWKernelTest, InfiniteSecondMomentGivesZeroUpdate) {
+  std::vector<Isa> isas = SimdIsas();
+  isas.push_back(Isa::kScalar);
+  for (Isa isa : isas) {
+    for (size_t n : {size_t{5}, size_t{100}, size_t{1000}}) {
+      std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), grad(n);
+      for (size_t i = 0; i < n; ++i) {
+        p[i] = 0.5f + 0.001f * static_cast<float>(i);
+        grad[i] = i % 3 == 0 ? 1e30f : (i % 3 == 1 ? 1e18f : 0.25f);
+      }
+      const std::vector<float> p0 = p;
+      AdamWStepParams params;
+      AdamWBuffers b;
+      b.master = p.data();
+      b.exp_avg = m.data();
+      b.exp_avg_sq = v.data();
+      b.grad = grad.data();
+      b.n = n;
+      AdamWUpdateRange(isa, params, b, 0, n);
+      const auto c = internal::MakeStepConstants(params);
+      for (size_t i = 0; i < n; ++i) {
+        if (i % 3 == 0) {
+          ASSERT_TRUE(std::isinf(v[i])) << IsaName(isa) << " i=" << i;
+          // m / inf == 0: only the decay applies.
+          EXPECT_EQ(p[i], p0[i] * c.decay) << IsaName(isa) << " n=" << n << " i=" << i;
+        } else {
+          EXPECT_TRUE(std::isfinite(p[i])) << IsaName(isa) << " n=" << n << " i=" << i;
+          // First step: the update is lr * m_hat / (sqrt(v_hat) + eps) ~ lr * sign(g).
+          EXPECT_NEAR(p[i], p0[i] * c.decay - params.lr, 1e-6f) << IsaName(isa) << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(ConversionTest, BFloat16RoundsToNearestEven) {
   EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
   EXPECT_EQ(FloatToBFloat16(1.0f + 0x1p-8f), 0x3f80);               // tie -> even (down)

@@ -41,23 +41,29 @@ grpc::Status AdminService::GetStats(grpc::ServerContext*, const v1::GetStatsRequ
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+grpc::Status AdminService::ListSessions(grpc::ServerContext* context, const v1::ListSessionsRequest*,
                                         v1::ListSessionsResponse* response) {
-  for (const auto& session : sessions_.List()) *response->add_sessions() = session->Info();
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  for (const auto& session : sessions_.List()) {
+    if (session->uid() == caller || IsAdministrator(caller)) *response->add_sessions() = session->Info();
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                     v1::ListJobsResponse* response) {
   auto jobs = jobs_.List();
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (auto& job : *jobs) *response->add_jobs() = std::move(job);
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  for (auto& job : *jobs) {
+    if (job.owner_uid() == caller || IsAdministrator(caller)) *response->add_jobs() = std::move(job);
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+grpc::Status AdminService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse* response) {
-  auto freed = jobs_.Delete(request->name(), ::geteuid());
+  auto freed = jobs_.Delete(request->name(), Caller(listener_, context->peer()).uid);
   if (!freed.ok()) return ToGrpcStatus(freed.status());
   cache_.DropJob(request->name());
   response->set_bytes_freed(*freed);

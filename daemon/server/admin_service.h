@@ -6,6 +6,7 @@
 #include "fuyou/v1/admin.grpc.pb.h"
 #include "jobs/job_registry.h"
 #include "scheduler/state_cache.h"
+#include "server/peer_listener.h"
 #include "session/session_registry.h"
 #include "stats/daemon_stats.h"
 
@@ -13,9 +14,12 @@ namespace fuyou {
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(DaemonStats& stats, SessionRegistry& sessions, JobRegistry& jobs, StateCache& cache,
-               std::string kernel_isa, std::vector<bool> direct_io)
-      : stats_(stats),
+  // `listener` (may be null) tells who calls: a user other than root and the
+  // daemon's own sees only their own sessions and jobs.
+  AdminService(const PeerListener* listener, DaemonStats& stats, SessionRegistry& sessions, JobRegistry& jobs,
+               StateCache& cache, std::string kernel_isa, std::vector<bool> direct_io)
+      : listener_(listener),
+        stats_(stats),
         sessions_(sessions),
         jobs_(jobs),
         cache_(cache),
@@ -24,13 +28,15 @@ class AdminService final : public v1::Admin::Service {
 
   grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::GetStatsResponse* response) override;
-  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+  grpc::Status ListSessions(grpc::ServerContext* context, const v1::ListSessionsRequest*,
                             v1::ListSessionsResponse* response) override;
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse* response) override;
-  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override;
 
  private:
+  const PeerListener* listener_;
   DaemonStats& stats_;
   SessionRegistry& sessions_;
   JobRegistry& jobs_;

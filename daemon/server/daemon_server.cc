@@ -19,6 +19,7 @@
 #include "scheduler/state_cache.h"
 #include "server/admin_service.h"
 #include "server/offload_service.h"
+#include "server/peer_listener.h"
 #include "server/socket_path.h"
 #include "session/session_registry.h"
 #include "stats/daemon_stats.h"
@@ -82,6 +83,7 @@ class DaemonServer::Impl {
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<OffloadService> offload;
   std::unique_ptr<AdminService> admin;
+  std::unique_ptr<PeerListener> listener;
   std::unique_ptr<grpc::Server> server;
 
   std::mutex mutex;
@@ -140,25 +142,26 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.job_quota_bytes = config.job_quota_bytes;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes);
-  impl->offload = std::make_unique<OffloadService>(*impl->sessions);
-  impl->admin = std::make_unique<AdminService>(*impl->stats, *impl->sessions, *impl->jobs, *impl->cache,
+  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path));
+  auto listener = PeerListener::Listen(config.socket_path, config.socket_mode);
+  if (!listener.ok()) return listener.status();
+  impl->listener = std::move(*listener);
+  impl->offload = std::make_unique<OffloadService>(*impl->sessions, impl->listener.get());
+  impl->admin = std::make_unique<AdminService>(impl->listener.get(), *impl->stats, *impl->sessions, *impl->jobs,
+                                               *impl->cache,
                                                std::string(optimizer::IsaName(impl->kernel->isa())), direct_io);
 
-  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path));
+  // The daemon accepts connections itself (to learn each peer's uid) and hands
+  // them to a gRPC server that has no listening port of its own.
   grpc::ServerBuilder builder;
-  int bound = 0;
-  builder.AddListeningPort("unix:" + config.socket_path.string(), grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(impl->offload.get());
   builder.RegisterService(impl->admin.get());
   builder.SetMaxReceiveMessageSize(16 << 20);
-  // Keep the socket private until its mode is set.
-  const mode_t old_umask = ::umask(0177);
   impl->server = builder.BuildAndStart();
-  ::umask(old_umask);
-  if (!impl->server || bound == 0) {
-    return absl::UnavailableError(fmt::format("cannot listen on {}", config.socket_path.string()));
+  if (!impl->server) {
+    return absl::UnavailableError(fmt::format("cannot start the gRPC server for {}", config.socket_path.string()));
   }
-  FUYOU_RETURN_IF_ERROR(ApplySocketMode(config.socket_path, config.socket_mode));
+  impl->listener->Serve(impl->server.get());
   impl->reaper = std::thread([raw = impl.get()] { raw->RunReaper(); });
   log::Info("fuyoud {} serving on {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker threads ({})",
             FUYOU_VERSION, config.socket_path.string(), config.socket_mode,
@@ -200,6 +203,7 @@ void DaemonServer::Shutdown() {
   }
   // Sessions still open lose only their uncommitted step.
   impl.sessions->CloseAll();
+  impl.listener->Stop();
   impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   impl.server->Wait();
   std::error_code ec;

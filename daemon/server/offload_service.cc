@@ -9,11 +9,22 @@
 
 namespace fuyou {
 
-grpc::Status OffloadService::OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest* request,
+absl::StatusOr<std::shared_ptr<Session>> OffloadService::FindOwn(grpc::ServerContext* context,
+                                                                 const std::string& id) const {
+  auto session = sessions_.Find(id);
+  if (!session.ok()) return session.status();
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  if ((*session)->uid() != caller && !IsAdministrator(caller)) {
+    return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+  }
+  return session;
+}
+
+grpc::Status OffloadService::OpenSession(grpc::ServerContext* context, const v1::OpenSessionRequest* request,
                                          v1::OpenSessionResponse* response) {
-  // Peer credentials are not available through gRPC's insecure Unix transport;
-  // sessions belong to the daemon's uid, and the socket's mode decides who connects.
-  auto session = sessions_.Open(*request, ::geteuid());
+  // The session, its job and its segment belong to the uid that connected.
+  const PeerCredentials peer = Caller(listener_, context->peer());
+  auto session = sessions_.Open(*request, ClientIdentity{peer.uid, peer.pid});
   if (!session.ok()) return ToGrpcStatus(session.status());
   const SegmentLayout& layout = (*session)->segment().layout();
   response->set_session_id((*session)->id());
@@ -26,9 +37,9 @@ grpc::Status OffloadService::OpenSession(grpc::ServerContext*, const v1::OpenSes
   return grpc::Status::OK;
 }
 
-grpc::Status OffloadService::RegisterChunks(grpc::ServerContext*, const v1::RegisterChunksRequest* request,
+grpc::Status OffloadService::RegisterChunks(grpc::ServerContext* context, const v1::RegisterChunksRequest* request,
                                             v1::RegisterChunksResponse* response) {
-  auto session = sessions_.Find(request->session_id());
+  auto session = FindOwn(context, request->session_id());
   if (!session.ok()) return ToGrpcStatus(session.status());
   auto result = (*session)->RegisterChunks(*request);
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -36,7 +47,7 @@ grpc::Status OffloadService::RegisterChunks(grpc::ServerContext*, const v1::Regi
   return grpc::Status::OK;
 }
 
-grpc::Status OffloadService::Stream(grpc::ServerContext*,
+grpc::Status OffloadService::Stream(grpc::ServerContext* context,
                                     grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) {
   v1::ClientMessage message;
   if (!stream->Read(&message)) return grpc::Status(grpc::StatusCode::CANCELLED, "stream ended before Attach");
@@ -44,7 +55,7 @@ grpc::Status OffloadService::Stream(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of a stream must be Attach");
   }
   const std::string id = message.attach().session_id();
-  auto found = sessions_.Find(id);
+  auto found = FindOwn(context, id);
   if (!found.ok()) return ToGrpcStatus(found.status());
   std::shared_ptr<Session> session = std::move(*found);
   if (session->attached()) {
@@ -67,8 +78,9 @@ grpc::Status OffloadService::Stream(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status OffloadService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* request,
+grpc::Status OffloadService::CloseSession(grpc::ServerContext* context, const v1::CloseSessionRequest* request,
                                           v1::CloseSessionResponse* response) {
+  if (auto own = FindOwn(context, request->session_id()); !own.ok()) return ToGrpcStatus(own.status());
   auto committed = sessions_.Close(request->session_id());
   if (!committed.ok()) return ToGrpcStatus(committed.status());
   response->set_committed_step(*committed);

@@ -2,13 +2,15 @@
 #pragma once
 
 #include "fuyou/v1/offload.grpc.pb.h"
+#include "server/peer_listener.h"
 #include "session/session_registry.h"
 
 namespace fuyou {
 
 class OffloadService final : public v1::Offload::Service {
  public:
-  explicit OffloadService(SessionRegistry& sessions) : sessions_(sessions) {}
+  // `listener` (may be null, not owned) tells who each call comes from.
+  OffloadService(SessionRegistry& sessions, const PeerListener* listener) : sessions_(sessions), listener_(listener) {}
 
   grpc::Status OpenSession(grpc::ServerContext* context, const v1::OpenSessionRequest* request,
                            v1::OpenSessionResponse* response) override;
@@ -23,7 +25,12 @@ class OffloadService final : public v1::Offload::Service {
                             v1::CloseSessionResponse* response) override;
 
  private:
+  // The session `id` if the caller may use it: NOT_FOUND for an unknown id and
+  // for another user's session alike (ids are not disclosed across users).
+  absl::StatusOr<std::shared_ptr<Session>> FindOwn(grpc::ServerContext* context, const std::string& id) const;
+
   SessionRegistry& sessions_;
+  const PeerListener* listener_;
 };
 
 }  // namespace fuyou

@@ -73,7 +73,8 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
       return;
     }
     if (fds[1].revents != 0) return;
-    int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    // gRPC drives the connection with non-blocking I/O.
+    int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (connection < 0) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         log::Warn("accept on the daemon socket failed: {}", std::strerror(errno));
@@ -111,11 +112,13 @@ std::optional<PeerCredentials> PeerListener::PeerOf(const std::string& peer) con
   return it->second;
 }
 
-uid_t CallerUid(const PeerListener* listener, const std::string& peer) {
+PeerCredentials Caller(const PeerListener* listener, const std::string& peer) {
   if (listener != nullptr) {
-    if (auto credentials = listener->PeerOf(peer)) return credentials->uid;
+    if (auto credentials = listener->PeerOf(peer)) return *credentials;
   }
-  return ::geteuid();
+  return PeerCredentials{0, ::geteuid(), ::getegid()};
 }
+
+bool IsAdministrator(uid_t uid) { return uid == 0 || uid == ::geteuid(); }
 
 }  // namespace fuyou

@@ -61,7 +61,10 @@ class PeerListener {
   std::map<int, PeerCredentials> peers_;  // by connected fd
 };
 
-// The uid a call comes from; the daemon's own uid when it cannot be told.
-uid_t CallerUid(const PeerListener* listener, const std::string& peer);
+// Who a call comes from (ServerContext::peer()); the daemon's own uid when the
+// connection is unknown (a call that did not come through the listener).
+PeerCredentials Caller(const PeerListener* listener, const std::string& peer);
+// True when `uid` may see every user's sessions and jobs: root or the daemon's uid.
+bool IsAdministrator(uid_t uid);
 
 }  // namespace fuyou

@@ -58,11 +58,4 @@ absl::Status PrepareSocketPath(const fs::path& path) {
   return absl::OkStatus();
 }
 
-absl::Status ApplySocketMode(const fs::path& path, mode_t mode) {
-  if (::chmod(path.c_str(), mode) != 0) {
-    return ErrnoStatus(errno, fmt::format("cannot chmod {:o} {}", mode, path.string()));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace fuyou

@@ -13,7 +13,5 @@ namespace fuyou {
 // FAILED_PRECONDITION when something accepts connections at `path` (another
 // fuyoud) or `path` is not a socket; removes a socket nobody listens on.
 absl::Status PrepareSocketPath(const std::filesystem::path& path);
-// chmod the bound socket to `mode`.
-absl::Status ApplySocketMode(const std::filesystem::path& path, mode_t mode);
 
 }  // namespace fuyou

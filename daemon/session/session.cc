@@ -51,11 +51,11 @@ std::string HyperProblem(const v1::AdamWHyper& hyper) {
 }  // namespace
 
 Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job,
-                 std::unique_ptr<ShmSegment> segment, uid_t uid, std::string client_info)
+                 std::unique_ptr<ShmSegment> segment, ClientIdentity client, std::string client_info)
     : services_(services),
       id_(std::move(id)),
       job_name_(job->name()),
-      uid_(uid),
+      client_(client),
       client_info_(std::move(client_info)),
       opened_(std::chrono::steady_clock::now()),
       job_(std::move(job)),
@@ -560,7 +560,8 @@ v1::SessionInfo Session::Info() const {
   v1::SessionInfo info;
   info.set_session_id(id_);
   info.set_job(job_name_);
-  info.set_uid(uid_);
+  info.set_uid(client_.uid);
+  info.set_pid(client_.pid);
   info.set_client_info(client_info_);
   info.set_chunks(static_cast<uint32_t>(registered_.size()));
   info.set_committed_step(step_ - 1);

@@ -48,6 +48,12 @@ namespace optimizer {
 class AdamWKernel;
 }
 
+// Who a session belongs to: the process at the other end of its connection.
+struct ClientIdentity {
+  uid_t uid = 0;
+  pid_t pid = 0;
+};
+
 // The daemon-wide services a session uses; all outlive every session.
 struct SessionServices {
   JobRegistry& jobs;
@@ -63,7 +69,7 @@ struct SessionServices {
 class Session {
  public:
   Session(SessionServices services, std::string id, std::shared_ptr<Job> job, std::unique_ptr<ShmSegment> segment,
-          uid_t uid, std::string client_info);
+          ClientIdentity client, std::string client_info);
   // Closes the session if still open.
   ~Session();
   Session(const Session&) = delete;
@@ -71,6 +77,7 @@ class Session {
 
   const std::string& id() const { return id_; }
   const std::string& job_name() const { return job_name_; }
+  uid_t uid() const { return client_.uid; }
   const ShmSegment& segment() const { return *segment_; }
   int64_t committed_step() const;
 
@@ -141,7 +148,7 @@ class Session {
   SessionServices services_;
   const std::string id_;
   const std::string job_name_;
-  const uid_t uid_;
+  const ClientIdentity client_;
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
 

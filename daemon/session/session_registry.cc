@@ -20,7 +20,8 @@ std::string NewSessionId() {
 SessionRegistry::SessionRegistry(SessionServices services, uint64_t max_segment_bytes)
     : services_(services), max_segment_bytes_(max_segment_bytes) {}
 
-absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSessionRequest& request, uid_t uid) {
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSessionRequest& request, ClientIdentity client) {
+  const uid_t uid = client.uid;
   if (draining_) return absl::UnavailableError("fuyoud is shutting down and accepts no new session");
   if (std::string problem = JobNameProblem(request.job()); !problem.empty()) {
     return absl::InvalidArgumentError(problem);
@@ -44,7 +45,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
     return segment.status();
   }
   std::string id = NewSessionId();
-  auto session = std::make_shared<Session>(services_, id, std::move(*job), std::move(*segment), uid,
+  auto session = std::make_shared<Session>(services_, id, std::move(*job), std::move(*segment), client,
                                            request.client_info());
   {
     std::lock_guard lock(mutex_);

@@ -23,7 +23,8 @@ class SessionRegistry {
 
   // Opens a session: validates the request, acquires the job, creates the segment.
   // UNAVAILABLE while draining.
-  absl::StatusOr<std::shared_ptr<Session>> Open(const v1::OpenSessionRequest& request, uid_t uid);
+  // The job and the segment belong to `client.uid`.
+  absl::StatusOr<std::shared_ptr<Session>> Open(const v1::OpenSessionRequest& request, ClientIdentity client);
   // NOT_FOUND for an unknown or closed id.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;
   // Closes and forgets a session; returns its last committed step.

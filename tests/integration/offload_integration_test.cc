@@ -384,6 +384,17 @@ TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonSe
   for (int i = 0; i < 400 && !fs::exists(ready); ++i) std::this_thread::sleep_for(milliseconds(50));
   ASSERT_TRUE(fs::exists(ready)) << "crash_client never reached the middle of step 4";
   EXPECT_EQ(CountDaemonShmMappings(daemon_->pid()), 1);
+  {
+    // The daemon knows who is at the other end: the peer credentials of the socket.
+    auto admin = AdminClient::Connect(daemon_->client_options());
+    ASSERT_TRUE(admin.ok());
+    auto sessions = (*admin)->ListSessions();
+    ASSERT_TRUE(sessions.ok());
+    ASSERT_EQ(sessions->sessions_size(), 1);
+    EXPECT_EQ(sessions->sessions(0).pid(), client);
+    EXPECT_EQ(sessions->sessions(0).uid(), ::getuid());
+    EXPECT_EQ(sessions->sessions(0).job(), "victim");
+  }
   EXPECT_FALSE(DevShmHasFuyouSegments()) << "the segment name should be unlinked once the client attached";
   ::kill(client, SIGKILL);
   ::waitpid(client, nullptr, 0);
