@@ -13,10 +13,8 @@ CacheEntryPtr StateCache::Pin(const std::string& job, uint32_t chunk_id) {
   auto it = entries_.find({job, chunk_id});
   if (it == entries_.end()) return nullptr;
   CacheEntryPtr entry = it->second;
-  if (entry->in_lru) {
-    lru_.erase(entry->lru_position);
-    entry->in_lru = false;
-  }
+  UnlistLocked(*entry);
+  entry->used = true;
   ++entry->pins;
   changed_.wait(lock, [&] { return !entry->loading; });
   return entry;
@@ -55,6 +53,7 @@ absl::StatusOr<CacheEntryPtr> StateCache::Create(const std::string& job, uint32_
   entry->buffer = std::move(*buffer);
   entry->pins = 1;
   entry->loading = loading;
+  entry->used = !loading;
   // Account for the rounded size the buffer really takes.
   bytes_in_use_ += entry->buffer.size() - bytes;
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
@@ -80,9 +79,7 @@ void StateCache::Unpin(const CacheEntryPtr& entry) {
     bytes_in_use_ -= entry->buffer.size();
     entry->buffer = storage::AlignedBuffer();
   } else {
-    lru_.push_back({entry->job, entry->chunk_id});
-    entry->lru_position = std::prev(lru_.end());
-    entry->in_lru = true;
+    ListLocked(*entry, entry->used ? used_ : prefetched_);
   }
   changed_.notify_all();
 }
@@ -91,10 +88,7 @@ void StateCache::DropLocked(std::map<Key, CacheEntryPtr>::iterator it) {
   CacheEntryPtr entry = it->second;
   entries_.erase(it);
   entry->discarded = true;
-  if (entry->in_lru) {
-    lru_.erase(entry->lru_position);
-    entry->in_lru = false;
-  }
+  UnlistLocked(*entry);
   if (entry->pins == 0) {
     bytes_in_use_ -= entry->buffer.size();
     entry->buffer = storage::AlignedBuffer();
@@ -102,11 +96,39 @@ void StateCache::DropLocked(std::map<Key, CacheEntryPtr>::iterator it) {
   changed_.notify_all();
 }
 
+void StateCache::UnlistLocked(CacheEntry& entry) {
+  if (entry.eviction_list == nullptr) return;
+  entry.eviction_list->erase(entry.eviction_position);
+  entry.eviction_list = nullptr;
+}
+
+void StateCache::ListLocked(CacheEntry& entry, std::list<Key>& list) {
+  UnlistLocked(entry);
+  list.push_back({entry.job, entry.chunk_id});
+  entry.eviction_list = &list;
+  entry.eviction_position = std::prev(list.end());
+}
+
 bool StateCache::EvictOneLocked() {
-  if (lru_.empty()) return false;
-  auto it = entries_.find(lru_.front());
-  DropLocked(it);
+  const Key* victim = nullptr;
+  if (!cold_.empty()) {
+    victim = &cold_.front();
+  } else if (!used_.empty()) {
+    victim = &used_.back();
+  } else if (!prefetched_.empty()) {
+    victim = &prefetched_.front();
+  } else {
+    return false;
+  }
+  DropLocked(entries_.find(*victim));
   return true;
+}
+
+void StateCache::Demote(const std::string& job) {
+  std::lock_guard lock(mutex_);
+  for (auto it = entries_.lower_bound({job, 0}); it != entries_.end() && it->first.first == job; ++it) {
+    if (it->second->eviction_list != nullptr) ListLocked(*it->second, cold_);
+  }
 }
 
 void StateCache::Drop(const std::string& job, uint32_t chunk_id) {

@@ -3,9 +3,17 @@
 // Every chunk state buffer the daemon holds (being read, updated, written back,
 // or just kept for the next step) is an Entry here, so the budget bounds all of
 // them together. A pinned entry is in use (by a read, an update or a write-back)
-// and is never evicted; unpinned entries are the cache, evicted least recently
-// used first when room is needed. Entries are keyed by (job, chunk); an entry
-// records which extent version its bytes equal.
+// and is never evicted; unpinned entries are the cache. Entries are keyed by
+// (job, chunk); an entry records which extent version its bytes equal.
+//
+// Eviction follows the access pattern of training, where every chunk is used
+// once a step in (nearly) the same order, a cyclic scan that defeats LRU:
+//   1. first, entries of jobs that no session has open (Demote), oldest first;
+//   2. then used entries, most recently released first: in a cyclic scan the
+//      chunk just updated is the one needed furthest in the future, so the
+//      chunks that fit in the budget beyond the pipeline window stay resident
+//      step after step instead of being flushed by the scan;
+//   3. last, prefetched entries not used yet, oldest first.
 //
 // Thread-safe. Entry fields other than the buffer's bytes are guarded by the
 // cache's mutex; the bytes belong to whoever holds the pin that loads or
@@ -44,8 +52,11 @@ struct CacheEntry {
   // Guarded by the cache mutex.
   int pins = 0;
   bool discarded = false;  // dropped from the map; freed at the last unpin
-  std::list<std::pair<std::string, uint32_t>>::iterator lru_position;
-  bool in_lru = false;
+  // True once the entry has been used (pinned by a reader, or created with its
+  // contents); false for a prefetch not yet used.
+  bool used = true;
+  std::list<std::pair<std::string, uint32_t>>* eviction_list = nullptr;  // null while pinned
+  std::list<std::pair<std::string, uint32_t>>::iterator eviction_position;
 };
 
 using CacheEntryPtr = std::shared_ptr<CacheEntry>;
@@ -78,6 +89,8 @@ class StateCache {
   void Drop(const std::string& job, uint32_t chunk_id);
   // Drops every entry of `job`.
   void DropJob(const std::string& job);
+  // The job has no session any more: its entries are evicted before any other.
+  void Demote(const std::string& job);
   // Marks an entry's bytes as committed.
   void MarkCommitted(const CacheEntryPtr& entry);
 
@@ -88,12 +101,17 @@ class StateCache {
   using Key = std::pair<std::string, uint32_t>;
   void DropLocked(std::map<Key, CacheEntryPtr>::iterator it);
   bool EvictOneLocked();
+  void UnlistLocked(CacheEntry& entry);
+  void ListLocked(CacheEntry& entry, std::list<Key>& list);
 
   const uint64_t budget_bytes_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<Key, CacheEntryPtr> entries_;
-  std::list<Key> lru_;  // unpinned entries, least recently used first
+  // Unpinned entries, in the order they were released (see eviction above).
+  std::list<Key> cold_;
+  std::list<Key> used_;
+  std::list<Key> prefetched_;
   uint64_t bytes_in_use_ = 0;  // every live buffer, dropped-but-pinned included
 };
 

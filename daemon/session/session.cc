@@ -116,6 +116,7 @@ int64_t Session::Close() {
               imported_.size());
   }
   DropImportLocked();
+  services_.cache.Demote(job_name_);  // kept for a quick resume, evicted first
   segment_.reset();
   services_.jobs.Release(job_name_);
   job_.reset();

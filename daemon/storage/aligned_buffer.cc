@@ -22,14 +22,17 @@ size_t RoundUp(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * u
 
 absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   if (bytes == 0) return AlignedBuffer();
-  const size_t unit = bytes >= kHugePageSize ? kHugePageSize : kPageSize;
-  if (bytes > SIZE_MAX - unit) {
+  const bool huge = bytes >= kHugePageSize;
+  if (bytes > SIZE_MAX - 2 * kHugePageSize) {
     return absl::ResourceExhaustedError(fmt::format("AlignedBuffer: {} bytes cannot be mapped", bytes));
   }
-  const size_t size = RoundUp(bytes, unit);
+  // Only 4 KiB rounding: the DRAM budget counts these bytes, and rounding a
+  // 3 MiB chunk to 4 MiB would waste a quarter of it. The whole 2 MiB pages
+  // inside get huge pages; a partial one at the end keeps 4 KiB pages.
+  const size_t size = RoundUp(bytes, kPageSize);
   // A mapping is only page-aligned; for huge pages map one extra huge page and
   // trim both ends so the kept range starts on a 2 MiB boundary.
-  const size_t map_size = unit == kHugePageSize ? size + kHugePageSize : size;
+  const size_t map_size = huge ? size + kHugePageSize : size;
   void* mapped = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) {
     const int err = errno;
@@ -38,7 +41,7 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   }
   auto* base = static_cast<std::byte*>(mapped);
   std::byte* data = base;
-  if (unit == kHugePageSize) {
+  if (huge) {
     const auto addr = reinterpret_cast<uintptr_t>(base);
     data = reinterpret_cast<std::byte*>(RoundUp(addr, kHugePageSize));
     const size_t head = static_cast<size_t>(data - base);

@@ -13,7 +13,8 @@ namespace fuyou::storage {
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // Maps `bytes` rounded up to 4096 (to 2 MiB when bytes >= 2 MiB). RESOURCE_EXHAUSTED on failure.
+  // Maps `bytes` rounded up to 4096; at least 2 MiB starts on a 2 MiB boundary
+  // (huge pages). RESOURCE_EXHAUSTED on failure.
   static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
