@@ -199,9 +199,14 @@ absl::Status Job::Commit(v1::JobManifest next) {
     return ErrnoStatus(errno, fmt::format("job '{}': cannot rename the new manifest into place", name_));
   }
   FUYOU_CRASH_POINT("manifest_renamed");
-  FUYOU_RETURN_IF_ERROR(SyncDirectory(dir));
-  FUYOU_CRASH_POINT("dir_synced");
   manifest_ = std::move(next);
+  if (absl::Status synced = SyncDirectory(dir); !synced.ok()) {
+    return absl::AbortedError(fmt::format(
+        "job '{}': the new manifest is in place but its directory could not be synced ({}); the session is "
+        "closed, reopen the job to go on from what is on disk",
+        name_, synced.message()));
+  }
+  FUYOU_CRASH_POINT("dir_synced");
   return absl::OkStatus();
 }
 

@@ -65,8 +65,11 @@ class Job {
 
   // Makes `next` the committed manifest: syncs the state files (data written so
   // far becomes durable), writes manifest.tmp, fsyncs it, renames it over
-  // manifest.pb and fsyncs the directory. On error the committed manifest is
-  // unchanged.
+  // manifest.pb and fsyncs the directory. On an error before the rename the
+  // committed manifest is unchanged. After the rename `next` is what a restart
+  // reads, so it is adopted; if the directory sync then fails the result is
+  // ABORTED: the commit happened but is not known to be durable, and the caller
+  // must stop using the job (a restart resumes from what is on disk).
   absl::Status Commit(v1::JobManifest next);
 
   // Total bytes reserved on storage.

@@ -33,7 +33,7 @@ grpc::Status OffloadService::OpenSession(grpc::ServerContext* context, const v1:
   response->set_num_slots(layout.num_slots);
   response->set_slot_bytes(layout.slot_bytes);
   response->set_committed_step((*session)->committed_step());
-  response->set_existing_chunks(static_cast<uint32_t>((*session)->Info().chunks()));
+  response->set_existing_chunks((*session)->existing_chunks());
   return grpc::Status::OK;
 }
 

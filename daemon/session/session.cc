@@ -74,6 +74,11 @@ int64_t Session::committed_step() const {
   return step_ - 1;
 }
 
+uint32_t Session::existing_chunks() const {
+  std::lock_guard lock(mutex_);
+  return job_ ? static_cast<uint32_t>(job_->manifest().chunks_size()) : 0;
+}
+
 void Session::Attach() {
   std::lock_guard lock(mutex_);
   attached_ = true;
@@ -212,6 +217,7 @@ void Session::PrefetchAfter(size_t position) {
 absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
   std::lock_guard lock(mutex_);
   if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
+  if (!broken_.ok()) return broken_;
   const SegmentLayout& layout = segment_->layout();
   if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
   // Validate everything before changing anything.
@@ -348,7 +354,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   }
   if (!new_chunks.empty()) FUYOU_CRASH_POINT("registration_states_written");
   if (manifest_changed) {
-    if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) return fail(committed);
+    if (absl::Status committed = CommitJobLocked(std::move(next)); !committed.ok()) return fail(committed);
   }
   if (!new_chunks.empty()) FUYOU_CRASH_POINT("registration_committed");
   for (const v1::ChunkSpec& spec : request.chunks()) {
@@ -361,9 +367,19 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   return response;
 }
 
+absl::Status Session::CommitJobLocked(v1::JobManifest next) {
+  absl::Status committed = job_->Commit(std::move(next));
+  if (absl::IsAborted(committed)) {
+    log::Error("session {}: {}", id_, committed.message());
+    broken_ = committed;
+  }
+  return committed;
+}
+
 v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
   if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
+  if (!broken_.ok()) return ErrorReply(broken_, {}, {});
   switch (message.kind_case()) {
     case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
     case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
@@ -514,7 +530,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
     record->mutable_extents(static_cast<int>(updated.new_version))->set_checksum(*updated.checksum);
   }
   next.set_committed_step(step);
-  if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
+  if (absl::Status committed = CommitJobLocked(std::move(next)); !committed.ok()) {
     RollBackStepLocked();
     return ErrorReply(absl::Status(committed.code(), fmt::format("step {} could not commit and was rolled back: {}",
                                                                  step, committed.message())),

@@ -80,6 +80,8 @@ class Session {
   uid_t uid() const { return client_.uid; }
   const ShmSegment& segment() const { return *segment_; }
   int64_t committed_step() const;
+  // Chunks the job has on the storage tier (registered in any session).
+  uint32_t existing_chunks() const;
 
   // The client has mapped the segment: its name is unlinked from /dev/shm.
   void Attach();
@@ -143,6 +145,9 @@ class Session {
   // Waits until no read or write of this session is in flight.
   void WaitForIo();
   void RollBackStepLocked();
+  // job_->Commit; an ABORTED result (committed, durability unknown) breaks the
+  // session: every later request gets that error.
+  absl::Status CommitJobLocked(v1::JobManifest next);
   absl::Status StepError() const;
 
   SessionServices services_;
@@ -157,6 +162,7 @@ class Session {
   std::unique_ptr<ShmSegment> segment_;
   bool attached_ = false;
   bool closed_ = false;
+  absl::Status broken_;  // set when the job can no longer be used safely
   std::map<uint32_t, RegisteredChunk> registered_;
   int64_t step_ = 1;  // the step being accumulated: committed + 1
   std::map<uint32_t, UpdatedChunk> updated_;

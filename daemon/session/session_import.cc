@@ -234,7 +234,7 @@ v1::DaemonMessage Session::OnCommitImport() {
       }
       if (imported.update_count) record->set_update_count(*imported.update_count);
     }
-    if (absl::Status committed = job_->Commit(std::move(next)); !committed.ok()) {
+    if (absl::Status committed = CommitJobLocked(std::move(next)); !committed.ok()) {
       DropImportLocked();
       v1::Error* error = reply.mutable_error();
       error->set_code(static_cast<int32_t>(committed.code()));

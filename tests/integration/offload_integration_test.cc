@@ -320,6 +320,7 @@ TEST_F(OffloadIntegrationTest, BadInputIsRefusedWhileAnotherSessionTrains) {
   ASSERT_TRUE(raw.Register(opened.session_id(), 0, 100, v1::DTYPE_FLOAT32).ok());
   ASSERT_TRUE(raw.Close(opened.session_id()).ok());
   ASSERT_TRUE(raw.Open("raw", &opened).ok());
+  EXPECT_EQ(opened.existing_chunks(), 1u);  // the chunk registered in the last session
   ExpectRefused(raw.Register(opened.session_id(), 0, 99, v1::DTYPE_FLOAT32), grpc::StatusCode::INVALID_ARGUMENT,
                 "has 100 elements on the daemon");
   ExpectRefused(raw.Register("no-such-session", 0, 99, v1::DTYPE_FLOAT32), grpc::StatusCode::NOT_FOUND, "no-such-session");
