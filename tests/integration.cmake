@@ -13,8 +13,9 @@ fuyou_add_test(NAME offload_integration_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/offload_integration_test.cc
   LIBS fuyou_test_support fuyou_proto fmt::fmt
   LABELS integration)
-target_compile_definitions(offload_integration_test PRIVATE CRASH_CLIENT_PATH="$<TARGET_FILE:crash_client>")
-add_dependencies(offload_integration_test fuyoud crash_client)
+target_compile_definitions(offload_integration_test PRIVATE CRASH_CLIENT_PATH="$<TARGET_FILE:crash_client>"
+  FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
+add_dependencies(offload_integration_test fuyoud crash_client fuyouctl)
 
 fuyou_add_test(NAME dram_tier_integration_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/dram_tier_integration_test.cc

@@ -1,6 +1,7 @@
 // Integration tests: a real fuyoud process on a temporary socket and data
 // directory, driven through clientlib (and the raw protocol for malformed input).
 #include <dirent.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -428,6 +429,53 @@ TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonSe
     EXPECT_NEAR(weights[17], reference.master[17], 1e-6);
   }
   EXPECT_TRUE(session->Close().ok());
+}
+
+// Runs fuyouctl with `args` as uid `uid` (fork, setuid, exec); returns its exit
+// status and puts its stdout and stderr in `output`.
+int RunFuyouctlAs(uid_t uid, const std::vector<std::string>& args, const fs::path& output_file, std::string* output) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
+    std::vector<char*> argv = {const_cast<char*>(FUYOUCTL_PATH)};
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    ::execv(FUYOUCTL_PATH, argv.data());
+    ::_exit(98);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream in(output_file);
+  *output = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(OffloadIntegrationTest, AnotherUserCannotSeeOrDeleteAJob) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to act as a second user";
+  constexpr uid_t kNobody = 65534;
+  ::chmod(dir_.path().c_str(), 0755);
+  StartDaemon({"--dram-budget", "64MiB", "--socket-mode", "0666"});
+  auto session = OpenSession("private", 4096 * 4, 2);
+  ASSERT_NE(session, nullptr);
+  std::vector<float> weights(1000, 0.5f);
+  ASSERT_TRUE(session->RegisterChunk({.chunk_id = 0, .num_elements = 1000}, std::as_writable_bytes(std::span(weights))).ok());
+  const std::string socket = daemon_->socket_path().string();
+  const fs::path out = dir_.path() / "fuyouctl.out";
+  std::string text;
+  ASSERT_EQ(RunFuyouctlAs(0, {"--socket", socket, "sessions", "--json"}, out, &text), 0) << text;
+  EXPECT_NE(text.find("private"), std::string::npos) << "root sees every session: " << text;
+  ASSERT_EQ(RunFuyouctlAs(kNobody, {"--socket", socket, "sessions", "--json"}, out, &text), 0) << text;
+  EXPECT_EQ(text.find("private"), std::string::npos) << "another user saw the session: " << text;
+  ASSERT_EQ(RunFuyouctlAs(kNobody, {"--socket", socket, "jobs", "--json"}, out, &text), 0) << text;
+  EXPECT_EQ(text.find("private"), std::string::npos) << "another user saw the job: " << text;
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_NE(RunFuyouctlAs(kNobody, {"--socket", socket, "delete-job", "private"}, out, &text), 0);
+  EXPECT_NE(text.find("belongs to uid 0"), std::string::npos) << text;
+  ASSERT_EQ(RunFuyouctlAs(0, {"--socket", socket, "jobs", "--json"}, out, &text), 0) << text;
+  EXPECT_NE(text.find("private"), std::string::npos) << "the job must still exist: " << text;
 }
 
 TEST_F(OffloadIntegrationTest, DaemonRefusesASecondInstanceAndCleansAStaleSocket) {
