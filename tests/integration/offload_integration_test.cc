@@ -16,6 +16,7 @@
 
 #include "adamw_reference.h"
 #include "daemon_process.h"
+#include "test_values.h"
 #include "fuyou/admin_client.h"
 #include "fuyou/client.h"
 #include "fuyou/v1/offload.grpc.pb.h"
@@ -25,17 +26,6 @@ namespace fuyou::testing {
 namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-
-std::string Text(const absl::Status& status) { return std::string(status.message()); }
-
-// Deterministic values in +-[0.1, 1] (no weight near zero, so relative errors mean something).
-std::vector<float> Values(uint64_t seed, size_t n, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
-  std::vector<float> values(n);
-  for (float& x : values) x = (rng() & 1 ? 1.0f : -1.0f) * magnitude(rng) * scale;
-  return values;
-}
 
 AdamWHyper HyperForStep(int64_t step) {
   AdamWHyper hyper;

@@ -8,20 +8,11 @@
 
 #include "adamw_reference.h"
 #include "daemon_process.h"
+#include "test_values.h"
 #include "fuyou/client.h"
 
 namespace fuyou::testing {
 namespace {
-
-std::string Text(const absl::Status& status) { return std::string(status.message()); }
-
-std::vector<float> Values(uint64_t seed, size_t n, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
-  std::vector<float> values(n);
-  for (float& x : values) x = (rng() & 1 ? 1.0f : -1.0f) * magnitude(rng) * scale;
-  return values;
-}
 
 std::vector<float> Abs(std::vector<float> values) {
   for (float& x : values) x = std::abs(x);
