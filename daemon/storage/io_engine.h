@@ -74,7 +74,7 @@ class FaultInjector {
   // Consulted after the O_DIRECT open of `file`; `result` is 0 or -errno. Returning
   // -EINVAL makes the engine treat the filesystem as one that refuses O_DIRECT (as
   // tmpfs did before Linux 6.6). An injected success cannot hide a real failure.
-  virtual int AdjustOpenDirect(const std::filesystem::path& file, int result) { return result; }
+  virtual int AdjustOpenDirect(const std::filesystem::path& /*file*/, int result) { return result; }
 };
 
 // An open state file. Destruction waits for its transfers in flight, then closes
