@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_daemon.h"
 #include "fmt/format.h"
 #include "storage/aligned_buffer.h"
 #include "storage/io_engine.h"
@@ -51,18 +52,7 @@ struct Config {
   std::exit(1);
 }
 
-uint64_t ParseBytes(const std::string& text) {
-  size_t end = 0;
-  const uint64_t value = std::stoull(text, &end);
-  const std::string suffix = text.substr(end);
-  if (suffix.empty()) return value;
-  switch (suffix[0]) {
-    case 'k': case 'K': return value << 10;
-    case 'm': case 'M': return value << 20;
-    case 'g': case 'G': return value << 30;
-    default: Die("bad size: " + text);
-  }
-}
+using bench::ParseBytes;
 
 Config ParseArgs(int argc, char** argv) {
   Config c;
