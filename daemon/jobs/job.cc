@@ -134,16 +134,17 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
     dirs.push_back(dir);
     files.push_back(std::move(*file));
   }
-  auto job = std::unique_ptr<Job>(new Job(name, std::move(dirs), std::move(files), std::move(manifest)));
+  auto states = std::make_unique<storage::StripedFile>(std::move(files));
+  auto job = std::unique_ptr<Job>(new Job(name, std::move(dirs), std::move(states), std::move(manifest)));
   if (is_new) {
     FUYOU_RETURN_IF_ERROR(job->Commit(job->manifest()));
   }
   return job;
 }
 
-Job::Job(std::string name, std::vector<fs::path> dirs, std::vector<std::unique_ptr<storage::StateFile>> files,
+Job::Job(std::string name, std::vector<fs::path> dirs, std::unique_ptr<storage::StripedFile> states,
          v1::JobManifest manifest)
-    : name_(std::move(name)), dirs_(std::move(dirs)), files_(std::move(files)), manifest_(std::move(manifest)) {}
+    : name_(std::move(name)), dirs_(std::move(dirs)), states_(std::move(states)), manifest_(std::move(manifest)) {}
 
 int Job::FindChunk(uint32_t chunk_id) const {
   for (int i = 0; i < manifest_.chunks_size(); ++i) {
@@ -154,18 +155,17 @@ int Job::FindChunk(uint32_t chunk_id) const {
 
 absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
                            DType grad_dtype) {
-  const uint32_t path_index = static_cast<uint32_t>(next.chunks_size() % files_.size());
   const uint64_t length = ChunkStateBytes(num_elements);
-  const uint64_t offset = next.path_bytes(static_cast<int>(path_index));
+  const uint64_t offset = next.state_bytes();
   const uint64_t end = offset + 2 * length;
-  if (end > files_[path_index]->size()) {
-    if (absl::Status reserved = files_[path_index]->Reserve(end); !reserved.ok()) {
-      return absl::Status(reserved.code(),
-                          fmt::format("job '{}': cannot reserve {} bytes for chunk {} on {}: {}", name_, 2 * length,
-                                      chunk_id, dirs_[path_index].string(), reserved.message()));
-    }
+  if (absl::Status reserved = states_->Reserve(end); !reserved.ok()) {
+    return absl::Status(reserved.code(), fmt::format("job '{}': cannot reserve {} bytes for chunk {}: {}", name_,
+                                                     2 * length, chunk_id, reserved.message()));
   }
-  next.set_path_bytes(static_cast<int>(path_index), end);
+  next.set_state_bytes(end);
+  for (size_t path = 0; path < states_->members(); ++path) {
+    next.set_path_bytes(static_cast<int>(path), states_->MemberBytes(path, end));
+  }
   v1::ChunkRecord* record = next.add_chunks();
   record->set_chunk_id(chunk_id);
   record->set_num_elements(num_elements);
@@ -175,7 +175,7 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
   record->set_committed_version(0);
   for (uint64_t version = 0; version < 2; ++version) {
     v1::StateExtent* extent = record->add_extents();
-    extent->set_path_index(path_index);
+    extent->set_path_index(0);
     extent->set_offset(offset + version * length);
     extent->set_length(length);
   }
@@ -184,7 +184,7 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
 
 absl::Status Job::Commit(v1::JobManifest next) {
   FUYOU_CRASH_POINT("before_state_sync");
-  for (auto& file : files_) FUYOU_RETURN_IF_ERROR(file->Sync());
+  FUYOU_RETURN_IF_ERROR(states_->Sync());
   FUYOU_CRASH_POINT("after_state_sync");
   next.set_last_used_unix(NowUnix());
   std::string body = next.SerializeAsString();

@@ -2,7 +2,8 @@
 //
 // On disk, for storage roots R0..Rk-1:
 //   R0/jobs/<name>/manifest.pb     the committed manifest (see manifest.proto)
-//   Ri/jobs/<name>/states.bin      extents of the chunks placed on root i
+//   Ri/jobs/<name>/states.bin      root i's share of the job's state space,
+//                                  striped over all roots (storage/striped_file.h)
 // Every chunk has two extents (committed and shadow). An update writes the
 // shadow; Commit makes it the committed one by replacing the manifest
 // atomically. So the last commit is never overwritten before the next commit is
@@ -24,6 +25,7 @@
 #include "fuyou/dtype.h"
 #include "fuyou/v1/manifest.pb.h"
 #include "storage/io_engine.h"
+#include "storage/striped_file.h"
 
 namespace fuyou {
 
@@ -60,8 +62,8 @@ class Job {
   absl::Status AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
                         DType grad_dtype);
 
-  storage::StateFile& file(uint32_t path_index) { return *files_[path_index]; }
-  size_t num_paths() const { return files_.size(); }
+  // The job's state space: RAID-0 over one states.bin per storage path.
+  storage::StateFile& states() { return *states_; }
 
   // Makes `next` the committed manifest: syncs the state files (data written so
   // far becomes durable), writes manifest.tmp, fsyncs it, renames it over
@@ -76,12 +78,12 @@ class Job {
   uint64_t bytes_on_storage() const;
 
  private:
-  Job(std::string name, std::vector<std::filesystem::path> dirs, std::vector<std::unique_ptr<storage::StateFile>> files,
+  Job(std::string name, std::vector<std::filesystem::path> dirs, std::unique_ptr<storage::StripedFile> states,
       v1::JobManifest manifest);
 
   std::string name_;
   std::vector<std::filesystem::path> dirs_;  // Ri/jobs/<name>
-  std::vector<std::unique_ptr<storage::StateFile>> files_;
+  std::unique_ptr<storage::StripedFile> states_;
   v1::JobManifest manifest_;
 };
 

@@ -44,10 +44,13 @@ TEST_F(JobTest, ChunksAreStripedAndSurviveReopen) {
     ASSERT_TRUE((*job)->AddChunk(next, 11, 5, DType::kFloat16, DType::kFloat16).ok());
     next.set_committed_step(7);
     ASSERT_TRUE((*job)->Commit(next).ok());
-    // Chunks alternate between the two storage paths; each has two extents.
-    EXPECT_EQ((*job)->manifest().chunks(0).extents(0).path_index(), 0u);
-    EXPECT_EQ((*job)->manifest().chunks(1).extents(0).path_index(), 1u);
+    // Each chunk has two extents, one after the other in the job's state space,
+    // which is striped over both storage paths: each holds its share.
     EXPECT_EQ((*job)->manifest().chunks(0).extents(1).offset(), ChunkStateBytes(1000));
+    EXPECT_EQ((*job)->manifest().chunks(1).extents(0).offset(), 2 * ChunkStateBytes(1000));
+    const uint64_t total = 2 * ChunkStateBytes(1000) + 2 * ChunkStateBytes(5);
+    EXPECT_EQ((*job)->manifest().state_bytes(), total);
+    EXPECT_EQ((*job)->manifest().path_bytes(0) + (*job)->manifest().path_bytes(1), total);
   }
   auto reopened = Job::Open(roots_, "gpt", ::getuid(), false, *io_, *stats_);
   ASSERT_TRUE(reopened.ok()) << reopened.status();

@@ -153,7 +153,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
   CacheEntryPtr entry = std::move(*created);
   entry->version = version;
   const int64_t read_start = trace::NowUs();
-  absl::Status status = job_->file(extent.path_index()).Read(extent.offset(), entry->buffer.span().first(extent.length()));
+  absl::Status status = job_->states().Read(extent.offset(), entry->buffer.span().first(extent.length()));
   trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
@@ -162,7 +162,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
         "nothing was returned from it",
-        job_name_, record.chunk_id(), job_->file(extent.path_index()).path().string(), extent.offset()));
+        job_name_, record.chunk_id(), job_->states().path().string(), extent.offset()));
   }
   if (!status.ok()) {
     services_.cache.FinishLoad(entry, status);
@@ -187,7 +187,7 @@ void Session::Prefetch(const v1::ChunkRecord& record) {
   }
   const uint64_t num_elements = record.num_elements();
   const uint64_t expected = extent.checksum();
-  job_->file(extent.path_index())
+  job_->states()
       .ReadAsync(extent.offset(), entry->buffer.span().first(extent.length()),
                  [this, entry, num_elements, expected, chunk_id = record.chunk_id(),
                   read_start = trace::NowUs()](absl::Status status) {
@@ -341,7 +341,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     std::memset(master + n, 0, entry->buffer.size() - 4 * n);  // m, v and the padding
     extent->set_checksum(PayloadChecksum(*entry, n));
     entry->version = 0;
-    absl::Status written = job_->file(extent->path_index()).Write(extent->offset(), entry->buffer.span().first(extent->length()));
+    absl::Status written = job_->states().Write(extent->offset(), entry->buffer.span().first(extent->length()));
     services_.cache.Unpin(entry);
     if (!written.ok()) {
       return fail(absl::Status(written.code(),
@@ -476,7 +476,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     std::lock_guard io_lock(io_mutex_);
     ++inflight_io_;
   }
-  job_->file(extent.path_index())
+  job_->states()
       .WriteAsync(extent.offset(), entry->buffer.span().first(extent.length()),
                   [this, entry, chunk_id, n, checksum, write_start = trace::NowUs()](absl::Status status) {
                     trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());

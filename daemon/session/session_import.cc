@@ -123,7 +123,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireImportedStates(const v1::ChunkReco
   CacheEntryPtr entry = std::move(*created);
   entry->version = imported.new_version;
   entry->uncommitted = true;
-  absl::Status status = job_->file(extent.path_index()).Read(extent.offset(), entry->buffer.span().first(extent.length()));
+  absl::Status status = job_->states().Read(extent.offset(), entry->buffer.span().first(extent.length()));
   if (status.ok() && Checksum(*entry, record.num_elements()) != imported.checksum) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum",
@@ -161,7 +161,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   entry->uncommitted = true;
   const uint64_t checksum = Checksum(*entry, n);
   const v1::StateExtent& extent = record.extents(static_cast<int>(new_version));
-  absl::Status written = job_->file(extent.path_index()).Write(extent.offset(), entry->buffer.span().first(extent.length()));
+  absl::Status written = job_->states().Write(extent.offset(), entry->buffer.span().first(extent.length()));
   services_.cache.Unpin(entry);
   if (!written.ok()) {
     services_.cache.Drop(job_name_, chunk_id);

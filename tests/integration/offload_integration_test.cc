@@ -203,6 +203,27 @@ TEST_F(OffloadIntegrationTest, AJobResumesAfterADaemonRestart) {
   TrainSteps(*session, chunks, 4, 6);
 }
 
+TEST_F(OffloadIntegrationTest, StatesAreStripedOverEveryStoragePath) {
+  // Two storage paths (two SSDs): every chunk's states are spread over both.
+  const fs::path second_path = dir_.path() / "data2";
+  StartDaemon({"--dram-budget", "64MiB", "--data-dir", second_path.string()});  // besides <dir>/data
+  std::vector<TrainedChunk> chunks;
+  chunks.emplace_back(ChunkSpec{.chunk_id = 0, .num_elements = 1'000'000}, Values(0, 1'000'000));
+  auto session = OpenSession("striped", 1'000'000 * 4, 2);
+  ASSERT_NE(session, nullptr);
+  RegisterAll(*session, chunks, false);
+  TrainSteps(*session, chunks, 1, 3);
+  ASSERT_TRUE(session->Close().ok());
+  v1::GetStatsResponse stats = Stats();
+  ASSERT_EQ(stats.storage_size(), 2);
+  const double first = stats.storage(0).bytes_written();
+  const double second = stats.storage(1).bytes_written();
+  std::printf("[figures] one 12 MB chunk, 4 writes: %.1f MiB to path 1, %.1f MiB to path 2\n", first / 1048576,
+              second / 1048576);
+  EXPECT_GT(second, 0.4 * (first + second));
+  EXPECT_GT(first, 0.4 * (first + second));
+}
+
 // The raw protocol, for requests clientlib would never send.
 class RawClient {
  public:
