@@ -214,13 +214,9 @@ void Session::PrefetchAfter(size_t position) {
   }
 }
 
-absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
-  std::lock_guard lock(mutex_);
-  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (!broken_.ok()) return broken_;
+absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const {
   const SegmentLayout& layout = segment_->layout();
   if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
-  // Validate everything before changing anything.
   std::set<uint32_t> ids;
   std::set<uint32_t> slots;
   for (const v1::ChunkSpec& spec : request.chunks()) {
@@ -267,6 +263,15 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
+  std::lock_guard lock(mutex_);
+  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
+  if (!broken_.ok()) return broken_;
+  // Validate everything before changing anything.
+  FUYOU_RETURN_IF_ERROR(ValidateRegistrationLocked(request));
 
   // Reserve the extents of every new chunk before writing anything: a job that
   // does not fit (the per-job quota, or the storage paths) is refused with nothing

@@ -113,6 +113,9 @@ class Session {
     std::shared_ptr<uint64_t> checksum;
   };
 
+  // Every chunk of a RegisterChunks request is well-formed and fits its slot,
+  // the DRAM budget and (when resumed) the job's record of it.
+  absl::Status ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const;
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
