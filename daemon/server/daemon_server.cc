@@ -22,6 +22,7 @@
 #include "server/peer_listener.h"
 #include "server/socket_path.h"
 #include "session/session_registry.h"
+#include "session/shm_segment.h"
 #include "stats/daemon_stats.h"
 #include "storage/fault_spec.h"
 #include "storage/io_engine.h"
@@ -110,6 +111,9 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     auto lock = StoragePathLock::Acquire(root);
     if (!lock.ok()) return lock.status();
     impl->locks.push_back(std::move(*lock));
+  }
+  if (int removed = RemoveOrphanedSegments(); removed > 0) {
+    log::Info("removed {} shared-memory segment(s) left in /dev/shm by a daemon that no longer runs", removed);
   }
   impl->stats = std::make_unique<DaemonStats>(config.storage_paths);
   storage::IoEngineOptions io_options;

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
+#include <charconv>
 #include <random>
 
 #include "boost/interprocess/shared_memory_object.hpp"
@@ -16,13 +19,16 @@ namespace {
 
 namespace bip = boost::interprocess;
 
-// 128 random bits from the OS: the name is the only thing between another local
-// user and the segment until it is unlinked.
+constexpr std::string_view kNamePrefix = "fuyou-";
+
+// "fuyou-<daemon pid>-<128 random bits>". The random bits are the only thing
+// between another local user and the segment until it is unlinked; the pid lets
+// a later daemon remove what a dead one left behind (RemoveOrphanedSegments).
 std::string RandomSegmentName() {
   std::random_device device;
   uint64_t high = (uint64_t{device()} << 32) | device();
   uint64_t low = (uint64_t{device()} << 32) | device();
-  return fmt::format("fuyou-{:016x}{:016x}", high, low);
+  return fmt::format("{}{}-{:016x}{:016x}", kNamePrefix, ::getpid(), high, low);
 }
 
 }  // namespace
@@ -63,6 +69,25 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const SegmentLayo
     return absl::ResourceExhaustedError(
         fmt::format("cannot create a shared-memory segment of {} bytes: {}", total, error.what()));
   }
+}
+
+int RemoveOrphanedSegments(const std::filesystem::path& shm_dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(shm_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kNamePrefix, 0) != 0) continue;
+    const size_t dash = name.find('-', kNamePrefix.size());
+    if (dash == std::string::npos) continue;
+    pid_t pid = 0;
+    const char* first = name.data() + kNamePrefix.size();
+    if (std::from_chars(first, name.data() + dash, pid).ec != std::errc() || pid <= 0) continue;
+    // Only segments whose daemon is gone; a live daemon (this one or another)
+    // owns its own.
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (std::filesystem::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 ShmSegment::ShmSegment(std::string name, SegmentLayout layout, bip::mapped_region region)

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,6 +20,11 @@
 #include "fuyou/segment_layout.h"
 
 namespace fuyou {
+
+// Removes the segments in `shm_dir` (/dev/shm) that a daemon which no longer
+// runs created and never unlinked (it died between OpenSession and Attach).
+// Returns how many were removed.
+int RemoveOrphanedSegments(const std::filesystem::path& shm_dir = "/dev/shm");
 
 class ShmSegment {
  public:

@@ -382,9 +382,11 @@ int CountDaemonShmMappings(pid_t pid) {
   return count;
 }
 
-bool DevShmHasFuyouSegments() {
+// True when /dev/shm holds a segment name of the daemon `pid` ("fuyou-<pid>-...").
+bool DevShmHasSegmentsOf(pid_t pid) {
+  const std::string prefix = fmt::format("fuyou-{}-", pid);
   for (const auto& entry : fs::directory_iterator("/dev/shm")) {
-    if (entry.path().filename().string().rfind("fuyou-", 0) == 0) return true;
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) return true;
   }
   return false;
 }
@@ -408,7 +410,7 @@ TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonSe
     EXPECT_EQ(sessions->sessions(0).uid(), ::getuid());
     EXPECT_EQ(sessions->sessions(0).job(), "victim");
   }
-  EXPECT_FALSE(DevShmHasFuyouSegments()) << "the segment name should be unlinked once the client attached";
+  EXPECT_FALSE(DevShmHasSegmentsOf(daemon_->pid())) << "the segment name should be unlinked once the client attached";
   ::kill(client, SIGKILL);
   ::waitpid(client, nullptr, 0);
 
@@ -487,6 +489,20 @@ TEST_F(OffloadIntegrationTest, AnotherUserCannotSeeOrDeleteAJob) {
   EXPECT_NE(text.find("belongs to uid 0"), std::string::npos) << text;
   ASSERT_EQ(RunFuyouctlAs(0, {"--socket", socket, "jobs", "--json"}, out, &text), 0) << text;
   EXPECT_NE(text.find("private"), std::string::npos) << "the job must still exist: " << text;
+}
+
+TEST_F(OffloadIntegrationTest, SegmentsADeadDaemonLeftInDevShmAreRemovedAtStart) {
+  pid_t dead = Spawn("/bin/true", {});
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path orphan = fmt::format("/dev/shm/fuyou-{}-0123456789abcdef", dead);
+  const fs::path live = fmt::format("/dev/shm/fuyou-{}-fedcba9876543210", ::getpid());
+  std::ofstream(orphan) << "left by a daemon killed between OpenSession and Attach";
+  std::ofstream(live) << "a live daemon's";
+  StartDaemon();
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_TRUE(fs::exists(live)) << "a running process's segment must be left alone";
+  fs::remove(live);
 }
 
 TEST_F(OffloadIntegrationTest, DaemonRefusesASecondInstanceAndCleansAStaleSocket) {
