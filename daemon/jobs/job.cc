@@ -67,6 +67,10 @@ uint64_t ChunkStateBytes(uint64_t num_elements) {
   return AlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
 }
 
+uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements) {
+  return XXH3_64bits(states, ChunkPayloadBytes(num_elements));
+}
+
 std::string JobNameProblem(const std::string& name) {
   if (name.empty()) return "the job name is empty";
   if (name.size() > 64) return fmt::format("the job name '{}' is longer than 64 characters", name);

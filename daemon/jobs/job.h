@@ -35,6 +35,8 @@ class DaemonStats;
 uint64_t ChunkStateBytes(uint64_t num_elements);
 // The bytes that hold data (and are checksummed): 12 * n.
 inline uint64_t ChunkPayloadBytes(uint64_t num_elements) { return 12 * num_elements; }
+// The checksum an extent carries: XXH3-64 of the payload of `states`.
+uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
 
 // "" when `name` is a valid job name, else what is wrong with it.
 std::string JobNameProblem(const std::string& name);

@@ -1,7 +1,5 @@
 #include "session/session.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,24 +13,14 @@
 #include "fmt/format.h"
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
+#include "session/stream_replies.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {
 namespace {
 
-v1::DaemonMessage ErrorReply(const absl::Status& status, std::optional<uint32_t> chunk_id,
-                             std::optional<int64_t> step) {
-  v1::DaemonMessage reply;
-  v1::Error* error = reply.mutable_error();
-  error->set_code(static_cast<int32_t>(status.code()));
-  error->set_message(std::string(status.message()));
-  if (chunk_id) error->set_chunk_id(*chunk_id);
-  if (step) error->set_step(*step);
-  return reply;
-}
-
 uint64_t PayloadChecksum(const CacheEntry& entry, uint64_t num_elements) {
-  return XXH3_64bits(entry.buffer.data(), ChunkPayloadBytes(num_elements));
+  return ChunkPayloadChecksum(entry.buffer.data(), num_elements);
 }
 
 std::string HyperProblem(const v1::AdamWHyper& hyper) {
@@ -136,6 +124,15 @@ void Session::RollBackStepLocked() {
   write_error_ = absl::OkStatus();
 }
 
+absl::Status Session::VerifyChecksum(const CacheEntry& entry, uint32_t chunk_id, uint64_t num_elements,
+                                     const v1::StateExtent& extent) const {
+  if (PayloadChecksum(entry, num_elements) == extent.checksum()) return absl::OkStatus();
+  return absl::DataLossError(fmt::format(
+      "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
+      "nothing was returned from it",
+      job_name_, chunk_id, job_->states().path().string(), extent.offset()));
+}
+
 absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& record) {
   const uint32_t version = record.committed_version();
   if (CacheEntryPtr entry = services_.cache.Pin(job_name_, record.chunk_id())) {
@@ -158,11 +155,8 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job_name_, record.chunk_id(), status.message()));
-  } else if (PayloadChecksum(*entry, record.num_elements()) != extent.checksum()) {
-    status = absl::DataLossError(fmt::format(
-        "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
-        "nothing was returned from it",
-        job_name_, record.chunk_id(), job_->states().path().string(), extent.offset()));
+  } else {
+    status = VerifyChecksum(*entry, record.chunk_id(), record.num_elements(), extent);
   }
   if (!status.ok()) {
     services_.cache.FinishLoad(entry, status);
@@ -185,19 +179,14 @@ void Session::Prefetch(const v1::ChunkRecord& record) {
     std::lock_guard lock(io_mutex_);
     ++inflight_io_;
   }
+  // By value: a commit may replace the manifest `record` lives in meanwhile.
   const uint64_t num_elements = record.num_elements();
-  const uint64_t expected = extent.checksum();
   job_->states()
       .ReadAsync(extent.offset(), entry->buffer.span().first(extent.length()),
-                 [this, entry, num_elements, expected, chunk_id = record.chunk_id(),
+                 [this, entry, num_elements, extent, chunk_id = record.chunk_id(),
                   read_start = trace::NowUs()](absl::Status status) {
                    trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
-                   if (status.ok() && PayloadChecksum(*entry, num_elements) != expected) {
-                     status = absl::DataLossError(fmt::format(
-                         "job '{}' chunk {}: the states read from storage fail their checksum; the extent is "
-                         "corrupt and nothing was returned from it",
-                         job_name_, chunk_id));
-                   }
+                   if (status.ok()) status = VerifyChecksum(*entry, chunk_id, num_elements, extent);
                    services_.cache.FinishLoad(entry, status);
                    services_.cache.Unpin(entry);
                    std::lock_guard lock(io_mutex_);

@@ -145,6 +145,10 @@ class Session {
   // the predicted order, as far as the DRAM budget allows without waiting.
   void PrefetchAfter(size_t position);
   void Prefetch(const v1::ChunkRecord& record);
+  // OK when `entry` holds what `extent` was checksummed as; else DATA_LOSS naming
+  // the job, chunk, file and offset. Safe on an I/O completion thread.
+  absl::Status VerifyChecksum(const CacheEntry& entry, uint32_t chunk_id, uint64_t num_elements,
+                              const v1::StateExtent& extent) const;
   // Waits until no read or write of this session is in flight.
   void WaitForIo();
   void RollBackStepLocked();

@@ -9,28 +9,18 @@
 // the manifest at the shadow extents and sets the update counts in one atomic
 // commit that keeps the committed step; until then the committed extents are
 // untouched and the end of the session drops the import.
-#include <xxhash.h>
-
 #include <cstring>
 
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "session/session.h"
+#include "session/stream_replies.h"
 
 namespace fuyou {
 namespace {
 
-v1::DaemonMessage Refuse(const absl::Status& status, uint32_t chunk_id) {
-  v1::DaemonMessage reply;
-  v1::Error* error = reply.mutable_error();
-  error->set_code(static_cast<int32_t>(status.code()));
-  error->set_message(std::string(status.message()));
-  error->set_chunk_id(chunk_id);
-  return reply;
-}
-
 uint64_t Checksum(const CacheEntry& entry, uint64_t num_elements) {
-  return XXH3_64bits(entry.buffer.data(), ChunkPayloadBytes(num_elements));
+  return ChunkPayloadChecksum(entry.buffer.data(), num_elements);
 }
 
 bool IsStateKind(int which) { return which >= v1::STATE_MASTER && which <= v1::STATE_EXP_AVG_SQ; }
@@ -83,17 +73,17 @@ v1::DaemonMessage Session::OnReadState(const v1::ReadState& request) {
   if (absl::Status bad = CheckStateRequest(chunk_id, request.which(), request.slot(), request.first_element(),
                                            request.num_elements(), "ReadState");
       !bad.ok()) {
-    return Refuse(bad, chunk_id);
+    return ErrorReply(bad, chunk_id);
   }
   if (imported_.count(chunk_id) != 0) {
-    return Refuse(absl::FailedPreconditionError(fmt::format(
+    return ErrorReply(absl::FailedPreconditionError(fmt::format(
                       "ReadState: chunk {} of job '{}' has import changes not yet committed; send CommitImport first",
                       chunk_id, job_name_)),
                   chunk_id);
   }
   const v1::ChunkRecord& record = job_->manifest().chunks(job_->FindChunk(chunk_id));
   auto acquired = AcquireStates(record);
-  if (!acquired.ok()) return Refuse(acquired.status(), chunk_id);
+  if (!acquired.ok()) return ErrorReply(acquired.status(), chunk_id);
   const float* source = StateBegin(**acquired, request.which(), record.num_elements()) + request.first_element();
   std::memcpy(segment_->ParamRegion(request.slot()).data(), source, request.num_elements() * sizeof(float));
   services_.cache.Unpin(*acquired);
@@ -142,7 +132,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   if (absl::Status bad = CheckStateRequest(chunk_id, request.which(), request.slot(), request.first_element(),
                                            request.num_elements(), "WriteState");
       !bad.ok()) {
-    return Refuse(bad, chunk_id);
+    return ErrorReply(bad, chunk_id);
   }
   const v1::ChunkRecord& record = job_->manifest().chunks(job_->FindChunk(chunk_id));
   const uint64_t n = record.num_elements();
@@ -150,7 +140,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   auto acquired = pending != imported_.end() && pending->second.states_written
                       ? AcquireImportedStates(record, pending->second)
                       : AcquireStates(record);
-  if (!acquired.ok()) return Refuse(acquired.status(), chunk_id);
+  if (!acquired.ok()) return ErrorReply(acquired.status(), chunk_id);
   CacheEntryPtr entry = std::move(*acquired);
   float* target = StateBegin(*entry, request.which(), n) + request.first_element();
   std::memcpy(target, segment_->GradRegion(request.slot()).data(), request.num_elements() * sizeof(float));
@@ -166,7 +156,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   if (!written.ok()) {
     services_.cache.Drop(job_name_, chunk_id);
     DropImportLocked();
-    return Refuse(absl::Status(written.code(),
+    return ErrorReply(absl::Status(written.code(),
                                fmt::format("WriteState: job '{}' chunk {}: cannot write the imported states; the "
                                            "whole pending import was dropped: {}",
                                            job_name_, chunk_id, written.message())),
@@ -190,17 +180,17 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
 v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
   const uint32_t chunk_id = request.chunk_id();
   if (registered_.count(chunk_id) == 0) {
-    return Refuse(absl::InvalidArgumentError(fmt::format(
+    return ErrorReply(absl::InvalidArgumentError(fmt::format(
                       "SetUpdateCount: chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)),
                   chunk_id);
   }
   if (request.update_count() < 0) {
-    return Refuse(absl::InvalidArgumentError(fmt::format("SetUpdateCount: chunk {}: update_count {} is negative",
+    return ErrorReply(absl::InvalidArgumentError(fmt::format("SetUpdateCount: chunk {}: update_count {} is negative",
                                                          chunk_id, request.update_count())),
                   chunk_id);
   }
   if (!updated_.empty()) {
-    return Refuse(absl::FailedPreconditionError(fmt::format(
+    return ErrorReply(absl::FailedPreconditionError(fmt::format(
                       "SetUpdateCount: chunk {}: step {} of job '{}' has chunk updates in flight; update counts "
                       "are set only between steps",
                       chunk_id, step_, job_name_)),
