@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   std::string max_segment;
   std::string job_quota;
   int threads = -1;
+  int64_t max_jobs_per_user = -1;
   int io_depth = -1;
   std::string log_level;
   std::string socket_mode;
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--job-quota", job_quota,
                  "most storage one job may reserve, e.g. 100GiB, or \"unlimited\" (default unlimited)");
   app.add_option("--max-segment", max_segment, "largest shared-memory segment a session may ask for (default 8GiB)");
+  app.add_option("--max-jobs-per-user", max_jobs_per_user, "jobs one user may have on the storage tier, 0 = no limit (default 64)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
   app.add_option("--threads", threads, "optimizer worker threads, 0 = all cores (default 0)");
   app.add_option("--io-depth", io_depth, "io_uring queue depth per storage path (default 64)");
   app.add_option("--drain-seconds", drain_seconds, "on SIGTERM, how long sessions may finish their step (default 10)");
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
       config.job_quota_bytes = *bytes;
     }
   }
+  if (max_jobs_per_user >= 0) config.max_jobs_per_user = static_cast<uint32_t>(max_jobs_per_user);
   if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
   if (io_depth > 0) config.io_queue_depth = static_cast<unsigned>(io_depth);
   if (drain_seconds >= 0) config.drain_seconds = drain_seconds;

@@ -48,3 +48,15 @@ fuyou_add_test(NAME durability_integration_test
   LIBS fuyou_test_support fuyou_proto fmt::fmt
   LABELS integration)
 add_dependencies(durability_integration_test fuyoud)
+
+# Jobs belong to their owner (issue 8): namespaces per uid, no link followed,
+# storage hygiene, the job limit, migration, the storage-path lock.
+add_executable(job_owner_client ${FUYOU_INTEGRATION_DIR}/job_owner_client.cc)
+target_link_libraries(job_owner_client PRIVATE fuyou_client)
+fuyou_add_test(NAME jobs_security_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/jobs_security_test.cc
+  LIBS fuyou_test_support fuyou_proto fmt::fmt
+  LABELS integration)
+target_compile_definitions(jobs_security_test PRIVATE JOB_OWNER_CLIENT_PATH="$<TARGET_FILE:job_owner_client>"
+  FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
+add_dependencies(jobs_security_test fuyoud job_owner_client fuyouctl)

@@ -187,8 +187,8 @@ absl::Status RunSessions(AdminClient& admin, bool json) {
   return absl::OkStatus();
 }
 
-absl::Status RunJobs(AdminClient& admin, bool json) {
-  absl::StatusOr<v1::ListJobsResponse> jobs = admin.ListJobs();
+absl::Status RunJobs(AdminClient& admin, bool json, bool all_users) {
+  absl::StatusOr<v1::ListJobsResponse> jobs = admin.ListJobs(all_users);
   if (!jobs.ok()) return jobs.status();
   if (json) return PrintJson(*jobs);
   if (jobs->jobs_size() == 0) {
@@ -197,6 +197,10 @@ absl::Status RunJobs(AdminClient& admin, bool json) {
   }
   Table table({"JOB", "OWNER", "CHUNKS", "PARAMS", "ON STORAGE", "STEP", "LAST USED", "OPEN"});
   for (const v1::JobInfo& j : jobs->jobs()) {
+    if (!j.damaged().empty()) {
+      table.AddRow({j.name(), UserName(j.owner_uid()), "-", "-", "-", "-", "-", "DAMAGED (delete-job only)"});
+      continue;
+    }
     table.AddRow({j.name(), UserName(j.owner_uid()), std::to_string(j.chunks()),
                   FormatCount(static_cast<double>(j.parameters())), FormatBytes(j.bytes_on_storage()),
                   std::to_string(j.committed_step()), Ago(j.last_used_unix()), j.open() ? "yes" : "no"});
@@ -239,8 +243,10 @@ int Main(int argc, char** argv) {
 
   CLI::App* sessions = app.add_subcommand("sessions", "Live sessions");
   sessions->add_flag("--json", json, "Print as JSON");
-  CLI::App* jobs = app.add_subcommand("jobs", "Jobs on the storage tier");
+  CLI::App* jobs = app.add_subcommand("jobs", "Your jobs on the storage tier");
   jobs->add_flag("--json", json, "Print as JSON");
+  bool all_users = false;
+  jobs->add_flag("--all-users", all_users, "Every user's jobs (root and the daemon's user only)");
   std::string job_name;
   CLI::App* delete_job = app.add_subcommand("delete-job", "Delete a job and free its space");
   delete_job->add_option("NAME", job_name, "Job to delete")->required();
@@ -257,7 +263,7 @@ int Main(int argc, char** argv) {
     if (status->parsed()) result = RunStatus(**admin, socket, json);
     else if (stats->parsed()) result = RunStats(**admin, watch, interval_s, json);
     else if (sessions->parsed()) result = RunSessions(**admin, json);
-    else if (jobs->parsed()) result = RunJobs(**admin, json);
+    else if (jobs->parsed()) result = RunJobs(**admin, json, all_users);
     else if (delete_job->parsed()) result = RunDeleteJob(**admin, job_name);
   }
   if (!result.ok()) {

@@ -55,8 +55,10 @@ absl::StatusOr<v1::ListSessionsResponse> AdminClient::ListSessions() {
                                                                         "ListSessions");
 }
 
-absl::StatusOr<v1::ListJobsResponse> AdminClient::ListJobs() {
-  return impl_->Call<v1::ListJobsRequest, v1::ListJobsResponse>(&v1::Admin::Stub::ListJobs, {}, "ListJobs");
+absl::StatusOr<v1::ListJobsResponse> AdminClient::ListJobs(bool all_users) {
+  v1::ListJobsRequest request;
+  request.set_all_users(all_users);
+  return impl_->Call<v1::ListJobsRequest, v1::ListJobsResponse>(&v1::Admin::Stub::ListJobs, request, "ListJobs");
 }
 
 absl::StatusOr<v1::DeleteJobResponse> AdminClient::DeleteJob(const std::string& name) {

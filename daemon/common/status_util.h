@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/errno_code.h"
 #include "fmt/format.h"
 #include "grpcpp/support/status.h"
 
@@ -29,19 +30,12 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-// "<what>: <strerror(err)>" with the code that fits the errno.
+// "<what>: <strerror(err)>" with the code ErrnoCode (common/errno_code.h) gives
+// the errno; that table is the one mapping of fuyoud (ENOSPC/EDQUOT/EMFILE ->
+// RESOURCE_EXHAUSTED, EIO -> DATA_LOSS, ELOOP (a symlink refused) ->
+// FAILED_PRECONDITION, ...).
 inline absl::Status ErrnoStatus(int err, std::string_view what) {
-  std::string message = std::string(what) + ": " + std::strerror(err);
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT: return absl::ResourceExhaustedError(message);
-    case ENOENT: return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM: return absl::PermissionDeniedError(message);
-    case EEXIST: return absl::AlreadyExistsError(message);
-    case EINVAL: return absl::InvalidArgumentError(message);
-    default: return absl::InternalError(message);
-  }
+  return absl::Status(ErrnoCode(err), std::string(what) + ": " + std::strerror(err));
 }
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.

@@ -169,6 +169,16 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
       config->max_segment_bytes = *bytes;
     }
   }
+  if (const toml::table* limits = table_of("limits")) {
+    if (auto s = CheckKnownKeys(*limits, "limits", {"max_jobs_per_user"}, origin); !s.ok()) return s;
+    if (const auto* node = limits->get("max_jobs_per_user")) {
+      auto value = node->value<int64_t>();
+      if (!value || *value < 0 || *value > 1'000'000) {
+        return KeyError(origin, "limits.max_jobs_per_user", "expected 0..1000000 (0: no limit)");
+      }
+      config->max_jobs_per_user = static_cast<uint32_t>(*value);
+    }
+  }
   if (const toml::table* optimizer = table_of("optimizer")) {
     if (auto s = CheckKnownKeys(*optimizer, "optimizer", {"worker_threads"}, origin); !s.ok()) return s;
     if (const auto* node = optimizer->get("worker_threads")) {

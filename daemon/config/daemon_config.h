@@ -28,6 +28,8 @@ struct DaemonConfig {
   uint64_t job_quota_bytes = 0;
   uint64_t dram_budget_bytes = uint64_t{2} << 30;
   uint64_t max_segment_bytes = uint64_t{8} << 30;
+  // Jobs one uid may have on the storage tier; 0 = unlimited. ([limits] max_jobs_per_user)
+  uint32_t max_jobs_per_user = 64;
   unsigned worker_threads = 0;  // 0: all cores
   DurabilityMode durability = DurabilityMode::kStepAtomic;
   // Seconds a SIGTERM waits for sessions to finish their step before closing them.

@@ -1,15 +1,16 @@
 #include "jobs/job.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 
 #include "common/crash_point.h"
+#include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "fuyou/segment_layout.h"
@@ -28,38 +29,9 @@ int64_t NowUnix() {
       .count();
 }
 
-absl::Status WriteFileDurably(const fs::path& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot create {}", path.string()));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoStatus(err, fmt::format("cannot write {}", path.string()));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, fmt::format("cannot fsync {}", path.string()));
-  }
-  ::close(fd);
-  return absl::OkStatus();
-}
-
-absl::Status SyncDirectory(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot open directory {}", dir.string()));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus(err, fmt::format("cannot fsync directory {}", dir.string()));
-  return absl::OkStatus();
-}
+// Largest manifest read: far above any real job (about 100 bytes per chunk).
+constexpr size_t kMaxManifestBytes = size_t{256} << 20;
+constexpr mode_t kDirMode = 0700;
 
 }  // namespace
 
@@ -83,17 +55,34 @@ std::string JobNameProblem(const std::string& name) {
   return "";
 }
 
-absl::StatusOr<v1::JobManifest> Job::ReadManifest(const fs::path& root0, const std::string& name) {
-  fs::path path = root0 / "jobs" / name / kManifestFile;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(fmt::format("job '{}' does not exist ({} is missing)", name, path.string()));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t uid, bool create) {
+  auto step = [&](const storage::DirFd& parent, const std::string& name) {
+    return create ? parent.OpenOrCreateDir(name, kDirMode) : parent.OpenDir(name);
+  };
+  FUYOU_ASSIGN_OR_RETURN(storage::DirFd users, step(root, "users"));
+  FUYOU_ASSIGN_OR_RETURN(storage::DirFd mine, step(users, std::to_string(uid)));
+  return step(mine, "jobs");
+}
+
+std::string Job::Key(uid_t uid, const std::string& name) { return fmt::format("{}/{}", uid, name); }
+
+absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir, const std::string& name) {
+  auto read = job_dir.ReadFile(kManifestFile, kMaxManifestBytes);
+  if (!read.ok() && absl::IsNotFound(read.status())) {
+    return absl::NotFoundError(fmt::format("job '{}' does not exist", name));
+  }
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        fmt::format("manifest of job '{}' cannot be read: {}", name, read.status().message()));
+  }
+  const std::string& bytes = *read;
   if (bytes.size() < 8) return absl::DataLossError(fmt::format("manifest of job '{}' is truncated", name));
   uint64_t stored = 0;
   std::memcpy(&stored, bytes.data(), 8);
   const uint64_t actual = XXH3_64bits(bytes.data() + 8, bytes.size() - 8);
   if (stored != actual) {
-    return absl::DataLossError(fmt::format("manifest of job '{}' ({}) fails its checksum", name, path.string()));
+    return absl::DataLossError(fmt::format("manifest of job '{}' ({}) fails its checksum", name,
+                                           (job_dir.path() / kManifestFile).string()));
   }
   v1::JobManifest manifest;
   if (!manifest.ParseFromArray(bytes.data() + 8, static_cast<int>(bytes.size() - 8))) {
@@ -102,17 +91,55 @@ absl::StatusOr<v1::JobManifest> Job::ReadManifest(const fs::path& root0, const s
   return manifest;
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& roots, const std::string& name,
-                                               uid_t owner_uid, bool create, storage::IoEngine& io,
-                                               DaemonStats& stats) {
+absl::Status Job::RemoveFiles(const storage::DirFd& jobs_dir, const std::string& name, uint64_t* freed) {
+  auto dir = jobs_dir.OpenDir(name);
+  if (!dir.ok() && absl::IsNotFound(dir.status())) return absl::OkStatus();
+  if (!dir.ok()) return dir.status();
+  FUYOU_ASSIGN_OR_RETURN(std::vector<std::string> entries, dir->List());
+  for (const std::string& entry : entries) {
+    if (entry != kManifestFile && entry != kManifestTemp && entry != kStatesFile) {
+      return absl::FailedPreconditionError(
+          fmt::format("{} holds {}, which fuyoud did not create; the job was not deleted: move it away and retry",
+                      dir->path().string(), entry));
+    }
+  }
+  for (const std::string& entry : entries) {
+    struct stat st {};
+    if (::fstatat(dir->get(), entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+      *freed += static_cast<uint64_t>(st.st_size);
+    }
+    FUYOU_RETURN_IF_ERROR(dir->Unlink(entry));  // a link is removed, never followed
+  }
+  return jobs_dir.RemoveDir(name);
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& roots, const std::string& name, uid_t uid,
+                                               bool create, storage::IoEngine& io, DaemonStats& stats) {
   if (std::string problem = JobNameProblem(name); !problem.empty()) return absl::InvalidArgumentError(problem);
+  std::vector<storage::DirFd> jobs_dirs;  // Ri/users/<uid>/jobs
+  for (const fs::path& root : roots) {
+    FUYOU_ASSIGN_OR_RETURN(storage::DirFd root_dir, storage::DirFd::OpenRoot(root));
+    auto jobs = OpenUserJobsDir(root_dir, uid, create);
+    if (!jobs.ok() && absl::IsNotFound(jobs.status())) {
+      return absl::NotFoundError(fmt::format("job '{}' does not exist", name));
+    }
+    if (!jobs.ok()) return jobs.status();
+    jobs_dirs.push_back(std::move(*jobs));
+  }
   v1::JobManifest manifest;
-  auto existing = ReadManifest(roots[0], name);
-  const bool is_new = !existing.ok() && absl::IsNotFound(existing.status());
-  if (!existing.ok() && !is_new) return existing.status();
-  if (is_new && !create) return existing.status();
+  bool is_new = false;
+  if (auto dir0 = jobs_dirs[0].OpenDir(name); dir0.ok()) {
+    auto existing = ReadManifest(*dir0, name);
+    is_new = !existing.ok() && absl::IsNotFound(existing.status());
+    if (!existing.ok() && !is_new) return existing.status();
+    if (!is_new) manifest = std::move(*existing);
+  } else if (absl::IsNotFound(dir0.status())) {
+    is_new = true;
+  } else {
+    return dir0.status();
+  }
+  if (is_new && !create) return absl::NotFoundError(fmt::format("job '{}' does not exist", name));
   if (!is_new) {
-    manifest = std::move(*existing);
     if (static_cast<size_t>(manifest.path_bytes_size()) != roots.size()) {
       return absl::FailedPreconditionError(
           fmt::format("job '{}' was created with {} storage paths but the daemon now has {}; restore the "
@@ -121,34 +148,57 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
     }
   } else {
     manifest.set_name(name);
-    manifest.set_owner_uid(owner_uid);
+    manifest.set_owner_uid(uid);
     manifest.set_created_unix(NowUnix());
     manifest.set_last_used_unix(NowUnix());
     for (size_t i = 0; i < roots.size(); ++i) manifest.add_path_bytes(0);
   }
-  std::vector<fs::path> dirs;
-  std::vector<std::unique_ptr<storage::StateFile>> files;
-  for (size_t i = 0; i < roots.size(); ++i) {
-    fs::path dir = roots[i] / "jobs" / name;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) return absl::InternalError(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
-    auto file = io.Open(dir / kStatesFile, /*create=*/true, stats.path_counters(i));
-    if (!file.ok()) return file.status();
-    dirs.push_back(dir);
-    files.push_back(std::move(*file));
-  }
-  auto states = std::make_unique<storage::StripedFile>(std::move(files));
-  auto job = std::unique_ptr<Job>(new Job(name, std::move(dirs), std::move(states), std::move(manifest)));
-  if (is_new) {
-    FUYOU_RETURN_IF_ERROR(job->Commit(job->manifest()));
+  // A new job is made state files first, manifest last; whatever fails on the
+  // way (EMFILE, ENOSPC, a planted link) removes what was made, so no state file
+  // is ever left without the manifest that makes it visible.
+  auto open_files = [&]() -> absl::StatusOr<std::unique_ptr<Job>> {
+    std::vector<storage::DirFd> dirs;
+    std::vector<std::unique_ptr<storage::StateFile>> files;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, is_new ? jobs_dirs[i].OpenOrCreateDir(name, kDirMode)
+                                                        : jobs_dirs[i].OpenDir(name));
+      auto file = io.OpenAt(dir, kStatesFile, /*create=*/is_new, stats.path_counters(i));
+      if (!file.ok()) return file.status();
+      // A new job's manifest names no bytes: a states.bin left by an old crash is stale.
+      if (is_new) FUYOU_RETURN_IF_ERROR((*file)->Truncate(0));
+      dirs.push_back(std::move(dir));
+      files.push_back(std::move(*file));
+    }
+    auto states = std::make_unique<storage::StripedFile>(std::move(files));
+    auto job =
+        std::unique_ptr<Job>(new Job(name, uid, std::move(dirs), std::move(states), std::move(manifest)));
+    if (is_new) {
+      FUYOU_RETURN_IF_ERROR(job->Commit(job->manifest()));
+      job->created_ = true;
+    }
+    return job;
+  };
+  auto job = open_files();
+  if (!job.ok() && is_new) {
+    for (const storage::DirFd& jobs : jobs_dirs) {
+      uint64_t ignored = 0;
+      if (absl::Status removed = RemoveFiles(jobs, name, &ignored); !removed.ok()) {
+        log::Warn("job '{}' of uid {}: cannot remove what a failed creation left: {}", name, uid,
+                  removed.message());
+      }
+    }
   }
   return job;
 }
 
-Job::Job(std::string name, std::vector<fs::path> dirs, std::unique_ptr<storage::StripedFile> states,
+Job::Job(std::string name, uid_t uid, std::vector<storage::DirFd> dirs, std::unique_ptr<storage::StripedFile> states,
          v1::JobManifest manifest)
-    : name_(std::move(name)), dirs_(std::move(dirs)), states_(std::move(states)), manifest_(std::move(manifest)) {}
+    : name_(std::move(name)),
+      uid_(uid),
+      key_(Key(uid, name_)),
+      dirs_(std::move(dirs)),
+      states_(std::move(states)),
+      manifest_(std::move(manifest)) {}
 
 int Job::FindChunk(uint32_t chunk_id) const {
   for (int i = 0; i < manifest_.chunks_size(); ++i) {
@@ -163,6 +213,7 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
   const uint64_t offset = next.state_bytes();
   const uint64_t end = offset + 2 * length;
   if (absl::Status reserved = states_->Reserve(end); !reserved.ok()) {
+    GiveBackUncommitted();
     return absl::Status(reserved.code(), fmt::format("job '{}': cannot reserve {} bytes for chunk {}: {}", name_,
                                                      2 * length, chunk_id, reserved.message()));
   }
@@ -186,6 +237,13 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
   return absl::OkStatus();
 }
 
+void Job::GiveBackUncommitted() {
+  if (states_->size() <= manifest_.state_bytes()) return;
+  if (absl::Status status = states_->Truncate(manifest_.state_bytes()); !status.ok()) {
+    log::Warn("job '{}': cannot give back uncommitted reservations: {}", name_, status.message());
+  }
+}
+
 absl::Status Job::Commit(v1::JobManifest next) {
   FUYOU_CRASH_POINT("before_state_sync");
   FUYOU_RETURN_IF_ERROR(states_->Sync());
@@ -196,15 +254,16 @@ absl::Status Job::Commit(v1::JobManifest next) {
   std::string bytes(8, '\0');
   std::memcpy(bytes.data(), &checksum, 8);
   bytes += body;
-  const fs::path& dir = dirs_[0];
-  FUYOU_RETURN_IF_ERROR(WriteFileDurably(dir / kManifestTemp, bytes));
+  const storage::DirFd& dir = dirs_[0];
+  FUYOU_RETURN_IF_ERROR(dir.WriteNewFile(kManifestTemp, bytes));
   FUYOU_CRASH_POINT("manifest_tmp_written");
-  if (::rename((dir / kManifestTemp).c_str(), (dir / kManifestFile).c_str()) != 0) {
-    return ErrnoStatus(errno, fmt::format("job '{}': cannot rename the new manifest into place", name_));
+  if (absl::Status renamed = dir.Rename(kManifestTemp, kManifestFile); !renamed.ok()) {
+    return absl::Status(renamed.code(),
+                        fmt::format("job '{}': cannot rename the new manifest into place: {}", name_, renamed.message()));
   }
   FUYOU_CRASH_POINT("manifest_renamed");
   manifest_ = std::move(next);
-  if (absl::Status synced = SyncDirectory(dir); !synced.ok()) {
+  if (absl::Status synced = dir.Sync(); !synced.ok()) {
     return absl::AbortedError(fmt::format(
         "job '{}': the new manifest is in place but its directory could not be synced ({}); the session is "
         "closed, reopen the job to go on from what is on disk",

@@ -1,9 +1,16 @@
 // Job: a named, persistent set of optimizer states on the storage tier.
 //
-// On disk, for storage roots R0..Rk-1:
-//   R0/jobs/<name>/manifest.pb     the committed manifest (see manifest.proto)
-//   Ri/jobs/<name>/states.bin      root i's share of the job's state space,
-//                                  striped over all roots (storage/striped_file.h)
+// Jobs live in a namespace per uid: user U's job <name> is, for storage roots
+// R0..Rk-1,
+//   R0/users/<U>/jobs/<name>/manifest.pb   the committed manifest (manifest.proto)
+//   R0/users/<U>/jobs/<name>/manifest.tmp  the next manifest while it is written
+//   Ri/users/<U>/jobs/<name>/states.bin    root i's share of the job's state space,
+//                                          striped over all roots (storage/striped_file.h)
+// Two users' jobs of the same name are two jobs; no request names another
+// user's job (root's jobs are root's own). users/<U> and the job directories are
+// 0700, files 0600, and everything under a root is reached through
+// storage::DirFd (openat, O_NOFOLLOW): a symlink planted anywhere below a root
+// fails the operation instead of being followed.
 // Every chunk has two extents (committed and shadow). An update writes the
 // shadow; Commit makes it the committed one by replacing the manifest
 // atomically. So the last commit is never overwritten before the next commit is
@@ -24,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "fuyou/dtype.h"
 #include "fuyou/v1/manifest.pb.h"
+#include "storage/dir_fd.h"
 #include "storage/io_engine.h"
 #include "storage/striped_file.h"
 
@@ -41,18 +49,39 @@ uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
 // "" when `name` is a valid job name, else what is wrong with it.
 std::string JobNameProblem(const std::string& name);
 
+// The directory of `uid`'s jobs under a storage root, <root>/users/<uid>/jobs,
+// made (0700 each) when `create`; NOT_FOUND when absent and not `create`.
+absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t uid, bool create);
+
 class Job {
  public:
-  // Loads the job under `roots` or, when it does not exist and `create` is set,
-  // creates it owned by `owner_uid`. NOT_FOUND when absent and not `create`;
-  // DATA_LOSS when the manifest is corrupt.
+  // Key of job `name` of `uid` in daemon-wide maps (the state cache, the open
+  // jobs): "<uid>/<name>".
+  static std::string Key(uid_t uid, const std::string& name);
+
+  // Loads job `name` of `uid` under `roots` or, when it does not exist and
+  // `create` is set, creates it. NOT_FOUND when absent and not `create`;
+  // DATA_LOSS when the manifest is corrupt. Creation is all or nothing: the state
+  // files are made first and the manifest committed last, and on any failure
+  // (EMFILE, ENOSPC, ...) everything this call made is removed again.
   static absl::StatusOr<std::unique_ptr<Job>> Open(const std::vector<std::filesystem::path>& roots,
-                                                   const std::string& name, uid_t owner_uid, bool create,
+                                                   const std::string& name, uid_t uid, bool create,
                                                    storage::IoEngine& io, DaemonStats& stats);
-  // Reads only the manifest (for listings). NOT_FOUND when absent.
-  static absl::StatusOr<v1::JobManifest> ReadManifest(const std::filesystem::path& root0, const std::string& name);
+  // Reads only the manifest of the job in `job_dir` (for listings). NOT_FOUND
+  // when absent, DATA_LOSS when damaged.
+  static absl::StatusOr<v1::JobManifest> ReadManifest(const storage::DirFd& job_dir, const std::string& name);
+  // Removes the job directory `name` under `jobs_dir`: only the files a job has
+  // (manifest.pb, manifest.tmp, states.bin), each unlinked without following a
+  // link, then the directory. Adds the bytes of the removed regular files to
+  // `*freed`. FAILED_PRECONDITION when the directory holds anything else (it is
+  // then left in place). OK when it does not exist.
+  static absl::Status RemoveFiles(const storage::DirFd& jobs_dir, const std::string& name, uint64_t* freed);
 
   const std::string& name() const { return name_; }
+  uid_t uid() const { return uid_; }
+  const std::string& key() const { return key_; }
+  // True when Open created this job (it had no manifest before).
+  bool created() const { return created_; }
   // The committed manifest.
   const v1::JobManifest& manifest() const { return manifest_; }
   // Index of chunk `chunk_id` in manifest().chunks(), or -1.
@@ -61,8 +90,13 @@ class Job {
   // Appends a chunk with two fresh extents to `next` (a copy of manifest() being
   // prepared for Commit), reserving their space now: RESOURCE_EXHAUSTED when the
   // storage path is full, before anything is written.
+  // A refused reservation gives back every reservation made since the last
+  // Commit (GiveBackUncommitted), so the job is exactly as committed.
   absl::Status AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
                         DType grad_dtype);
+  // Shrinks the state files to what the committed manifest names, giving back
+  // space reserved by AddChunk for a `next` that will not be committed.
+  void GiveBackUncommitted();
 
   // The job's state space: RAID-0 over one states.bin per storage path.
   storage::StateFile& states() { return *states_; }
@@ -80,11 +114,14 @@ class Job {
   uint64_t bytes_on_storage() const;
 
  private:
-  Job(std::string name, std::vector<std::filesystem::path> dirs, std::unique_ptr<storage::StripedFile> states,
+  Job(std::string name, uid_t uid, std::vector<storage::DirFd> dirs, std::unique_ptr<storage::StripedFile> states,
       v1::JobManifest manifest);
 
   std::string name_;
-  std::vector<std::filesystem::path> dirs_;  // Ri/jobs/<name>
+  uid_t uid_;
+  std::string key_;
+  bool created_ = false;
+  std::vector<storage::DirFd> dirs_;  // Ri/users/<uid>/jobs/<name>
   std::unique_ptr<storage::StripedFile> states_;
   v1::JobManifest manifest_;
 };

@@ -1,5 +1,10 @@
 // JobRegistry: the jobs on this daemon's storage tier, and which are open.
 // Thread-safe. A job is open in at most one session at a time.
+//
+// Jobs live in a namespace per uid (see job.h): every call names a job by
+// (name, uid) and only ever sees the jobs of that uid. Another user's job of the
+// same name is a different job; nothing here reveals that it exists, who owns it
+// or whether it is open.
 #pragma once
 
 #include <sys/types.h>
@@ -8,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,35 +26,58 @@ namespace fuyou {
 
 class DaemonStats;
 
+struct JobRegistryOptions {
+  // Jobs one uid may have on the storage tier; one more is RESOURCE_EXHAUSTED.
+  // 0: no limit. ([limits] max_jobs_per_user, --max-jobs-per-user)
+  uint32_t max_jobs_per_user = 64;
+};
+
 class JobRegistry {
  public:
-  // Creates <root>/jobs under every root; FAILED_PRECONDITION when a root is not
-  // a writable directory.
+  // Makes <root>/users (0700) under every root and moves the jobs of the old
+  // layout (<root>/jobs/<name>, before jobs had a namespace per uid) to
+  // <root>/users/<owner>/jobs/<name>, the owner read from each manifest; a job
+  // whose manifest cannot be read is left where it is, with an error logged.
+  // FAILED_PRECONDITION when a root is not a writable directory.
   static absl::StatusOr<std::unique_ptr<JobRegistry>> Create(std::vector<std::filesystem::path> roots,
-                                                             storage::IoEngine& io, DaemonStats& stats);
+                                                             storage::IoEngine& io, DaemonStats& stats,
+                                                             JobRegistryOptions options = {});
 
-  // Opens `name` for a session, creating it when absent. FAILED_PRECONDITION when
-  // the job is already open; PERMISSION_DENIED when it belongs to another uid.
+  // Opens job `name` of `uid` for a session, creating it when absent.
+  // FAILED_PRECONDITION when it is already open; RESOURCE_EXHAUSTED when creating
+  // it would exceed max_jobs_per_user.
   absl::StatusOr<std::shared_ptr<Job>> Acquire(const std::string& name, uid_t uid);
-  // Ends the session's hold on `name`.
-  void Release(const std::string& name);
-  bool IsOpen(const std::string& name) const;
+  // Ends the session's hold on `job`. A job that this hold created and that
+  // never got a chunk committed is removed: a session that failed (or did
+  // nothing) leaves no empty job behind.
+  void Release(const Job& job);
+  bool IsOpen(const std::string& name, uid_t uid) const;
 
-  absl::StatusOr<std::vector<v1::JobInfo>> List() const;
-  // Deletes the job's files on every root; returns the bytes freed.
-  // FAILED_PRECONDITION while the job is open.
+  // The jobs of `uid`, or of every uid when `uid` is nullopt. A job whose
+  // manifest cannot be read is listed by name with `damaged` set, so that its
+  // owner can see it and delete it.
+  absl::StatusOr<std::vector<v1::JobInfo>> List(std::optional<uid_t> uid) const;
+  // Deletes job `name` of `uid` on every root (only the files a job has; links
+  // are removed, never followed); returns the bytes freed. NOT_FOUND when `uid`
+  // has no such job, FAILED_PRECONDITION while it is open. A job whose manifest
+  // is damaged can be deleted (it is in the caller's own namespace).
   absl::StatusOr<uint64_t> Delete(const std::string& name, uid_t uid);
 
   const std::vector<std::filesystem::path>& roots() const { return roots_; }
 
  private:
-  JobRegistry(std::vector<std::filesystem::path> roots, storage::IoEngine& io, DaemonStats& stats);
+  JobRegistry(std::vector<std::filesystem::path> roots, storage::IoEngine& io, DaemonStats& stats,
+              JobRegistryOptions options);
+  // Jobs (directories) `uid` has under the first root.
+  size_t CountJobs(uid_t uid) const;
+  absl::StatusOr<uint64_t> RemoveLocked(const std::string& name, uid_t uid);
 
   std::vector<std::filesystem::path> roots_;
   storage::IoEngine& io_;
   DaemonStats& stats_;
+  const JobRegistryOptions options_;
   mutable std::mutex mutex_;
-  std::map<std::string, std::weak_ptr<Job>> open_;
+  std::map<std::string, std::weak_ptr<Job>> open_;  // by Job::Key(uid, name)
 };
 
 }  // namespace fuyou

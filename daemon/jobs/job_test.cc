@@ -1,11 +1,16 @@
 #include "jobs/job.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 
 #include "jobs/job_registry.h"
+#include "common/status_util.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {
@@ -19,6 +24,7 @@ class JobTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     root_ = pattern;
     roots_ = {root_ / "a", root_ / "b"};
+    for (const fs::path& root : roots_) fs::create_directories(root);
     stats_ = std::make_unique<DaemonStats>(roots_);
     auto io = storage::IoEngine::Create({});
     ASSERT_TRUE(io.ok()) << io.status();
@@ -29,6 +35,22 @@ class JobTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
+  fs::path JobDir(size_t root, uid_t uid, const std::string& name) const {
+    return roots_[root] / "users" / std::to_string(uid) / "jobs" / name;
+  }
+  // A job of `uid` with one committed chunk (so releasing it keeps it).
+  void MakeJob(JobRegistry& registry, const std::string& name, uid_t uid, uint64_t elements = 1000) {
+    auto job = registry.Acquire(name, uid);
+    ASSERT_TRUE(job.ok()) << job.status();
+    v1::JobManifest next = (*job)->manifest();
+    ASSERT_TRUE((*job)->AddChunk(next, 0, elements, DType::kFloat32, DType::kFloat32).ok());
+    ASSERT_TRUE((*job)->Commit(next).ok());
+    registry.Release(**job);
+  }
+  std::string ReadText(const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
   fs::path root_;
   std::vector<fs::path> roots_;
   std::unique_ptr<DaemonStats> stats_;
@@ -64,7 +86,7 @@ TEST_F(JobTest, CorruptManifestIsDataLossNotGarbage) {
     auto job = Job::Open(roots_, "gpt", ::getuid(), true, *io_, *stats_);
     ASSERT_TRUE(job.ok());
   }
-  fs::path manifest = roots_[0] / "jobs" / "gpt" / "manifest.pb";
+  fs::path manifest = JobDir(0, ::getuid(), "gpt") / "manifest.pb";
   std::fstream file(manifest, std::ios::in | std::ios::out | std::ios::binary);
   file.seekp(10);
   file.put('\x7f');
@@ -92,18 +114,315 @@ TEST_F(JobTest, RegistryAllowsOneSessionPerJobAndDeletesFiles) {
   v1::JobManifest next = (*job)->manifest();
   ASSERT_TRUE((*job)->AddChunk(next, 0, 100000, DType::kFloat32, DType::kFloat32).ok());
   ASSERT_TRUE((*job)->Commit(next).ok());
+  (*registry)->Release(**job);
   job->reset();
-  (*registry)->Release("gpt");
-  auto jobs = (*registry)->List();
+  auto jobs = (*registry)->List(::getuid());
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 1u);
   EXPECT_EQ((*jobs)[0].parameters(), 100000u);
   auto freed = (*registry)->Delete("gpt", ::getuid());
   ASSERT_TRUE(freed.ok()) << freed.status();
   EXPECT_GE(*freed, 2 * ChunkStateBytes(100000));
-  EXPECT_FALSE(fs::exists(roots_[0] / "jobs" / "gpt"));
-  EXPECT_FALSE(fs::exists(roots_[1] / "jobs" / "gpt"));
+  EXPECT_FALSE(fs::exists(JobDir(0, ::getuid(), "gpt")));
+  EXPECT_FALSE(fs::exists(JobDir(1, ::getuid(), "gpt")));
   EXPECT_EQ((*registry)->Delete("gpt", ::getuid()).status().code(), absl::StatusCode::kNotFound);
+}
+
+
+// Issue 8 item 3: job names are per uid. A user who creates "llama-prod" first
+// does not get root's later "llama-prod" (nor root theirs).
+TEST_F(JobTest, JobsOfTwoUsersWithOneNameAreTwoJobs) {
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+  ASSERT_TRUE(registry.ok());
+  MakeJob(**registry, "llama-prod", 65534, 5000);
+  auto root_job = (*registry)->Acquire("llama-prod", 0);
+  ASSERT_TRUE(root_job.ok()) << root_job.status();
+  EXPECT_TRUE((*root_job)->created());
+  EXPECT_EQ((*root_job)->manifest().chunks_size(), 0) << "root resumed another user's job";
+  EXPECT_EQ((*root_job)->manifest().owner_uid(), 0u);
+  EXPECT_NE((*root_job)->key(), Job::Key(65534, "llama-prod"));
+  // One job of each name may be open per user at once.
+  auto theirs = (*registry)->Acquire("llama-prod", 65534);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  EXPECT_EQ((*theirs)->manifest().chunks(0).num_elements(), 5000u);
+  (*registry)->Release(**theirs);
+  (*registry)->Release(**root_job);
+  // root deleting "llama-prod" is about root's own (now removed: it was empty).
+  auto deleted = (*registry)->Delete("llama-prod", 0);
+  EXPECT_EQ(deleted.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(deleted.status().message().find("65534"), std::string::npos) << deleted.status();
+  EXPECT_TRUE(fs::exists(JobDir(0, 65534, "llama-prod") / "manifest.pb"));
+  auto mine = (*registry)->List(0);
+  ASSERT_TRUE(mine.ok());
+  EXPECT_TRUE(mine->empty());
+  auto all = (*registry)->List(std::nullopt);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].owner_uid(), 65534u);
+}
+
+// Item 4: directories 0700, files 0600, whatever the umask.
+TEST_F(JobTest, JobDirectoriesArePrivate) {
+  const mode_t old = ::umask(0);
+  auto job = Job::Open(roots_, "gpt", 1234, true, *io_, *stats_);
+  ::umask(old);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto mode = [](const fs::path& path) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  for (size_t root = 0; root < 2; ++root) {
+    EXPECT_EQ(mode(roots_[root] / "users" / "1234"), 0700u);
+    EXPECT_EQ(mode(JobDir(root, 1234, "gpt")), 0700u);
+    EXPECT_EQ(mode(JobDir(root, 1234, "gpt") / "states.bin"), 0600u);
+  }
+  EXPECT_EQ(mode(JobDir(0, 1234, "gpt") / "manifest.pb"), 0600u);
+}
+
+// Item 4: a symlink planted in place of states.bin, manifest.tmp, the job
+// directory or users/<uid> fails the operation and writes nothing through it.
+TEST_F(JobTest, PlantedSymlinksAreNeverFollowed) {
+  const fs::path victim = root_ / "victim";
+  std::ofstream(victim) << "precious";
+  {
+    auto job = Job::Open(roots_, "gpt", 1234, true, *io_, *stats_);
+    ASSERT_TRUE(job.ok()) << job.status();
+    // manifest.tmp: the commit replaces the link, never writes through it.
+    fs::create_symlink(victim, JobDir(0, 1234, "gpt") / "manifest.tmp");
+    v1::JobManifest next = (*job)->manifest();
+    next.set_committed_step(3);
+    EXPECT_TRUE((*job)->Commit(next).ok());
+    EXPECT_EQ(ReadText(victim), "precious");
+  }
+  // states.bin of a job that is being created.
+  fs::create_directories(JobDir(1, 1234, "evil"));
+  fs::create_symlink(victim, JobDir(1, 1234, "evil") / "states.bin");
+  auto evil = Job::Open(roots_, "evil", 1234, true, *io_, *stats_);
+  EXPECT_EQ(evil.status().code(), absl::StatusCode::kFailedPrecondition) << evil.status();
+  EXPECT_NE(evil.status().message().find("symbolic link"), std::string::npos) << evil.status();
+  EXPECT_EQ(ReadText(victim), "precious");
+  // states.bin of an existing job.
+  fs::remove(JobDir(1, 1234, "gpt") / "states.bin");
+  fs::create_symlink(victim, JobDir(1, 1234, "gpt") / "states.bin");
+  EXPECT_EQ(Job::Open(roots_, "gpt", 1234, false, *io_, *stats_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The job directory and the user directory.
+  fs::create_directories(root_ / "elsewhere");
+  fs::create_directory_symlink(root_ / "elsewhere", JobDir(0, 1234, "linked"));
+  EXPECT_EQ(Job::Open(roots_, "linked", 1234, true, *io_, *stats_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  fs::create_directories(roots_[0] / "users");
+  fs::create_directory_symlink(root_ / "elsewhere", roots_[0] / "users" / "999");
+  EXPECT_EQ(Job::Open(roots_, "gpt", 999, true, *io_, *stats_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::is_empty(root_ / "elsewhere"));
+  EXPECT_EQ(ReadText(victim), "precious");
+}
+
+// Item 5: delete removes only a job's own files, unlinking links, never
+// following them; a job with a damaged manifest is listed and deletable by its
+// owner only.
+TEST_F(JobTest, DeleteUnlinksWithoutFollowingAndHandlesDamagedManifests) {
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+  ASSERT_TRUE(registry.ok());
+  const fs::path victim = root_ / "victim";
+  std::ofstream(victim) << "precious";
+  MakeJob(**registry, "gpt", 1234);
+  fs::remove(JobDir(1, 1234, "gpt") / "states.bin");
+  fs::create_symlink(victim, JobDir(1, 1234, "gpt") / "states.bin");
+  std::ofstream(JobDir(0, 1234, "gpt") / "manifest.pb", std::ios::trunc) << "garbage";
+  auto listed = (*registry)->List(1234);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_FALSE((*listed)[0].damaged().empty());
+  EXPECT_EQ((*registry)->Delete("gpt", 4321).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(fs::exists(JobDir(0, 1234, "gpt") / "manifest.pb"));
+  auto freed = (*registry)->Delete("gpt", 1234);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_FALSE(fs::exists(JobDir(0, 1234, "gpt")));
+  EXPECT_FALSE(fs::exists(JobDir(1, 1234, "gpt")));
+  EXPECT_EQ(ReadText(victim), "precious");
+  // Something fuyoud did not make stops the delete, and is kept.
+  MakeJob(**registry, "gpt2", 1234);
+  std::ofstream(JobDir(1, 1234, "gpt2") / "notes.txt") << "mine";
+  EXPECT_EQ((*registry)->Delete("gpt2", 1234).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::exists(JobDir(1, 1234, "gpt2") / "notes.txt"));
+}
+
+// Fails the reservations (fallocate) larger than `limit` bytes after the kernel
+// made them, as a device that fills up half way through would.
+class FailLargeReserves final : public storage::FaultInjector {
+ public:
+  explicit FailLargeReserves(uint64_t limit) : limit_(limit) {}
+  int64_t Adjust(Op op, const fs::path&, uint64_t, uint64_t length, int64_t result) override {
+    return op == Op::kReserve && length > limit_ ? -ENOSPC : result;
+  }
+
+ private:
+  uint64_t limit_;
+};
+
+uint64_t AllocatedBytes(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// Item 10: a reservation refused for space gives back what it allocated, and
+// leaves the job exactly as committed.
+TEST_F(JobTest, RefusedReservationGivesItsSpaceBack) {
+  FailLargeReserves faults(8 << 20);
+  storage::IoEngineOptions options;
+  options.fault_injector = &faults;
+  auto io = storage::IoEngine::Create(options);
+  ASSERT_TRUE(io.ok());
+  auto job = Job::Open(roots_, "gpt", 1234, true, **io, *stats_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::JobManifest next = (*job)->manifest();
+  ASSERT_TRUE((*job)->AddChunk(next, 0, 300'000, DType::kFloat32, DType::kFloat32).ok());
+  ASSERT_TRUE((*job)->Commit(next).ok());
+  const uint64_t committed[2] = {fs::file_size(JobDir(0, 1234, "gpt") / "states.bin"),
+                                 fs::file_size(JobDir(1, 1234, "gpt") / "states.bin")};
+  const uint64_t allocated = AllocatedBytes(JobDir(0, 1234, "gpt") / "states.bin");
+  next = (*job)->manifest();
+  ASSERT_TRUE((*job)->AddChunk(next, 1, 100'000, DType::kFloat32, DType::kFloat32).ok());
+  auto refused = (*job)->AddChunk(next, 2, 3'000'000, DType::kFloat32, DType::kFloat32);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(fs::file_size(JobDir(0, 1234, "gpt") / "states.bin"), committed[0]);
+  EXPECT_EQ(fs::file_size(JobDir(1, 1234, "gpt") / "states.bin"), committed[1]);
+  EXPECT_LE(AllocatedBytes(JobDir(0, 1234, "gpt") / "states.bin"), allocated);
+}
+
+// Item 10: creating a job is all or nothing. Whichever file descriptor the
+// creation runs out at (EMFILE), nothing it made is left behind: no state file
+// without a manifest, invisible to every API.
+TEST_F(JobTest, CreationThatRunsOutOfFileDescriptorsLeavesNothing) {
+  // The I/O ring of the filesystem exists before the limits below.
+  ASSERT_TRUE(Job::Open(roots_, "warm", 1234, true, *io_, *stats_).ok());
+  rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  // Fill every free descriptor number below the highest one in use, so that a
+  // limit of highest + 1 + extra leaves exactly `extra` descriptors.
+  int highest = 0;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    highest = std::max(highest, std::stoi(entry.path().filename().string()));
+  }
+  std::vector<int> fillers;
+  for (int fd = ::open("/dev/null", O_RDONLY); fd >= 0; fd = ::open("/dev/null", O_RDONLY)) {
+    fillers.push_back(fd);
+    if (fd >= highest) break;
+  }
+  highest = std::max(highest, fillers.empty() ? 0 : fillers.back());
+  int failures = 0;
+  for (int extra = 0; extra < 16; ++extra) {
+    const std::string name = "job" + std::to_string(extra);
+    rlimit low = old;
+    low.rlim_cur = static_cast<rlim_t>(highest + 1 + extra);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    auto job = Job::Open(roots_, name, 1234, true, *io_, *stats_);
+    const absl::Status status = job.status();
+    job = absl::UnknownError("closed");
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (status.ok()) {
+      EXPECT_TRUE(fs::exists(JobDir(0, 1234, name) / "manifest.pb"));
+      continue;
+    }
+    ++failures;
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    for (size_t root = 0; root < 2; ++root) {
+      EXPECT_FALSE(fs::exists(JobDir(root, 1234, name))) << status << " left " << JobDir(root, 1234, name);
+    }
+  }
+  for (int fd : fillers) ::close(fd);
+  EXPECT_GT(failures, 2);
+}
+
+// Item 1 of the lead's plan: the per-user job limit.
+TEST_F(JobTest, OneJobMoreThanTheLimitIsResourceExhausted) {
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_, JobRegistryOptions{.max_jobs_per_user = 2});
+  ASSERT_TRUE(registry.ok());
+  MakeJob(**registry, "a", 1234);
+  MakeJob(**registry, "b", 1234);
+  auto third = (*registry)->Acquire("c", 1234);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("max_jobs_per_user (2)"), std::string::npos) << third.status();
+  EXPECT_FALSE(fs::exists(JobDir(0, 1234, "c")));
+  // Existing jobs still open; other users have their own count.
+  auto again = (*registry)->Acquire("a", 1234);
+  ASSERT_TRUE(again.ok());
+  (*registry)->Release(**again);
+  auto other = (*registry)->Acquire("c", 4321);
+  ASSERT_TRUE(other.ok());
+  (*registry)->Release(**other);
+}
+
+// Item 10: a job made by a session that never committed a chunk is removed when
+// the session lets it go; a job with chunks is kept.
+TEST_F(JobTest, ReleasingAnEmptyNewJobRemovesIt) {
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+  ASSERT_TRUE(registry.ok());
+  auto job = (*registry)->Acquire("empty", 1234);
+  ASSERT_TRUE(job.ok());
+  EXPECT_TRUE(fs::exists(JobDir(0, 1234, "empty") / "manifest.pb"));
+  (*registry)->Release(**job);
+  EXPECT_FALSE(fs::exists(JobDir(0, 1234, "empty")));
+  EXPECT_FALSE(fs::exists(JobDir(1, 1234, "empty")));
+  MakeJob(**registry, "kept", 1234);
+  EXPECT_TRUE(fs::exists(JobDir(0, 1234, "kept") / "manifest.pb"));
+}
+
+// Migration: a data directory of the layout before namespaces moves, per owner.
+TEST_F(JobTest, OldLayoutJobsMoveToTheirOwnersNamespace) {
+  {
+    auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+    ASSERT_TRUE(registry.ok());
+    MakeJob(**registry, "gpt", 1234, 7000);
+  }
+  for (const fs::path& root : roots_) {
+    fs::create_directories(root / "jobs");
+    fs::rename(root / "users" / "1234" / "jobs" / "gpt", root / "jobs" / "gpt");
+    fs::remove_all(root / "users");
+  }
+  fs::create_directories(roots_[0] / "jobs" / "broken");
+  std::ofstream(roots_[0] / "jobs" / "broken" / "manifest.pb") << "garbage";
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+  ASSERT_TRUE(registry.ok());
+  for (size_t root = 0; root < 2; ++root) {
+    EXPECT_TRUE(fs::exists(JobDir(root, 1234, "gpt") / "states.bin"));
+    EXPECT_FALSE(fs::exists(roots_[root] / "jobs" / "gpt"));
+  }
+  EXPECT_TRUE(fs::exists(roots_[0] / "jobs" / "broken" / "manifest.pb")) << "an unreadable job is left in place";
+  auto job = (*registry)->Acquire("gpt", 1234);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ((*job)->manifest().chunks(0).num_elements(), 7000u);
+  (*registry)->Release(**job);
+  EXPECT_EQ((*registry)->Acquire("gpt", 0).value()->manifest().chunks_size(), 0);
+}
+
+// Item 10: one errno table; ENOSPC (also from mkdir) is RESOURCE_EXHAUSTED.
+TEST(ErrnoStatusTest, OneTableForEveryErrno) {
+  EXPECT_EQ(ErrnoStatus(ENOSPC, "mkdir").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EDQUOT, "mkdir").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EMFILE, "open").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoStatus(EIO, "read").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ErrnoStatus(ELOOP, "open").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ErrnoStatus(ENOENT, "open").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobTest, MkdirOnAFullFilesystemIsResourceExhausted) {
+  // A tmpfs of 4 inodes (itself, users, <uid>, jobs): the mkdir of the job
+  // directory fails with ENOSPC.
+  const fs::path mount = root_ / "small";
+  fs::create_directories(mount);
+  if (::mount("tmpfs", mount.c_str(), "tmpfs", 0, "size=4m,nr_inodes=4") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+  }
+  std::vector<fs::path> roots = {mount};
+  const absl::Status status = Job::Open(roots, "gpt", 1234, true, *io_, *stats_).status();
+  ::umount2(mount.c_str(), MNT_DETACH);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("cannot create directory"), std::string::npos) << status;
 }
 
 }  // namespace

@@ -50,22 +50,29 @@ grpc::Status AdminService::ListSessions(grpc::ServerContext* context, const v1::
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
+grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                     v1::ListJobsResponse* response) {
-  auto jobs = jobs_.List();
-  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  // Jobs live in a namespace per uid: a caller lists its own; an administrator
+  // may ask for everyone's.
   const uid_t caller = Caller(listener_, context->peer()).uid;
-  for (auto& job : *jobs) {
-    if (job.owner_uid() == caller || IsAdministrator(caller)) *response->add_jobs() = std::move(job);
+  if (request->all_users() && !IsAdministrator(caller)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "listing the jobs of all users (all_users, fuyouctl jobs --all-users) is for root and the "
+                        "daemon's user; list your own jobs without it");
   }
+  auto jobs = jobs_.List(request->all_users() ? std::nullopt : std::optional<uid_t>(caller));
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (auto& job : *jobs) *response->add_jobs() = std::move(job);
   return grpc::Status::OK;
 }
 
 grpc::Status AdminService::DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse* response) {
-  auto freed = jobs_.Delete(request->name(), Caller(listener_, context->peer()).uid);
+  // Only in the caller's namespace: another user's job of that name is untouched.
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  auto freed = jobs_.Delete(request->name(), caller);
   if (!freed.ok()) return ToGrpcStatus(freed.status());
-  cache_.DropJob(request->name());
+  cache_.DropJob(Job::Key(caller, request->name()));
   response->set_bytes_freed(*freed);
   return grpc::Status::OK;
 }

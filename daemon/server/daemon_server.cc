@@ -32,40 +32,77 @@ namespace fs = std::filesystem;
 namespace {
 
 // Holds flock(LOCK_EX) on <root>/fuyoud.lock so two daemons never share a
-// storage path.
+// storage path. A lock lives on an inode: when the data directory is deleted (and
+// perhaps re-created) under a running daemon, the lock no longer guards the path.
+// Refresh, called by the reaper every few seconds, notices that the lock file is
+// no longer the inode it holds, and re-creates and re-locks it (logging an
+// error), so a second daemon started on the path is refused again.
 class StoragePathLock {
  public:
   static absl::StatusOr<std::unique_ptr<StoragePathLock>> Acquire(const fs::path& root) {
+    auto lock = std::unique_ptr<StoragePathLock>(new StoragePathLock(root));
+    FUYOU_RETURN_IF_ERROR(lock->Lock());
+    return lock;
+  }
+  ~StoragePathLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void Refresh() {
+    struct stat st {};
+    const fs::path path = root_ / "fuyoud.lock";
+    if (::lstat(path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) return;
+    log::Error("{} is gone or was replaced under the running daemon (was the data directory deleted?); "
+               "re-creating and re-locking it",
+               path.string());
+    if (absl::Status status = Lock(); !status.ok()) {
+      log::Error("storage path {} is not locked any more: {}", root_.string(), status.message());
+    }
+  }
+
+ private:
+  explicit StoragePathLock(fs::path root) : root_(std::move(root)) {}
+
+  absl::Status Lock() {
     std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) return absl::FailedPreconditionError(fmt::format("cannot create storage path {}: {}", root.string(), ec.message()));
-    fs::path path = root / "fuyoud.lock";
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    fs::create_directories(root_, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          fmt::format("cannot create storage path {}: {}", root_.string(), ec.message()));
+    }
+    const fs::path path = root_ / "fuyoud.lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot open {}", path.string()));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       ::close(fd);
       return absl::FailedPreconditionError(
-          fmt::format("storage path {} is in use by another fuyoud (it holds {})", root.string(), path.string()));
+          fmt::format("storage path {} is in use by another fuyoud (it holds {})", root_.string(), path.string()));
     }
-    return std::unique_ptr<StoragePathLock>(new StoragePathLock(fd));
+    struct stat st {};
+    ::fstat(fd, &st);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    return absl::OkStatus();
   }
-  ~StoragePathLock() { ::close(fd_); }
 
- private:
-  explicit StoragePathLock(int fd) : fd_(fd) {}
-  int fd_;
+  const fs::path root_;
+  int fd_ = -1;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 // O_DIRECT support of a storage path, found by opening a probe file through the
 // engine (which logs the fallback or refuses the path).
 absl::StatusOr<bool> ProbeDirectIo(storage::IoEngine& io, const fs::path& root) {
-  fs::path probe = root / ".fuyoud-probe";
-  auto file = io.Open(probe, /*create=*/true, nullptr);
+  FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, storage::DirFd::OpenRoot(root));
+  constexpr char kProbe[] = ".fuyoud-probe";
+  auto file = io.OpenAt(dir, kProbe, /*create=*/true, nullptr);
   if (!file.ok()) return file.status();
   bool direct = (*file)->direct_io();
   file->reset();
-  std::error_code ec;
-  fs::remove(probe, ec);
+  dir.Unlink(kProbe).IgnoreError();
   return direct;
 }
 
@@ -98,6 +135,7 @@ class DaemonServer::Impl {
     while (!stop_requested.wait_for(lock, std::chrono::seconds(5), [&] { return stopping; })) {
       lock.unlock();
       sessions->ReapUnattached(std::chrono::seconds(30));
+      for (auto& path_lock : locks) path_lock->Refresh();
       lock.lock();
     }
   }
@@ -140,7 +178,8 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   }
   impl->kernel = std::make_unique<optimizer::AdamWKernel>(config.worker_threads);
   impl->cache = std::make_unique<StateCache>(config.dram_budget_bytes);
-  auto jobs = JobRegistry::Create(config.storage_paths, *impl->io, *impl->stats);
+  auto jobs = JobRegistry::Create(config.storage_paths, *impl->io, *impl->stats,
+                                  JobRegistryOptions{.max_jobs_per_user = config.max_jobs_per_user});
   if (!jobs.ok()) return jobs.status();
   impl->jobs = std::move(*jobs);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};

@@ -43,6 +43,7 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
     : services_(services),
       id_(std::move(id)),
       job_name_(job->name()),
+      job_key_(job->key()),
       client_(client),
       client_info_(std::move(client_info)),
       opened_(std::chrono::steady_clock::now()),
@@ -109,15 +110,15 @@ int64_t Session::Close() {
               imported_.size());
   }
   DropImportLocked();
-  services_.cache.Demote(job_name_);  // kept for a quick resume, evicted first
+  services_.cache.Demote(job_key_);  // kept for a quick resume, evicted first
   segment_.reset();
-  services_.jobs.Release(job_name_);
+  services_.jobs.Release(*job_);
   job_.reset();
   return step_ - 1;
 }
 
 void Session::RollBackStepLocked() {
-  for (const auto& [chunk_id, updated] : updated_) services_.cache.Drop(job_name_, chunk_id);
+  for (const auto& [chunk_id, updated] : updated_) services_.cache.Drop(job_key_, chunk_id);
   updated_.clear();
   arrivals_.clear();
   std::lock_guard lock(io_mutex_);
@@ -135,17 +136,17 @@ absl::Status Session::VerifyChecksum(const CacheEntry& entry, uint32_t chunk_id,
 
 absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& record) {
   const uint32_t version = record.committed_version();
-  if (CacheEntryPtr entry = services_.cache.Pin(job_name_, record.chunk_id())) {
+  if (CacheEntryPtr entry = services_.cache.Pin(job_key_, record.chunk_id())) {
     if (entry->load_status.ok() && entry->version == version && !entry->uncommitted) {
       services_.stats.cache_hits.fetch_add(1, std::memory_order_relaxed);
       return entry;
     }
     services_.cache.Unpin(entry);
-    services_.cache.Drop(job_name_, record.chunk_id());
+    services_.cache.Drop(job_key_, record.chunk_id());
   }
   services_.stats.cache_misses.fetch_add(1, std::memory_order_relaxed);
   const v1::StateExtent& extent = record.extents(static_cast<int>(version));
-  auto created = services_.cache.Create(job_name_, record.chunk_id(), extent.length(), /*wait=*/true);
+  auto created = services_.cache.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true);
   if (!created.ok()) return created.status();
   CacheEntryPtr entry = std::move(*created);
   entry->version = version;
@@ -167,10 +168,10 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
 }
 
 void Session::Prefetch(const v1::ChunkRecord& record) {
-  if (services_.cache.Contains(job_name_, record.chunk_id())) return;
+  if (services_.cache.Contains(job_key_, record.chunk_id())) return;
   const uint32_t version = record.committed_version();
   const v1::StateExtent& extent = record.extents(static_cast<int>(version));
-  auto created = services_.cache.Create(job_name_, record.chunk_id(), extent.length(), /*wait=*/false,
+  auto created = services_.cache.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/false,
                                         /*loading=*/true);
   if (!created.ok()) return;  // no budget free now: the update will read on demand
   CacheEntryPtr entry = std::move(*created);
@@ -294,7 +295,8 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   // On failure, forget the states of new chunks: the manifest never named them.
   std::vector<uint32_t> cached_new;
   auto fail = [&](absl::Status status) {
-    for (uint32_t id : cached_new) services_.cache.Drop(job_name_, id);
+    for (uint32_t id : cached_new) services_.cache.Drop(job_key_, id);
+    job_->GiveBackUncommitted();  // the reservations of this request, unless committed
     return status;
   };
 
@@ -325,7 +327,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     }
     v1::ChunkRecord* record = next.mutable_chunks(new_chunks[id]);
     v1::StateExtent* extent = record->mutable_extents(0);
-    auto created = services_.cache.Create(job_name_, id, extent->length(), /*wait=*/true);
+    auto created = services_.cache.Create(job_key_, id, extent->length(), /*wait=*/true);
     if (!created.ok()) return fail(created.status());
     cached_new.push_back(id);
     CacheEntryPtr entry = std::move(*created);

@@ -160,6 +160,7 @@ class Session {
   SessionServices services_;
   const std::string id_;
   const std::string job_name_;
+  const std::string job_key_;  // Job::key(): the state cache's name of the job (per uid)
   const ClientIdentity client_;
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;

@@ -101,14 +101,14 @@ v1::DaemonMessage Session::OnReadState(const v1::ReadState& request) {
 
 absl::StatusOr<CacheEntryPtr> Session::AcquireImportedStates(const v1::ChunkRecord& record,
                                                               const ImportedChunk& imported) {
-  if (CacheEntryPtr entry = services_.cache.Pin(job_name_, record.chunk_id())) {
+  if (CacheEntryPtr entry = services_.cache.Pin(job_key_, record.chunk_id())) {
     if (entry->load_status.ok() && entry->version == imported.new_version && entry->uncommitted) return entry;
     services_.cache.Unpin(entry);
-    services_.cache.Drop(job_name_, record.chunk_id());
+    services_.cache.Drop(job_key_, record.chunk_id());
   }
   // Evicted: the shadow extent holds what the earlier WriteStates made.
   const v1::StateExtent& extent = record.extents(static_cast<int>(imported.new_version));
-  auto created = services_.cache.Create(job_name_, record.chunk_id(), extent.length(), /*wait=*/true);
+  auto created = services_.cache.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true);
   if (!created.ok()) return created.status();
   CacheEntryPtr entry = std::move(*created);
   entry->version = imported.new_version;
@@ -154,7 +154,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   absl::Status written = job_->states().Write(extent.offset(), entry->buffer.span().first(extent.length()));
   services_.cache.Unpin(entry);
   if (!written.ok()) {
-    services_.cache.Drop(job_name_, chunk_id);
+    services_.cache.Drop(job_key_, chunk_id);
     DropImportLocked();
     return ErrorReply(absl::Status(written.code(),
                                fmt::format("WriteState: job '{}' chunk {}: cannot write the imported states; the "
@@ -234,7 +234,7 @@ v1::DaemonMessage Session::OnCommitImport() {
     }
     for (const auto& [chunk_id, imported] : imported_) {
       if (!imported.states_written) continue;
-      if (CacheEntryPtr entry = services_.cache.Pin(job_name_, chunk_id)) {
+      if (CacheEntryPtr entry = services_.cache.Pin(job_key_, chunk_id)) {
         if (entry->load_status.ok() && entry->version == imported.new_version) services_.cache.MarkCommitted(entry);
         services_.cache.Unpin(entry);
       }
@@ -248,7 +248,7 @@ v1::DaemonMessage Session::OnCommitImport() {
 
 void Session::DropImportLocked() {
   for (const auto& [chunk_id, imported] : imported_) {
-    if (imported.states_written) services_.cache.Drop(job_name_, chunk_id);
+    if (imported.states_written) services_.cache.Drop(job_key_, chunk_id);
   }
   imported_.clear();
 }

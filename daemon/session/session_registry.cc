@@ -41,7 +41,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
   if (!job.ok()) return job.status();
   auto segment = ShmSegment::Create(layout, uid);
   if (!segment.ok()) {
-    services_.jobs.Release(request.job());
+    services_.jobs.Release(**job);
     return segment.status();
   }
   std::string id = NewSessionId();

@@ -32,29 +32,7 @@ using internal::UringQueue;
 constexpr uint64_t kMaxRequestBytesLimit = uint64_t{1} << 30;
 constexpr unsigned kMaxQueueDepth = 4096;
 
-// Owns one file descriptor.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd = -1) : fd_(fd) {}
-  ~FileDescriptor() { Reset(); }
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
+using FileDescriptor = UniqueFd;
 
 class UringStateFile final : public StateFile {
  public:
@@ -91,16 +69,41 @@ class UringStateFile final : public StateFile {
       return CountError(absl::InvalidArgumentError(fmt::format("reserve of {} bytes for {}: too large", bytes,
                                                                target_.path.string())));
     }
+    const uint64_t before = size();
     int64_t result = fallocate(target_.fd, 0, 0, static_cast<off_t>(bytes)) == 0 ? 0 : -errno;
     if (fault_injector_ != nullptr) {
       result = fault_injector_->Adjust(FaultInjector::Op::kReserve, target_.path, 0, bytes, result);
     }
     if (result < 0) {
+      // fallocate may have allocated part of the range before it failed: give it
+      // back, so a refused reservation leaves the file as it was.
+      Truncate(before).IgnoreError();
       return CountError(ErrnoToIoStatus(static_cast<int>(-result),
                                         fmt::format("reserve (fallocate) of {} bytes for {}", bytes,
                                                     target_.path.string())));
     }
     GrowSize(bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Truncate(uint64_t bytes) override {
+    if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return absl::InvalidArgumentError(fmt::format("truncate of {} to {} bytes: too large", target_.path.string(), bytes));
+    }
+    struct stat st {};
+    if (fstat(target_.fd, &st) != 0) return ErrnoToIoStatus(errno, fmt::format("fstat of {}", target_.path.string()));
+    if (ftruncate(target_.fd, static_cast<off_t>(bytes)) != 0) {
+      return CountError(ErrnoToIoStatus(errno, fmt::format("truncate of {} to {} bytes", target_.path.string(), bytes)));
+    }
+    // A failed fallocate may leave blocks past the end of the file that ftruncate
+    // does not free: punch them out (filesystems without hole punching keep them).
+    const uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+    const uint64_t reach = std::max<uint64_t>({allocated, static_cast<uint64_t>(st.st_size), bytes});
+    if (reach > bytes) {
+      fallocate(target_.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(bytes),
+                static_cast<off_t>(reach - bytes));
+    }
+    size_.store(bytes, std::memory_order_release);
     return absl::OkStatus();
   }
 
@@ -232,11 +235,26 @@ class UringIoEngine final : public IoEngine {
 
   absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
                                                   IoCounters* counters) override {
-    struct stat before {};
-    const bool existed = stat(path.c_str(), &before) == 0;
-    const int base_flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+    return OpenRelative(AT_FDCWD, path.c_str(), path, create, counters);
+  }
 
-    FileDescriptor fd(open(path.c_str(), base_flags | O_DIRECT, 0600));
+  absl::StatusOr<std::unique_ptr<StateFile>> OpenAt(const DirFd& dir, const std::string& name, bool create,
+                                                    IoCounters* counters) override {
+    if (name.empty() || name.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(fmt::format("OpenAt: '{}' is not one path component", name));
+    }
+    return OpenRelative(dir.get(), name.c_str(), dir.path() / name, create, counters);
+  }
+
+  // Opens `name` relative to `dirfd` (AT_FDCWD: `name` is a path), never
+  // following a last-component symlink; `path` names the file in messages.
+  absl::StatusOr<std::unique_ptr<StateFile>> OpenRelative(int dirfd, const char* name, const std::filesystem::path& path,
+                                                          bool create, IoCounters* counters) {
+    struct stat before {};
+    const bool existed = fstatat(dirfd, name, &before, AT_SYMLINK_NOFOLLOW) == 0;
+    const int base_flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0);
+
+    FileDescriptor fd(openat(dirfd, name, base_flags | O_DIRECT, 0600));
     int result = fd.get() >= 0 ? 0 : -errno;
     if (options_.fault_injector != nullptr) {
       const int injected = options_.fault_injector->AdjustOpenDirect(path, result);
@@ -246,13 +264,13 @@ class UringIoEngine final : public IoEngine {
     if (result == -EINVAL) {
       fd.Reset();
       if (!options_.allow_buffered_fallback) {
-        if (!existed && create) unlink(path.c_str());
+        if (!existed && create) unlinkat(dirfd, name, 0);
         return absl::FailedPreconditionError(fmt::format(
             "open of {}: the filesystem refuses O_DIRECT (tmpfs?) and buffered fallback is disabled; put the "
             "storage path on a filesystem of the SSD (ext4, xfs)",
             path.string()));
       }
-      fd = FileDescriptor(open(path.c_str(), base_flags, 0600));
+      fd = FileDescriptor(openat(dirfd, name, base_flags, 0600));
       result = fd.get() >= 0 ? 0 : -errno;
       direct = false;
       if (result == 0) {
@@ -261,6 +279,11 @@ class UringIoEngine final : public IoEngine {
                    "through the page cache\n",
                    path.string());
       }
+    }
+    if (result == -ELOOP) {
+      return absl::FailedPreconditionError(fmt::format(
+          "open of {}: it is a symbolic link, and fuyoud never follows links under a storage path; remove it",
+          path.string()));
     }
     if (result < 0) {
       return ErrnoToIoStatus(-result, fmt::format("open of {}{}", path.string(), direct ? " with O_DIRECT" : ""));

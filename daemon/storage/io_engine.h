@@ -19,7 +19,7 @@
 // Status codes a callback (or Reserve/Sync) may see:
 //   INVALID_ARGUMENT    misaligned offset/length/address (checked before any I/O),
 //                       or EINVAL from the kernel
-//   RESOURCE_EXHAUSTED  ENOSPC, EDQUOT
+//   RESOURCE_EXHAUSTED  ENOSPC, EDQUOT (the errno table is common/errno_code.h)
 //   DATA_LOSS           EIO; or a request that keeps making no progress
 //   OUT_OF_RANGE        a read that reached end of file (result 0)
 //   INTERNAL            a write that transferred 0 bytes; other errnos
@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "storage/dir_fd.h"
 
 namespace fuyou::storage {
 
@@ -97,7 +98,13 @@ class StateFile {
 
   // Makes sure the file has `bytes` allocated (fallocate), so that a later write
   // cannot fail with ENOSPC. RESOURCE_EXHAUSTED when the device is full.
+  // A Reserve that fails gives back what it allocated: the file keeps its size
+  // and allocation from before the call.
   virtual absl::Status Reserve(uint64_t bytes) = 0;
+  // Gives space back: the file becomes `bytes` long and nothing past that stays
+  // allocated (ftruncate, then a punched hole over the rest). For undoing
+  // reservations that were never committed.
+  virtual absl::Status Truncate(uint64_t bytes) = 0;
   // fdatasync. Covers the writes whose callbacks have run, not ones in flight.
   virtual absl::Status Sync() = 0;
 
@@ -135,8 +142,15 @@ class IoEngine {
   // traffic. A filesystem that refuses O_DIRECT gives a buffered file and a warning
   // on stderr, or FAILED_PRECONDITION (and no file created) when
   // allow_buffered_fallback is false.
+  // The last component of `path` is never followed (O_NOFOLLOW). Tests use this
+  // form; the daemon opens its state files with OpenAt.
   virtual absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
                                                           IoCounters* counters) = 0;
+  // As Open, for the file `name` (one component) in `dir`: openat relative to the
+  // directory's fd with O_NOFOLLOW (storage/dir_fd.h), so a symlink planted in
+  // place of the file fails with FAILED_PRECONDITION and touches nothing.
+  virtual absl::StatusOr<std::unique_ptr<StateFile>> OpenAt(const DirFd& dir, const std::string& name, bool create,
+                                                            IoCounters* counters) = 0;
 };
 
 }  // namespace fuyou::storage

@@ -91,13 +91,31 @@ void StripedFile::WriteAsync(uint64_t offset, std::span<const std::byte> buffer,
 }
 
 absl::Status StripedFile::Reserve(uint64_t bytes) {
+  std::vector<uint64_t> before;
+  for (const auto& member : members_) before.push_back(member->size());
   for (size_t m = 0; m < members_.size(); ++m) {
     const uint64_t need = MemberBytes(m, bytes);
-    if (need > members_[m]->size()) {
-      if (absl::Status status = members_[m]->Reserve(need); !status.ok()) return status;
+    if (need > before[m]) {
+      if (absl::Status status = members_[m]->Reserve(need); !status.ok()) {
+        // The member that failed gave its space back itself; the ones before it
+        // grew and give it back here, so the file is as it was.
+        for (size_t grown = 0; grown < m; ++grown) {
+          if (members_[grown]->size() > before[grown]) members_[grown]->Truncate(before[grown]).IgnoreError();
+        }
+        return status;
+      }
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status StripedFile::Truncate(uint64_t bytes) {
+  absl::Status first;
+  for (size_t m = 0; m < members_.size(); ++m) {
+    absl::Status status = members_[m]->Truncate(MemberBytes(m, bytes));
+    if (!status.ok() && first.ok()) first = std::move(status);
+  }
+  return first;
 }
 
 absl::Status StripedFile::Sync() {

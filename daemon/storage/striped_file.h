@@ -26,8 +26,11 @@ class StripedFile final : public StateFile {
 
   void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) override;
   void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) override;
-  // Reserves on every member what its share of `bytes` logical bytes needs.
+  // Reserves on every member what its share of `bytes` logical bytes needs; on
+  // failure every member is given back what it had before.
   absl::Status Reserve(uint64_t bytes) override;
+  // Truncates every member to its share of `bytes` logical bytes.
+  absl::Status Truncate(uint64_t bytes) override;
   absl::Status Sync() override;
   // Logical size: the largest logical size all members can hold.
   uint64_t size() const override;

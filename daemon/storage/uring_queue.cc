@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/errno_code.h"
 #include "fmt/format.h"
 
 namespace fuyou::storage::internal {
@@ -46,28 +47,8 @@ std::string Describe(const Request& r) {
 }  // namespace
 
 absl::Status ErrnoToIoStatus(int err, const std::string& what) {
-  std::string message = fmt::format("{} failed: {} (errno {})", what, std::strerror(err), err);
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(std::move(message));
-    case EIO:
-      return absl::DataLossError(std::move(message));
-    case EINVAL:
-      return absl::InvalidArgumentError(std::move(message));
-    case ENOENT:
-      return absl::NotFoundError(std::move(message));
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(std::move(message));
-    case EROFS:
-    case EOPNOTSUPP:
-      return absl::FailedPreconditionError(std::move(message));
-    case ECANCELED:
-      return absl::CancelledError(std::move(message));
-    default:
-      return absl::InternalError(std::move(message));
-  }
+  // One errno table for the daemon: common/errno_code.h.
+  return absl::Status(ErrnoCode(err), fmt::format("{} failed: {} (errno {})", what, std::strerror(err), err));
 }
 
 void Transfer::RequestDone(absl::Status status) {

@@ -19,7 +19,9 @@ class AdminClient {
   absl::StatusOr<v1::HealthResponse> Health();
   absl::StatusOr<v1::GetStatsResponse> GetStats();
   absl::StatusOr<v1::ListSessionsResponse> ListSessions();
-  absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  // The caller's jobs; `all_users`: every user's (administrators only,
+  // PERMISSION_DENIED for others).
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(bool all_users = false);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& name);
 
   class Impl;
