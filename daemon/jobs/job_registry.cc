@@ -180,7 +180,10 @@ absl::StatusOr<std::vector<v1::JobInfo>> JobRegistry::List(std::optional<uid_t> 
       if (!manifest.ok()) {
         // Half created by a crash (the manifest is committed last) or damaged:
         // listed so that its owner can delete it.
-        info.set_damaged(std::string(manifest.status().message()));
+        info.set_damaged(absl::IsNotFound(manifest.status())
+                             ? "its creation was interrupted (it has no manifest.pb); open it to create it anew, "
+                               "or delete it"
+                             : std::string(manifest.status().message()));
         jobs.push_back(std::move(info));
         continue;
       }
