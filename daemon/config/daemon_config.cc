@@ -92,7 +92,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     return absl::InvalidArgumentError(
         fmt::format("{}: TOML syntax error at {}: {}", origin, where.str(), error.description()));
   }
-  if (auto status = CheckKnownKeys(root, "", {"daemon", "storage", "memory", "optimizer", "durability"}, origin);
+  if (auto status = CheckKnownKeys(root, "", {"daemon", "storage", "memory", "limits", "optimizer", "durability"}, origin);
       !status.ok()) {
     return status;
   }

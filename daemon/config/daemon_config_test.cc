@@ -82,6 +82,15 @@ TEST(ApplyTomlText, JobQuotaIsUnlimitedUnlessSet) {
   EXPECT_NE(bad.message().find("storage.job_quota"), std::string::npos) << bad.message();
 }
 
+TEST(ApplyTomlText, MaxJobsPerUserDefaultsTo64) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.max_jobs_per_user, 64u);
+  ASSERT_TRUE(ApplyTomlText("[limits]\nmax_jobs_per_user = 3\n", "t", &config).ok());
+  EXPECT_EQ(config.max_jobs_per_user, 3u);
+  absl::Status bad = ApplyTomlText("[limits]\nmax_jobs_per_user = -1\n", "t", &config);
+  EXPECT_NE(bad.message().find("limits.max_jobs_per_user"), std::string::npos) << bad.message();
+}
+
 TEST(ValidateConfig, RejectsTinyBudgetAndDuplicatePaths) {
   DaemonConfig config = DefaultDaemonConfig();
   config.dram_budget_bytes = 1 << 20;
