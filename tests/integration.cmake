@@ -48,3 +48,11 @@ fuyou_add_test(NAME durability_integration_test
   LIBS fuyou_test_support fuyou_proto fmt::fmt
   LABELS integration)
 add_dependencies(durability_integration_test fuyoud)
+
+# Hostile input (issue 8): raw-gRPC requests with sizes that wrap, layouts that
+# differ, update counts past the bound and unbounded names, against a real fuyoud.
+fuyou_add_test(NAME hostile_input_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/hostile_input_test.cc
+  LIBS fuyou_test_support fuyou_proto
+  LABELS integration)
+add_dependencies(hostile_input_test fuyoud)

@@ -184,10 +184,12 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
                       "SetUpdateCount: chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)),
                   chunk_id);
   }
-  if (request.update_count() < 0) {
-    return ErrorReply(absl::InvalidArgumentError(fmt::format("SetUpdateCount: chunk {}: update_count {} is negative",
-                                                         chunk_id, request.update_count())),
-                  chunk_id);
+  if (request.update_count() < 0 || request.update_count() > kMaxUpdateCount) {
+    return ErrorReply(absl::InvalidArgumentError(fmt::format(
+                          "SetUpdateCount: chunk {}: update_count {} is outside 0..{} (2^53, the most updates a "
+                          "chunk may count)",
+                          chunk_id, request.update_count(), kMaxUpdateCount)),
+                      chunk_id);
   }
   if (!updated_.empty()) {
     return ErrorReply(absl::FailedPreconditionError(fmt::format(
