@@ -103,6 +103,14 @@ absl::Status ValidateManifest(const v1::JobManifest& manifest) {
     uint64_t end;
     uint32_t chunk_id;
   };
+  std::optional<uint64_t> path_total = 0;
+  for (uint64_t bytes : manifest.path_bytes()) path_total = CheckedAdd(path_total, bytes);
+  if (!path_total) {
+    return absl::DataLossError(fmt::format(
+        "the manifest of job {} is corrupt: its per-path byte counts add up to more than 2^64; the job cannot be "
+        "used (delete it, or restore its directory from a backup)",
+        job));
+  }
   std::vector<Interval> extents;
   std::set<uint32_t> ids;
   for (const v1::ChunkRecord& record : manifest.chunks()) {

@@ -146,6 +146,12 @@ TEST(ValidateManifestTest, ImpossibleChunkRecordsAreDataLoss) {
       {"committed version", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_committed_version(2); }},
       {"dtype", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_grad_dtype(static_cast<v1::DType>(9)); }},
   };
+  {
+    v1::JobManifest manifest = GoodManifest();
+    manifest.add_path_bytes(UINT64_MAX);
+    manifest.add_path_bytes(1);
+    EXPECT_EQ(ValidateManifest(manifest).code(), absl::StatusCode::kDataLoss);
+  }
   for (const Case& c : cases) {
     v1::JobManifest manifest = GoodManifest();
     c.damage(manifest);

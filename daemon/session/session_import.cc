@@ -49,15 +49,16 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
                                                   verb, chunk_id, slot, layout.num_slots));
   }
   const uint64_t n = registered->second.num_elements;
+  // Compared without adding or multiplying client values: nothing can wrap.
   if (count == 0 || first > n || count > n - first) {
     return absl::InvalidArgumentError(fmt::format(
-        "{}: chunk {}: elements [{}, {}) are not a non-empty range of the chunk's {} elements", verb, chunk_id, first,
-        first + count, n));
+        "{}: chunk {}: {} elements from element {} are not a non-empty range of the chunk's {} elements", verb,
+        chunk_id, count, first, n));
   }
   if (count > layout.slot_bytes / sizeof(float)) {
     return absl::InvalidArgumentError(
-        fmt::format("{}: chunk {}: {} fp32 values need {} bytes but the session's slots have {} bytes", verb, chunk_id,
-                    count, count * sizeof(float), layout.slot_bytes));
+        fmt::format("{}: chunk {}: {} fp32 values are more than the session's slots of {} bytes hold ({})", verb,
+                    chunk_id, count, layout.slot_bytes, layout.slot_bytes / sizeof(float)));
   }
   if (!updated_.empty()) {
     return absl::FailedPreconditionError(fmt::format(
