@@ -63,7 +63,8 @@ std::string JobNameProblem(const std::string& name);
 // [0, kMaxUpdateCount], committed_version 0 or 1, exactly two extents, each
 // block-aligned, at least 12 * n bytes long, inside state_bytes and overlapping no
 // other extent, chunk ids unique, and the per-path byte counts summing without
-// overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk is checked with it before any of its sizes is used.
+// overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk
+// is checked with it before any of its sizes is used.
 absl::Status ValidateManifest(const v1::JobManifest& manifest);
 
 class Job {

@@ -293,8 +293,8 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   v1::JobManifest next = job_->manifest();
   bool manifest_changed = false;
   std::map<uint32_t, int> new_chunks;  // chunk id -> index in next.chunks()
-  // Each chunk's states are below half the DRAM budget (validated), and there
-  // are at most 2^32 chunks: the sums are checked all the same.
+  // Each chunk's states are below half the DRAM budget (validated); the sums
+  // are checked all the same.
   std::optional<uint64_t> new_bytes = 0;
   for (const v1::ChunkSpec& spec : request.chunks()) {
     if (job_->FindChunk(spec.chunk_id()) < 0) {

@@ -259,8 +259,8 @@ TEST_F(HostileInputTest, UpdateCountsAreBounded) {
   std::vector<float> grads(100, 1.0f);
   AdamWHyper hyper;
   ASSERT_TRUE(session->PushGradients(1, 1, hyper, std::as_bytes(std::span(grads))).ok());
-  ExpectRefused(session->PullParams(1, std::as_writable_bytes(std::span(weights))), absl::StatusCode::kFailedPrecondition,
-                "no further update");
+  ExpectRefused(session->PullParams(1, std::as_writable_bytes(std::span(weights))),
+                absl::StatusCode::kFailedPrecondition, "no further update");
   ASSERT_TRUE(session->AbortStep(1).ok());
   std::vector<float> master(100);
   auto count = session->ReadState(1, StateKind::kMaster, 0, master);
