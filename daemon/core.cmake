@@ -37,5 +37,7 @@ fuyou_add_test(NAME state_cache_test
   SOURCES ${FUYOU_DAEMON_DIR}/scheduler/state_cache_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME crash_point_test
   SOURCES ${FUYOU_DAEMON_DIR}/common/crash_point_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME status_util_test
+  SOURCES ${FUYOU_DAEMON_DIR}/common/status_util_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME job_test
   SOURCES ${FUYOU_DAEMON_DIR}/jobs/job_test.cc LIBS fuyou_daemon_core)

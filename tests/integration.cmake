@@ -60,3 +60,10 @@ fuyou_add_test(NAME jobs_security_test
 target_compile_definitions(jobs_security_test PRIVATE JOB_OWNER_CLIENT_PATH="$<TARGET_FILE:job_owner_client>"
   FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
 add_dependencies(jobs_security_test fuyoud job_owner_client fuyouctl)
+# Hostile input (issue 8): raw-gRPC requests with sizes that wrap, layouts that
+# differ, update counts past the bound and unbounded names, against a real fuyoud.
+fuyou_add_test(NAME hostile_input_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/hostile_input_test.cc
+  LIBS fuyou_test_support fuyou_proto
+  LABELS integration)
+add_dependencies(hostile_input_test fuyoud)

@@ -52,6 +52,7 @@ v1::ChunkSpec ToProto(const ChunkSpec& spec, uint32_t slot) {
   proto.set_param_dtype(static_cast<v1::DType>(spec.param_dtype));
   proto.set_grad_dtype(static_cast<v1::DType>(spec.grad_dtype));
   proto.set_slot(slot);
+  proto.set_layout_fingerprint(spec.layout_fingerprint);
   return proto;
 }
 

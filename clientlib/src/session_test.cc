@@ -63,7 +63,7 @@ class FakeOffload final : public v1::Offload::Service {
                            v1::OpenSessionResponse* response) override {
     std::lock_guard lock(mu_);
     Unmap();
-    layout_ = SegmentLayout::For(request->num_slots(), request->slot_bytes());
+    layout_ = *SegmentLayout::Checked(request->num_slots(), request->slot_bytes(), UINT64_MAX);
     name_ = fmt::format("/fuyou-session-test-{}-{}", ::getpid(), ++sessions_);
     const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return grpc::Status(grpc::StatusCode::INTERNAL, "shm_open failed");

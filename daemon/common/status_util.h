@@ -30,6 +30,31 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+// A client-chosen string (job name, session id, ...) fit to be echoed in an error
+// message or a log line: in single quotes, each byte outside printable ASCII
+// (and the quote and backslash) escaped as \xNN, and cut after `max_bytes`
+// bytes of input with "...(N bytes)" naming the full length. A 10 kB name thus
+// costs at most a few hundred bytes of message and cannot carry escape
+// sequences to an operator's terminal.
+inline std::string QuoteForError(std::string_view text, size_t max_bytes = 64) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string quoted = "'";
+  const size_t shown = text.size() < max_bytes ? text.size() : max_bytes;
+  for (size_t i = 0; i < shown; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\' && byte != '\'') {
+      quoted += static_cast<char>(byte);
+    } else {
+      quoted += "\\x";
+      quoted += kHex[byte >> 4];
+      quoted += kHex[byte & 0xf];
+    }
+  }
+  quoted += '\'';
+  if (shown < text.size()) quoted += "...(" + std::to_string(text.size()) + " bytes)";
+  return quoted;
+}
+
 // "<what>: <strerror(err)>" with the code ErrnoCode (common/errno_code.h) gives
 // the errno; that table is the one mapping of fuyoud (ENOSPC/EDQUOT/EMFILE ->
 // RESOURCE_EXHAUSTED, EIO -> DATA_LOSS, ELOOP (a symlink refused) ->

@@ -5,15 +5,18 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <algorithm>
+#include <set>
 
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
-#include "fuyou/segment_layout.h"
+#include "fuyou/checked_math.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {
@@ -35,24 +38,97 @@ constexpr mode_t kDirMode = 0700;
 
 }  // namespace
 
-uint64_t ChunkStateBytes(uint64_t num_elements) {
-  return AlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
+std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements) {
+  if (num_elements > kMaxChunkElements) return std::nullopt;
+  return CheckedMul(num_elements, 12);
+}
+
+std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements) {
+  return CheckedAlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
 }
 
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements) {
-  return XXH3_64bits(states, ChunkPayloadBytes(num_elements));
+  return XXH3_64bits(states, ChunkPayloadBytes(num_elements).value_or(0));
 }
 
 std::string JobNameProblem(const std::string& name) {
   if (name.empty()) return "the job name is empty";
-  if (name.size() > 64) return fmt::format("the job name '{}' is longer than 64 characters", name);
-  if (name[0] == '.') return fmt::format("the job name '{}' starts with '.'", name);
+  if (name.size() > 64) return fmt::format("the job name {} is longer than 64 characters", QuoteForError(name));
+  if (name[0] == '.') return fmt::format("the job name {} starts with '.'", QuoteForError(name));
   for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
               c == '-';
-    if (!ok) return fmt::format("the job name '{}' has a character outside [A-Za-z0-9._-]", name);
+    if (!ok) return fmt::format("the job name {} has a character outside [A-Za-z0-9._-]", QuoteForError(name));
   }
   return "";
+}
+
+absl::Status ValidateManifest(const v1::JobManifest& manifest) {
+  const std::string job = QuoteForError(manifest.name());
+  auto corrupt = [&](uint32_t chunk_id, const std::string& what) {
+    return absl::DataLossError(fmt::format(
+        "the manifest of job {} is corrupt: chunk {} {}; the job cannot be used (delete it, or restore its "
+        "directory from a backup)",
+        job, chunk_id, what));
+  };
+  struct Interval {
+    uint64_t begin;
+    uint64_t end;
+    uint32_t chunk_id;
+  };
+  std::optional<uint64_t> path_total = 0;
+  for (uint64_t bytes : manifest.path_bytes()) path_total = CheckedAdd(path_total, bytes);
+  if (!path_total) {
+    return absl::DataLossError(fmt::format(
+        "the manifest of job {} is corrupt: its per-path byte counts add up to more than 2^64; the job cannot be "
+        "used (delete it, or restore its directory from a backup)",
+        job));
+  }
+  std::vector<Interval> extents;
+  std::set<uint32_t> ids;
+  for (const v1::ChunkRecord& record : manifest.chunks()) {
+    const uint32_t id = record.chunk_id();
+    if (!ids.insert(id).second) return corrupt(id, "is listed twice");
+    const uint64_t n = record.num_elements();
+    if (n == 0 || n > kMaxChunkElements) {
+      return corrupt(id, fmt::format("has {} elements, outside 1..{}", n, kMaxChunkElements));
+    }
+    if (!IsValidDType(static_cast<DType>(record.param_dtype())) ||
+        !IsValidDType(static_cast<DType>(record.grad_dtype()))) {
+      return corrupt(id, fmt::format("has dtypes {} and {}, not FLOAT32, BFLOAT16 or FLOAT16",
+                                     static_cast<int>(record.param_dtype()), static_cast<int>(record.grad_dtype())));
+    }
+    if (record.update_count() < 0 || record.update_count() > kMaxUpdateCount) {
+      return corrupt(id, fmt::format("has update count {}, outside 0..{}", record.update_count(), kMaxUpdateCount));
+    }
+    if (record.committed_version() > 1) {
+      return corrupt(id, fmt::format("names committed version {}, not 0 or 1", record.committed_version()));
+    }
+    if (record.extents_size() != 2) return corrupt(id, fmt::format("has {} extents, not 2", record.extents_size()));
+    const uint64_t payload = *ChunkPayloadBytes(n);  // n <= kMaxChunkElements: fits
+    for (int version = 0; version < 2; ++version) {
+      const v1::StateExtent& extent = record.extents(version);
+      const std::optional<uint64_t> end = CheckedAdd(extent.offset(), extent.length());
+      if (extent.path_index() != 0 || extent.offset() % storage::kBlockSize != 0 ||
+          extent.length() % storage::kBlockSize != 0 || extent.length() < payload || !end ||
+          *end > manifest.state_bytes()) {
+        return corrupt(id, fmt::format("extent {} (path {}, offset {}, length {}) cannot hold {} elements of states "
+                                       "inside the job's {} bytes of state space",
+                                       version, extent.path_index(), extent.offset(), extent.length(), n,
+                                       manifest.state_bytes()));
+      }
+      extents.push_back(Interval{extent.offset(), *end, id});
+    }
+  }
+  std::sort(extents.begin(), extents.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].begin < extents[i - 1].end) {
+      return corrupt(extents[i].chunk_id,
+                     fmt::format("has an extent at offset {} that overlaps an extent of chunk {} ending at {}",
+                                 extents[i].begin, extents[i - 1].chunk_id, extents[i - 1].end));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t uid, bool create) {
@@ -140,6 +216,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
   }
   if (is_new && !create) return absl::NotFoundError(fmt::format("job '{}' does not exist", name));
   if (!is_new) {
+    FUYOU_RETURN_IF_ERROR(ValidateManifest(manifest));
     if (static_cast<size_t>(manifest.path_bytes_size()) != roots.size()) {
       return absl::FailedPreconditionError(
           fmt::format("job '{}' was created with {} storage paths but the daemon now has {}; restore the "
@@ -209,9 +286,16 @@ int Job::FindChunk(uint32_t chunk_id) const {
 
 absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
                            DType grad_dtype) {
-  const uint64_t length = ChunkStateBytes(num_elements);
+  const std::optional<uint64_t> state_bytes = ChunkStateBytes(num_elements);
   const uint64_t offset = next.state_bytes();
-  const uint64_t end = offset + 2 * length;
+  const std::optional<uint64_t> checked_end = CheckedAdd(offset, CheckedMul(state_bytes, 2));
+  if (!checked_end) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job '{}': chunk {} of {} elements needs more state space than can be addressed; nothing was reserved",
+        name_, chunk_id, num_elements));
+  }
+  const uint64_t length = *state_bytes;
+  const uint64_t end = *checked_end;
   if (absl::Status reserved = states_->Reserve(end); !reserved.ok()) {
     GiveBackUncommitted();
     return absl::Status(reserved.code(), fmt::format("job '{}': cannot reserve {} bytes for chunk {}: {}", name_,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,19 +40,43 @@ namespace fuyou {
 
 class DaemonStats;
 
-// Bytes of one extent for a chunk of n elements: fp32 master, m, v, padded.
-uint64_t ChunkStateBytes(uint64_t num_elements);
-// The bytes that hold data (and are checksummed): 12 * n.
-inline uint64_t ChunkPayloadBytes(uint64_t num_elements) { return 12 * num_elements; }
+// The most elements a chunk may have. Far above what any slot or DRAM budget
+// admits (a chunk must also fit its slot and half the DRAM budget), and low
+// enough that every size derived from it (12 * n, rounded up to a block, two
+// extents) fits in uint64_t. Client input is capped with it before it is
+// multiplied; so are manifests read from disk (ValidateManifest).
+inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 48;
+// The most updates (Adam's t) a chunk may count: 2^53, where t + 1 is still exact
+// in fp64 (and fp32 bias corrections have long been exactly 1). SetUpdateCount
+// above it is INVALID_ARGUMENT; a chunk at it takes no further update.
+inline constexpr int64_t kMaxUpdateCount = int64_t{1} << 53;
+
+// Bytes of one extent for a chunk of n elements: fp32 master, m, v, padded to a
+// block. nullopt when n > kMaxChunkElements (computed in checked arithmetic).
+std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements);
+// The bytes that hold data (and are checksummed): 12 * n; nullopt when
+// n > kMaxChunkElements.
+std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements);
 // The checksum an extent carries: XXH3-64 of the payload of `states`.
+// Precondition: num_elements <= kMaxChunkElements and `states` holds
+// ChunkPayloadBytes(num_elements) bytes.
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
 
-// "" when `name` is a valid job name, else what is wrong with it.
+// "" when `name` is a valid job name, else what is wrong with it (the name
+// quoted and bounded, see QuoteForError).
 std::string JobNameProblem(const std::string& name);
 
 // The directory of `uid`'s jobs under a storage root, <root>/users/<uid>/jobs,
 // made (0700 each) when `create`; NOT_FOUND when absent and not `create`.
 absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t uid, bool create);
+// OK when every chunk record of `manifest` describes states that can exist: 1 to
+// kMaxChunkElements elements, valid dtypes, an update count in
+// [0, kMaxUpdateCount], committed_version 0 or 1, exactly two extents, each
+// block-aligned, at least 12 * n bytes long, inside state_bytes and overlapping no
+// other extent, chunk ids unique, and the per-path byte counts summing without
+// overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk
+// is checked with it before any of its sizes is used.
+absl::Status ValidateManifest(const v1::JobManifest& manifest);
 
 class Job {
  public:

@@ -15,7 +15,7 @@ absl::StatusOr<std::shared_ptr<Session>> OffloadService::FindOwn(grpc::ServerCon
   if (!session.ok()) return session.status();
   const uid_t caller = Caller(listener_, context->peer()).uid;
   if ((*session)->uid() != caller && !IsAdministrator(caller)) {
-    return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+    return absl::NotFoundError(fmt::format("no open session has id {}", QuoteForError(id)));
   }
   return session;
 }

@@ -11,6 +11,7 @@
 #include "common/status_util.h"
 #include "common/trace.h"
 #include "fmt/format.h"
+#include "fuyou/checked_math.h"
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
 #include "session/stream_replies.h"
@@ -37,6 +38,24 @@ std::string HyperProblem(const v1::AdamWHyper& hyper) {
 }
 
 }  // namespace
+
+absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
+  const uint64_t stored = record.layout_fingerprint();
+  const uint64_t sent = spec.layout_fingerprint();
+  if (stored == 0 || stored == sent) return absl::OkStatus();  // a stored 0 adopts what is sent
+  if (sent == 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this client sends "
+        "no layout fingerprint, so the daemon cannot tell that its parameters (shapes, dtypes, order) are the same; "
+        "resume with a client that sends ChunkSpec.layout_fingerprint, or use a new job name",
+        record.chunk_id(), job_name_, stored));
+  }
+  return absl::FailedPreconditionError(fmt::format(
+      "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this model registers "
+      "fingerprint {:#018x}: the same number of elements, other parameter shapes, dtypes or order, so its states "
+      "would land in the wrong parameters; use a new job name or the model the job was created with",
+      record.chunk_id(), job_name_, stored, sent));
+}
 
 Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job,
                  std::unique_ptr<ShmSegment> segment, ClientIdentity client, std::string client_info)
@@ -218,19 +237,23 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
           fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
     }
     if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));
-    const uint64_t wire_bytes = spec.num_elements() * std::max(DTypeSize(param_dtype), DTypeSize(grad_dtype));
-    if (wire_bytes > layout.slot_bytes) {
+    // Cap the element count by the slot before anything is multiplied by it: a
+    // division cannot overflow, and the slot is capped by max_segment_bytes.
+    const uint64_t widest = std::max(DTypeSize(param_dtype), DTypeSize(grad_dtype));
+    if (spec.num_elements() > layout.slot_bytes / widest) {
       return absl::InvalidArgumentError(fmt::format(
-          "chunk {} needs {} bytes per slot region but the session's slots have {} bytes; open the session with a "
-          "larger slot_bytes",
-          id, wire_bytes, layout.slot_bytes));
+          "chunk {} has {} elements of up to {} bytes, more than the {} bytes per slot region of the session hold "
+          "({} elements at most); open the session with a larger slot_bytes",
+          id, spec.num_elements(), widest, layout.slot_bytes, layout.slot_bytes / widest));
     }
-    const uint64_t state_bytes = ChunkStateBytes(spec.num_elements());
-    if (state_bytes > services_.cache.budget_bytes() / 2) {
+    const std::optional<uint64_t> state_bytes = ChunkStateBytes(spec.num_elements());
+    if (!state_bytes || *state_bytes > services_.cache.budget_bytes() / 2) {
       return absl::InvalidArgumentError(fmt::format(
-          "chunk {} has {} bytes of optimizer states, more than half the daemon's DRAM budget ({} bytes); use "
-          "smaller chunks or a larger --dram-budget",
-          id, state_bytes, services_.cache.budget_bytes()));
+          "chunk {} of {} elements has {} bytes of optimizer states, more than half the daemon's DRAM budget ({} "
+          "bytes); use smaller chunks or a larger --dram-budget",
+          id, spec.num_elements(),
+          state_bytes ? fmt::format("{}", *state_bytes) : std::string("more than 2^64"),
+          services_.cache.budget_bytes()));
     }
     if (spec.slot() >= layout.num_slots) {
       return absl::InvalidArgumentError(
@@ -244,13 +267,15 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
       return absl::FailedPreconditionError(fmt::format("chunk {} is already registered in this session", id));
     }
     if (int index = job_->FindChunk(id); index >= 0) {
-      const uint64_t stored = job_->manifest().chunks(index).num_elements();
+      const v1::ChunkRecord& record = job_->manifest().chunks(index);
+      const uint64_t stored = record.num_elements();
       if (stored != spec.num_elements()) {
         return absl::InvalidArgumentError(fmt::format(
             "chunk {} of job '{}' has {} elements on the daemon but the request says {}; a resumed job must "
             "register the same chunks",
             id, job_name_, stored, spec.num_elements()));
       }
+      FUYOU_RETURN_IF_ERROR(CheckLayoutFingerprint(record, spec));
     }
   }
   return absl::OkStatus();
@@ -269,18 +294,27 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   v1::JobManifest next = job_->manifest();
   bool manifest_changed = false;
   std::map<uint32_t, int> new_chunks;  // chunk id -> index in next.chunks()
-  uint64_t new_bytes = 0;
+  // Each chunk's states are below half the DRAM budget (validated); the sums
+  // are checked all the same.
+  std::optional<uint64_t> new_bytes = 0;
   for (const v1::ChunkSpec& spec : request.chunks()) {
-    if (job_->FindChunk(spec.chunk_id()) < 0) new_bytes += 2 * ChunkStateBytes(spec.num_elements());
+    if (job_->FindChunk(spec.chunk_id()) < 0) {
+      new_bytes = CheckedAdd(new_bytes, CheckedMul(ChunkStateBytes(spec.num_elements()), 2));
+    }
   }
-  if (const uint64_t quota = services_.job_quota_bytes; quota != 0 && new_bytes != 0) {
-    const uint64_t needed = job_->bytes_on_storage() + new_bytes;
-    if (needed > quota) {
+  if (!new_bytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job '{}': the chunks of this request need more than 2^64 bytes of states; nothing was written", job_name_));
+  }
+  if (const uint64_t quota = services_.job_quota_bytes; quota != 0 && *new_bytes != 0) {
+    const std::optional<uint64_t> needed = CheckedAdd(job_->bytes_on_storage(), *new_bytes);
+    if (!needed || *needed > quota) {
       return absl::ResourceExhaustedError(fmt::format(
           "job '{}' needs {} bytes on storage, over the per-job quota of {} ({} bytes already reserved, {} more for "
           "the chunks of this request); nothing was written. Use fewer or smaller chunks, or raise [storage] "
           "job_quota / --job-quota",
-          job_name_, needed, quota, job_->bytes_on_storage(), new_bytes));
+          job_name_, needed ? fmt::format("{}", *needed) : std::string("more than 2^64"), quota,
+          job_->bytes_on_storage(), *new_bytes));
     }
   }
   for (const v1::ChunkSpec& spec : request.chunks()) {
@@ -288,6 +322,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     FUYOU_RETURN_IF_ERROR(job_->AddChunk(next, spec.chunk_id(), spec.num_elements(),
                                          static_cast<DType>(spec.param_dtype()),
                                          static_cast<DType>(spec.grad_dtype())));
+    next.mutable_chunks(next.chunks_size() - 1)->set_layout_fingerprint(spec.layout_fingerprint());
     new_chunks[spec.chunk_id()] = next.chunks_size() - 1;
     manifest_changed = true;
   }
@@ -321,6 +356,10 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
       if (next_record->param_dtype() != spec.param_dtype() || next_record->grad_dtype() != spec.grad_dtype()) {
         next_record->set_param_dtype(spec.param_dtype());
         next_record->set_grad_dtype(spec.grad_dtype());
+        manifest_changed = true;
+      }
+      if (next_record->layout_fingerprint() == 0 && spec.layout_fingerprint() != 0) {
+        next_record->set_layout_fingerprint(spec.layout_fingerprint());  // adopted (CheckLayoutFingerprint)
         manifest_changed = true;
       }
       continue;
@@ -425,8 +464,15 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   if (absl::Status failed = StepError(); !failed.ok()) {
     return refuse(absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message())));
   }
-  FUYOU_CRASH_POINT("grad_received");
   const v1::ChunkRecord& record = job_->manifest().chunks(job_->FindChunk(chunk_id));
+  // update_count <= kMaxUpdateCount (SetUpdateCount and ValidateManifest), so t
+  // is computed without overflow; a chunk at the maximum takes no more updates.
+  if (record.update_count() < 0 || record.update_count() >= kMaxUpdateCount) {
+    return refuse(absl::FailedPreconditionError(fmt::format(
+        "chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update",
+        chunk_id, job_name_, record.update_count(), kMaxUpdateCount)));
+  }
+  FUYOU_CRASH_POINT("grad_received");
   auto acquired = AcquireStates(record);
   if (!acquired.ok()) return refuse(acquired.status());
   CacheEntryPtr entry = std::move(*acquired);

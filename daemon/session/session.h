@@ -116,6 +116,10 @@ class Session {
   // Every chunk of a RegisterChunks request is well-formed and fits its slot,
   // the DRAM budget and (when resumed) the job's record of it.
   absl::Status ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const;
+  // OK when `spec` may resume `record`: the stored layout fingerprint is 0 (it
+  // adopts spec's) or equal to spec's. FAILED_PRECONDITION otherwise, a sent 0
+  // included (see ChunkSpec.layout_fingerprint in offload.proto).
+  absl::Status CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const;
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);

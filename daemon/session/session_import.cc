@@ -49,15 +49,16 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
                                                   verb, chunk_id, slot, layout.num_slots));
   }
   const uint64_t n = registered->second.num_elements;
+  // Compared without adding or multiplying client values: nothing can wrap.
   if (count == 0 || first > n || count > n - first) {
     return absl::InvalidArgumentError(fmt::format(
-        "{}: chunk {}: elements [{}, {}) are not a non-empty range of the chunk's {} elements", verb, chunk_id, first,
-        first + count, n));
+        "{}: chunk {}: {} elements from element {} are not a non-empty range of the chunk's {} elements", verb,
+        chunk_id, count, first, n));
   }
   if (count > layout.slot_bytes / sizeof(float)) {
     return absl::InvalidArgumentError(
-        fmt::format("{}: chunk {}: {} fp32 values need {} bytes but the session's slots have {} bytes", verb, chunk_id,
-                    count, count * sizeof(float), layout.slot_bytes));
+        fmt::format("{}: chunk {}: {} fp32 values are more than the session's slots of {} bytes hold ({})", verb,
+                    chunk_id, count, layout.slot_bytes, layout.slot_bytes / sizeof(float)));
   }
   if (!updated_.empty()) {
     return absl::FailedPreconditionError(fmt::format(
@@ -184,10 +185,12 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
                       "SetUpdateCount: chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)),
                   chunk_id);
   }
-  if (request.update_count() < 0) {
-    return ErrorReply(absl::InvalidArgumentError(fmt::format("SetUpdateCount: chunk {}: update_count {} is negative",
-                                                         chunk_id, request.update_count())),
-                  chunk_id);
+  if (request.update_count() < 0 || request.update_count() > kMaxUpdateCount) {
+    return ErrorReply(absl::InvalidArgumentError(fmt::format(
+                          "SetUpdateCount: chunk {}: update_count {} is outside 0..{} (2^53, the most updates a "
+                          "chunk may count)",
+                          chunk_id, request.update_count(), kMaxUpdateCount)),
+                      chunk_id);
   }
   if (!updated_.empty()) {
     return ErrorReply(absl::FailedPreconditionError(fmt::format(

@@ -1,8 +1,10 @@
 #include "session/session_registry.h"
 
+#include <optional>
 #include <random>
 
 #include "common/log.h"
+#include "common/status_util.h"
 #include "fmt/format.h"
 #include "fuyou/segment_layout.h"
 #include "jobs/job_registry.h"
@@ -31,12 +33,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
         fmt::format("num_slots {} is outside 1..{}", request.num_slots(), kMaxSlots));
   }
   if (request.slot_bytes() == 0) return absl::InvalidArgumentError("slot_bytes must be > 0");
-  const SegmentLayout layout = SegmentLayout::For(request.num_slots(), request.slot_bytes());
-  if (layout.TotalBytes() > max_segment_bytes_) {
+  const std::optional<SegmentLayout> checked_layout =
+      SegmentLayout::Checked(request.num_slots(), request.slot_bytes(), max_segment_bytes_);
+  if (!checked_layout) {
     return absl::InvalidArgumentError(fmt::format(
-        "a segment of {} slots x 2 x {} bytes ({} bytes) exceeds the daemon's max_segment_bytes of {}",
-        layout.num_slots, layout.slot_bytes, layout.TotalBytes(), max_segment_bytes_));
+        "a segment of {} slots x 2 x {} bytes plus a {}-byte header exceeds the daemon's max_segment_bytes of {}; "
+        "ask for fewer or smaller slots",
+        request.num_slots(), request.slot_bytes(), kSegmentHeaderBytes, max_segment_bytes_));
   }
+  const SegmentLayout layout = *checked_layout;
   auto job = services_.jobs.Acquire(request.job(), uid);
   if (!job.ok()) return job.status();
   auto segment = ShmSegment::Create(layout, uid);
@@ -59,7 +64,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(const std::string& id) const {
   std::lock_guard lock(mutex_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+  if (it == sessions_.end()) return absl::NotFoundError(fmt::format("no open session has id {}", QuoteForError(id)));
   return it->second.session;
 }
 
@@ -68,7 +73,7 @@ absl::StatusOr<int64_t> SessionRegistry::Close(const std::string& id) {
   {
     std::lock_guard lock(mutex_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+    if (it == sessions_.end()) return absl::NotFoundError(fmt::format("no open session has id {}", QuoteForError(id)));
     session = std::move(it->second.session);
     sessions_.erase(it);
   }

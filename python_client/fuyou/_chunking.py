@@ -12,6 +12,7 @@ Chunk ids are ``group_index << 24 | index_in_group``: the same model, groups and
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, List, Sequence
 
@@ -70,6 +71,28 @@ class Chunk:
     @property
     def dtype_code(self) -> int:
         return DTYPE_CODES[self.dtype]
+
+    @property
+    def layout_fingerprint(self) -> int:
+        """A stable 64-bit hash of what the chunk packs: for each segment in
+        order, the parameter's shape and dtype and the piece [start, end) of it.
+        The daemon stores it with the chunk and refuses a resume whose chunk has
+        the same element count but another layout (ChunkSpec.layout_fingerprint
+        in proto/fuyou/v1/offload.proto). Never 0 (0 means "none given")."""
+        digest = hashlib.blake2b(digest_size=8, person=b"fuyou-layout-v1")
+        for seg in self.segments:
+            shape = ",".join(str(d) for d in seg.param.shape)
+            digest.update(f"({shape}):{seg.param.dtype}:{seg.start}:{seg.end};".encode())
+        return int.from_bytes(digest.digest(), "little") or 1
+
+    def layout_description(self) -> str:
+        """The chunk's parameter layout for error messages: shapes and dtypes."""
+        parts = []
+        for seg in self.segments:
+            shape = "x".join(str(d) for d in seg.param.shape) or "scalar"
+            piece = "" if seg.numel == seg.param.numel() else f"[{seg.start}:{seg.end}]"
+            parts.append(f"{shape} {str(seg.param.dtype).replace('torch.', '')}{piece}")
+        return "[" + ", ".join(parts) + "]"
 
     def add(self, param, param_index: int, start: int, end: int) -> None:
         self.segments.append(Segment(param, param_index, start, end, self.num_elements))

@@ -394,8 +394,16 @@ class AdamW(torch.optim.Optimizer):
         with torch.no_grad():
             for c in self._chunks:
                 buf = self._gather_weights(c)
-                resumed, _updates = self._session.register_chunk(
-                    c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code, _as_byte_buffer(buf))
+                try:
+                    resumed, _updates = self._session.register_chunk(
+                        c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,
+                        _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint)
+                except FailedPrecondition as e:
+                    if "fingerprint" not in e.message:
+                        raise
+                    raise FailedPrecondition(
+                        f"{e.message} (this model's chunk {c.chunk_id:#x} holds "
+                        f"{c.layout_description()})", e.code) from None
                 if resumed:
                     self._install(c, buf)
                     resumed_any = True

@@ -302,12 +302,13 @@ PYBIND11_MODULE(_fuyou, m) {
       .def(
           "register_chunk",
           [](PySession& s, uint32_t chunk_id, uint64_t num_elements, int param_dtype,
-             int grad_dtype, const py::buffer& weights) {
+             int grad_dtype, const py::buffer& weights, uint64_t layout_fingerprint) {
             ChunkSpec spec;
             spec.chunk_id = chunk_id;
             spec.num_elements = num_elements;
             spec.param_dtype = ToDType(param_dtype);
             spec.grad_dtype = ToDType(grad_dtype);
+            spec.layout_fingerprint = layout_fingerprint;
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
             Session& session = s.get();
@@ -316,9 +317,11 @@ PYBIND11_MODULE(_fuyou, m) {
             return py::make_tuple(r.resumed, r.update_count);
           },
           py::arg("chunk_id"), py::arg("num_elements"), py::arg("param_dtype"),
-          py::arg("grad_dtype"), py::arg("weights"),
+          py::arg("grad_dtype"), py::arg("weights"), py::arg("layout_fingerprint") = 0,
           "Registers a chunk; `weights` (writable) gives a new chunk's initial weights or "
-          "receives a resumed chunk's. Returns (resumed, update_count).")
+          "receives a resumed chunk's. `layout_fingerprint` (0: none) identifies the chunk's "
+          "parameter layout; a resume with another is FailedPrecondition. Returns "
+          "(resumed, update_count).")
       .def(
           "push_gradients",
           [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads, float lr,

@@ -9,6 +9,8 @@ from collections import deque
 
 import torch
 
+from fuyou._errors import FailedPrecondition
+
 DTYPES = {1: torch.float32, 2: torch.bfloat16, 3: torch.float16}
 JOBS: dict = {}
 
@@ -35,18 +37,26 @@ class FakeSession:
     def committed_step(self):
         return self.job["committed"]
 
-    def register_chunk(self, chunk_id, num_elements, param_dtype, grad_dtype, weights):
+    def register_chunk(self, chunk_id, num_elements, param_dtype, grad_dtype, weights,
+                       layout_fingerprint=0):
         mv = memoryview(weights).cast("B")
         dt = DTYPES[param_dtype]
-        self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         chunks = self.job["chunks"]
+        if chunk_id in chunks:
+            stored = chunks[chunk_id].get("fingerprint", 0)
+            if stored not in (0, layout_fingerprint):  # as the daemon's CheckLayoutFingerprint
+                raise FailedPrecondition(
+                    f"chunk {chunk_id} was created for the parameter layout with fingerprint "
+                    f"{stored:#018x}, but this model registers fingerprint {layout_fingerprint:#018x}")
+            chunks[chunk_id]["fingerprint"] = layout_fingerprint or stored
+        self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:
             master = chunks[chunk_id]["master"]
             torch.frombuffer(mv, dtype=dt, count=num_elements).copy_(master.to(dt))
             return True, chunks[chunk_id]["t"]
         w = torch.frombuffer(mv, dtype=dt, count=num_elements).float().clone()
         chunks[chunk_id] = {"master": w, "m": torch.zeros_like(w), "v": torch.zeros_like(w),
-                            "t": 0}
+                            "t": 0, "fingerprint": layout_fingerprint}
         return False, 0
 
     def acquire_slot(self, timeout):

@@ -59,6 +59,11 @@ struct ChunkSpec {
   uint64_t num_elements = 0;
   DType param_dtype = DType::kFloat32;
   DType grad_dtype = DType::kFloat32;
+  // Fingerprint of the parameter layout packed into the chunk (shapes, dtypes,
+  // order), or 0 for none. The daemon stores it with a new chunk and refuses to
+  // resume a chunk created with another (FAILED_PRECONDITION); see
+  // ChunkSpec.layout_fingerprint in proto/fuyou/v1/offload.proto.
+  uint64_t layout_fingerprint = 0;
 
   uint64_t param_bytes() const { return num_elements * DTypeSize(param_dtype); }
   uint64_t grad_bytes() const { return num_elements * DTypeSize(grad_dtype); }

@@ -11,6 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+
+#include "fuyou/checked_math.h"
 
 namespace fuyou {
 
@@ -18,10 +21,6 @@ inline constexpr uint64_t kSegmentAlignment = 4096;
 inline constexpr uint64_t kSegmentHeaderBytes = 4096;
 inline constexpr uint64_t kSegmentMagic = 0x31564f5559554643ULL;  // "CFUYUOV1"
 inline constexpr uint32_t kMaxSlots = 64;
-
-constexpr uint64_t AlignUp(uint64_t value, uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
 
 // Written by the daemon at offset 0 when it creates the segment; the client
 // checks it after mapping so a wrong or stale segment is refused, not misread.
@@ -37,10 +36,23 @@ struct SegmentLayout {
   uint32_t num_slots = 0;
   uint64_t slot_bytes = 0;  // bytes of each region; multiple of kSegmentAlignment
 
-  // Builds the layout for `requested_slot_bytes`, rounding up to the alignment.
-  static constexpr SegmentLayout For(uint32_t slots, uint64_t requested_slot_bytes) {
-    return SegmentLayout{slots, AlignUp(requested_slot_bytes, kSegmentAlignment)};
+  // Builds the layout for `slots` slots of `requested_slot_bytes` (rounded up
+  // to kSegmentAlignment), or nullopt unless 1 <= slots <= kMaxSlots,
+  // requested_slot_bytes > 0 and the whole segment (TotalBytes) is at most
+  // `max_total_bytes`. The slot size is capped at max_total_bytes before it is
+  // rounded and the total is computed in checked arithmetic, so no request can
+  // wrap to a small segment. The only way to build a layout from untrusted sizes.
+  static constexpr std::optional<SegmentLayout> Checked(uint32_t slots, uint64_t requested_slot_bytes,
+                                                        uint64_t max_total_bytes) {
+    if (slots == 0 || slots > kMaxSlots || requested_slot_bytes == 0) return std::nullopt;
+    if (requested_slot_bytes > max_total_bytes) return std::nullopt;
+    const std::optional<uint64_t> slot_bytes = CheckedAlignUp(requested_slot_bytes, kSegmentAlignment);
+    const std::optional<uint64_t> total =
+        CheckedAdd(CheckedMul(CheckedMul(uint64_t{slots}, 2), slot_bytes), kSegmentHeaderBytes);
+    if (!total || *total > max_total_bytes) return std::nullopt;
+    return SegmentLayout{slots, *slot_bytes};
   }
+  // Offsets and total below are exact for a layout from Checked (its total fits).
   constexpr uint64_t GradOffset(uint32_t slot) const {
     return kSegmentHeaderBytes + uint64_t{slot} * 2 * slot_bytes;
   }
