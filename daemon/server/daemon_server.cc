@@ -185,8 +185,9 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   impl->listener->Serve(impl->server.get());
   impl->segment_listener->Serve();
   impl->reaper = std::thread([raw = impl.get()] { raw->RunReaper(); });
-  log::Info("fuyoud {} serving on {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker threads ({})",
-            FUYOU_VERSION, config.socket_path.string(), config.socket_mode,
+  log::Info("fuyoud {} serving on {} and segment socket {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker "
+            "threads ({})",
+            FUYOU_VERSION, config.socket_path.string(), impl->segment_socket.string(), config.socket_mode,
             [&] {
               std::string paths;
               for (size_t i = 0; i < config.storage_paths.size(); ++i) {
