@@ -190,7 +190,12 @@ void SegmentListener::Loop() {
     for (;;) {
       const int socket = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (socket < 0) {
-        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // The connection stays in the backlog and the socket stays readable:
+          // pause instead of spinning until a descriptor is free.
+          log::Warn("segment socket: cannot accept a handover: {}", std::strerror(errno));
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
           log::Warn("accept on the segment socket failed: {}", std::strerror(errno));
         }
         break;
