@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "adamw_reference.h"
 #include "daemon_process.h"
@@ -310,6 +311,27 @@ TEST_F(PrivilegeTest, ASecondHandoverForTheSameSessionIsRefused) {
   SegmentHeader header;
   std::memcpy(&header, (*first)->bytes().data(), sizeof header);
   EXPECT_EQ(header.magic, kSegmentMagic);
+}
+
+// A client that opens a session and never hands over its segment (it died, or
+// it is hostile) holds the job only until the reaper's 30 s grace has passed.
+// (Waits about 35 s: the reaper runs every 5 s.)
+TEST_F(PrivilegeTest, ASessionThatNeverGetsItsSegmentIsClosedByTheReaper) {
+  v1::OpenSessionResponse opened = OpenRaw("abandoned");
+  auto admin = AdminClient::Connect(daemon_->client_options());
+  ASSERT_TRUE(admin.ok());
+  bool gone = false;
+  for (int i = 0; i < 240 && !gone; ++i) {  // up to 2 minutes on a slow machine
+    auto sessions = (*admin)->ListSessions();
+    ASSERT_TRUE(sessions.ok());
+    gone = sessions->sessions_size() == 0;
+    if (!gone) std::this_thread::sleep_for(milliseconds(500));
+  }
+  ASSERT_TRUE(gone) << "the session without a segment is still open after 2 minutes";
+  // The job is free again, and the late segment finds no session.
+  EXPECT_FALSE(HandOverNewSegment(opened).ok());
+  v1::OpenSessionResponse again = OpenRaw("abandoned");
+  EXPECT_TRUE(HandOverNewSegment(again).ok());
 }
 
 }  // namespace
