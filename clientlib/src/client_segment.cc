@@ -119,14 +119,16 @@ absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::strin
   }
   if (::sendmsg(connection, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(payload.size())) {
     return absl::UnavailableError(
-        fmt::format("cannot send the segment to fuyoud's segment socket {}: {}", socket.string(), std::strerror(errno)));
+        fmt::format("cannot send the segment to fuyoud's segment socket {}: {}", socket.string(),
+                    std::strerror(errno)));
   }
 
   // The reply: one line, then the daemon closes the connection.
   std::string reply;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (reply.find('\n') == std::string::npos && reply.size() < kMaxReplyBytes) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd readable{connection, POLLIN, 0};
     const int ready = ::poll(&readable, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (ready < 0 && errno == EINTR) continue;

@@ -437,7 +437,8 @@ TEST_F(SessionTest, TheSegmentIsASealedMemfdHandedOverOnTheSegmentSocket) {
 }
 
 TEST_F(SessionTest, ASegmentTheDaemonRefusesFailsOpenWithItsStatus) {
-  fake_.refuse_segment = absl::FailedPreconditionError("the segment must be a memfd sealed with F_SEAL_SHRINK|F_SEAL_GROW");
+  fake_.refuse_segment =
+      absl::FailedPreconditionError("the segment must be a memfd sealed with F_SEAL_SHRINK|F_SEAL_GROW");
   absl::StatusOr<std::unique_ptr<Session>> session = Open();
   EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(session.status(), "handing the segment of job 'test-job' (session fake-1) to fuyoud failed"))
