@@ -11,12 +11,13 @@ add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/jobs/job.cc
   ${FUYOU_DAEMON_DIR}/jobs/job_registry.cc
   ${FUYOU_DAEMON_DIR}/scheduler/state_cache.cc
-  ${FUYOU_DAEMON_DIR}/session/shm_segment.cc
+  ${FUYOU_DAEMON_DIR}/session/session_segment.cc
   ${FUYOU_DAEMON_DIR}/session/session.cc
   ${FUYOU_DAEMON_DIR}/session/session_import.cc
   ${FUYOU_DAEMON_DIR}/session/session_registry.cc
   ${FUYOU_DAEMON_DIR}/server/socket_path.cc
   ${FUYOU_DAEMON_DIR}/server/peer_listener.cc
+  ${FUYOU_DAEMON_DIR}/server/segment_listener.cc
   ${FUYOU_DAEMON_DIR}/server/offload_service.cc
   ${FUYOU_DAEMON_DIR}/server/admin_service.cc
   ${FUYOU_DAEMON_DIR}/server/daemon_server.cc)
@@ -41,3 +42,7 @@ fuyou_add_test(NAME status_util_test
   SOURCES ${FUYOU_DAEMON_DIR}/common/status_util_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME job_test
   SOURCES ${FUYOU_DAEMON_DIR}/jobs/job_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME session_segment_test
+  SOURCES ${FUYOU_DAEMON_DIR}/session/session_segment_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME segment_listener_test
+  SOURCES ${FUYOU_DAEMON_DIR}/server/segment_listener_test.cc LIBS fuyou_daemon_core fuyou_client)

@@ -1,6 +1,7 @@
 // fuyoud: the fuyou offload daemon. See README.md and deploy/fuyoud.toml.
 #include <signal.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -105,6 +106,13 @@ int main(int argc, char** argv) {
                      std::getenv("FUYOU_CRASH_AT"));
   }
   if (const char* faults = std::getenv("FUYOU_TEST_FAULTS")) config.test_faults = faults;
+  if (::geteuid() == 0) {
+    // Clients create their segments themselves and pass the fds over the segment
+    // socket, so fuyoud needs no privilege; root only widens what a bug can do.
+    fuyou::log::Warn(
+        "fuyoud is running as root, which it does not need; deploy/fuyoud.service runs it as the system user "
+        "fuyou with no capabilities");
+  }
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

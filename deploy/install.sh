@@ -5,7 +5,9 @@
 #   - the systemd unit as /etc/systemd/system/fuyoud.service
 #   - the config as /etc/fuyou/fuyoud.toml, only when none exists (an existing
 #     one is left alone; the shipped default is put beside it as .dist)
-#   - the system group `fuyou`, whose members may use the daemon's socket
+#   - the system group and user `fuyou`: the daemon runs as that user with no
+#     capability; members of the group may use its sockets. An existing
+#     /var/lib/fuyou (made by a root-run fuyoud of an older release) is given to it.
 # It does not enable or start the service; it prints how to.
 # Uses sudo when not run as root.
 set -euo pipefail
@@ -39,6 +41,17 @@ fi
 if ! getent group fuyou >/dev/null; then
   "${SUDO[@]}" groupadd --system fuyou
 fi
+if ! getent passwd fuyou >/dev/null; then
+  "${SUDO[@]}" useradd --system --gid fuyou --home-dir /var/lib/fuyou --no-create-home \
+    --shell /usr/sbin/nologin --comment "fuyou offload daemon" fuyou
+fi
+# A data directory from a release whose fuyoud ran as root: the daemon, now
+# user fuyou, must own its job states (systemd's StateDirectory= would also do
+# this at the next start; doing it here makes `fuyoud` by hand work too).
+if [[ -d /var/lib/fuyou ]]; then
+  "${SUDO[@]}" chown -R fuyou:fuyou /var/lib/fuyou
+  "${SUDO[@]}" chmod 0700 /var/lib/fuyou
+fi
 
 if [[ -d /run/systemd/system ]]; then
   "${SUDO[@]}" systemctl daemon-reload
@@ -50,5 +63,6 @@ install: done. Next:
   usermod -aG fuyou USER                 # let USER connect (log in again after)
   $PREFIX/bin/fuyouctl status
 Storage paths other than /var/lib/fuyou: add them to /etc/fuyou/fuyoud.toml and to
-ReadWritePaths= (systemctl edit fuyoud).
+ReadWritePaths= (systemctl edit fuyoud), and give them to the daemon's user:
+  chown -R fuyou:fuyou DIR && chmod 0700 DIR
 MSG

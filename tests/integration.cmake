@@ -67,3 +67,15 @@ fuyou_add_test(NAME hostile_input_test
   LIBS fuyou_test_support fuyou_proto
   LABELS integration)
 add_dependencies(hostile_input_test fuyoud)
+# Least privilege: fuyoud as an unprivileged uid with no capability, serving
+# root and another user; the segment handover's refusals (needs root; skips
+# otherwise).
+add_executable(privilege_client ${FUYOU_INTEGRATION_DIR}/privilege_client.cc)
+target_include_directories(privilege_client PRIVATE ${FUYOU_INTEGRATION_DIR})
+target_link_libraries(privilege_client PRIVATE fuyou_client)
+fuyou_add_test(NAME privilege_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/privilege_test.cc
+  LIBS fuyou_test_support fuyou_proto fmt::fmt
+  LABELS integration)
+target_compile_definitions(privilege_test PRIVATE PRIVILEGE_CLIENT_PATH="$<TARGET_FILE:privilege_client>")
+add_dependencies(privilege_test fuyoud privilege_client)

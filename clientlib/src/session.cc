@@ -13,14 +13,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
-#include "boost/interprocess/exceptions.hpp"
-#include "boost/interprocess/mapped_region.hpp"
-#include "boost/interprocess/shared_memory_object.hpp"
 #include "channel.h"
 #include "fmt/format.h"
 #include "fuyou/client.h"
+#include "fuyou/client_segment.h"
 #include "fuyou/segment_layout.h"
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "session_impl.h"
@@ -29,7 +28,6 @@
 namespace fuyou {
 namespace {
 
-namespace bip = boost::interprocess;
 using internal::RpcError;
 using internal::SetDeadline;
 
@@ -83,57 +81,63 @@ absl::Status Session::Impl::Start() {
     return RpcError(rpc, fmt::format("OpenSession for job '{}'", options_.job), client_.rpc_timeout);
   }
   session_id_ = response.session_id();
-  segment_name_ = response.segment_name();
   num_slots_ = response.num_slots();
   slot_bytes_ = response.slot_bytes();
   committed_step_ = response.committed_step();
 
+  // Checked: the daemon's answer sizes memory this process creates and maps.
+  const std::optional<SegmentLayout> layout = SegmentLayout::Checked(num_slots_, slot_bytes_, UINT64_MAX);
   if (num_slots_ != options_.num_slots || slot_bytes_ < options_.slot_bytes ||
-      slot_bytes_ % kSegmentAlignment != 0 ||
-      response.segment_bytes() != SegmentLayout{num_slots_, slot_bytes_}.TotalBytes()) {
+      slot_bytes_ % kSegmentAlignment != 0 || !layout || response.segment_bytes() != layout->TotalBytes()) {
     return absl::FailedPreconditionError(fmt::format(
         "fuyoud opened {} with {} slots of {} bytes ({} bytes in all), which does not fit the "
         "request of {} slots of {} bytes: client and daemon disagree on the segment layout",
         Who(), num_slots_, slot_bytes_, response.segment_bytes(), options_.num_slots,
         options_.slot_bytes));
   }
-  if (absl::Status status = MapSegment(response); !status.ok()) return status;
+  if (absl::Status status = CreateSegment(response); !status.ok()) return status;
   slots_ = std::make_unique<internal::SlotPool>(num_slots_);
   return Attach();
 }
 
-absl::Status Session::Impl::MapSegment(const v1::OpenSessionResponse& response) {
-  try {
-    bip::shared_memory_object shm(bip::open_only, segment_name_.c_str(), bip::read_write);
-    region_ = std::make_unique<bip::mapped_region>(shm, bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    absl::StatusCode code = absl::StatusCode::kInternal;
-    if (e.get_error_code() == bip::not_found_error) code = absl::StatusCode::kNotFound;
-    if (e.get_error_code() == bip::security_error) code = absl::StatusCode::kPermissionDenied;
-    return absl::Status(code, fmt::format("cannot map shared-memory segment '{}' of {}: {}",
-                                          segment_name_, Who(), e.what()));
+absl::Status Session::Impl::CreateSegment(const v1::OpenSessionResponse& response) {
+  const std::filesystem::path socket = response.segment_socket();
+  if (!socket.is_absolute()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "fuyoud opened {} but named no segment socket (\"{}\"): it is older than this client, which "
+        "hands over its segment as a memfd; upgrade fuyoud",
+        Who(), response.segment_socket()));
   }
-  base_ = static_cast<std::byte*>(region_->get_address());
+  absl::StatusOr<std::unique_ptr<ClientSegment>> segment = ClientSegment::Create(response.segment_bytes());
+  if (!segment.ok()) {
+    return absl::Status(segment.status().code(), fmt::format("cannot create the segment of {}: {}", Who(),
+                                                             std::string(segment.status().message())));
+  }
+  segment_ = std::move(*segment);
+  base_ = segment_->bytes().data();
+  if (absl::Status handed = segment_->HandOver(socket, session_id_, client_.rpc_timeout); !handed.ok()) {
+    return absl::Status(handed.code(), fmt::format("handing the segment of {} to fuyoud failed: {}", Who(),
+                                                   std::string(handed.message())));
+  }
+  // The fd has done its job: the daemon holds its own mapping.
+  segment_->CloseFd();
+  // The header fuyoud wrote through its own mapping (before it answered OK)
+  // proves that it maps this memory.
   const uint64_t expected = response.segment_bytes();
-  if (region_->get_size() < sizeof(SegmentHeader) || region_->get_size() < expected) {
-    return absl::FailedPreconditionError(
-        fmt::format("shared-memory segment '{}' of {} is {} bytes, expected {}", segment_name_,
-                    Who(), region_->get_size(), expected));
-  }
   SegmentHeader header;
   std::memcpy(&header, base_, sizeof(header));
   if (header.magic != kSegmentMagic) {
     return absl::DataLossError(fmt::format(
-        "shared-memory segment '{}' of {} has magic {:#018x}, expected {:#018x}: it is not a "
-        "fuyou segment or comes from an incompatible fuyoud",
-        segment_name_, Who(), header.magic, kSegmentMagic));
+        "the segment of {} has magic {:#018x}, expected {:#018x}, after fuyoud accepted it: fuyoud "
+        "does not map the memory this client created, or is incompatible with this client",
+        Who(), header.magic, kSegmentMagic));
   }
   if (header.num_slots != num_slots_ || header.slot_bytes != slot_bytes_ ||
       header.total_bytes != expected) {
     return absl::FailedPreconditionError(fmt::format(
-        "shared-memory segment '{}' of {} has a header of {} slots of {} bytes ({} in all) but "
+        "the segment of {} has a header of {} slots of {} bytes ({} in all) but "
         "OpenSession announced {} slots of {} bytes ({} in all)",
-        segment_name_, Who(), header.num_slots, header.slot_bytes, header.total_bytes, num_slots_,
+        Who(), header.num_slots, header.slot_bytes, header.total_bytes, num_slots_,
         slot_bytes_, expected));
   }
   return absl::OkStatus();
@@ -613,7 +617,7 @@ absl::Status Session::Impl::Close() {
     if (slots_ != nullptr) slots_->Fail(ClosedError());
   }
   base_ = nullptr;
-  region_.reset();
+  segment_.reset();
   close_done_ = true;
   close_status_ = result;
   return result;

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <thread>
 
-#include "boost/interprocess/mapped_region.hpp"
 #include "fuyou/client.h"
+#include "fuyou/client_segment.h"
 #include "fuyou/segment_layout.h"
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "slot_pool.h"
@@ -99,7 +99,9 @@ class Session::Impl {
   absl::Status ClosedError() const {
     return absl::FailedPreconditionError(fmt::format("session of {} is closed", Who()));
   }
-  absl::Status MapSegment(const v1::OpenSessionResponse& response);
+  // Creates the segment (a sealed memfd), hands it to fuyoud over the segment
+  // socket, and checks the header fuyoud wrote into it.
+  absl::Status CreateSegment(const v1::OpenSessionResponse& response);
   absl::Status Attach();
   // The status that refuses a new call, if any: closed, connection lost, a fatal
   // daemon error, or a session-level error not yet reported (reported once).
@@ -123,10 +125,9 @@ class Session::Impl {
 
   // Set once by Start.
   std::string session_id_;
-  std::string segment_name_;
   uint32_t num_slots_ = 0;
   uint64_t slot_bytes_ = 0;
-  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  std::unique_ptr<ClientSegment> segment_;
   std::byte* base_ = nullptr;
   std::unique_ptr<internal::SlotPool> slots_;
   std::atomic<int64_t> committed_step_{0};

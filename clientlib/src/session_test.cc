@@ -1,13 +1,17 @@
 // Session against a fake in-process Offload service: the fake serves on a Unix
-// socket in a temporary directory, creates a real POSIX shared-memory segment and
-// answers the stream the way fuyoud does, with a few chunk ids that misbehave:
+// socket in a temporary directory, takes the client's memfd segment on a segment
+// socket beside it (fuyou/segment_handover.h), maps it and writes its header,
+// and answers the stream the way fuyoud does, with a few chunk ids that misbehave:
 //   chunk 999: every GradReady is refused with FAILED_PRECONDITION;
 //   chunk 777: GradReady is never answered (to test waits and shutdown);
 //   EndStep 113: refused with an Error that names the step, not a chunk.
 // "Updated" weights are deterministic: new[i] = grad[i] * 2 + step (float32).
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -17,12 +21,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "fmt/format.h"
 #include "fuyou/client.h"
+#include "fuyou/segment_handover.h"
 #include "fuyou/segment_layout.h"
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "grpcpp/server.h"
@@ -45,6 +51,11 @@ class FakeOffload final : public v1::Offload::Service {
   ~FakeOffload() override { Unmap(); }
 
   std::atomic<HeaderFault> header_fault{HeaderFault::kNone};
+  // Set: every handover is answered with this error instead of taken.
+  absl::Status refuse_segment;
+  std::string segment_socket;  // what OpenSession names
+  std::atomic<int> segments_received{0};
+  std::atomic<int> last_segment_seals{0};
   std::atomic<int> close_calls{0};
   std::atomic<int> grad_ready_seen{0};
   std::atomic<bool> silent_chunk_arrived{false};
@@ -64,20 +75,11 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard lock(mu_);
     Unmap();
     layout_ = *SegmentLayout::Checked(request->num_slots(), request->slot_bytes(), UINT64_MAX);
-    name_ = fmt::format("/fuyou-session-test-{}-{}", ::getpid(), ++sessions_);
-    const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return grpc::Status(grpc::StatusCode::INTERNAL, "shm_open failed");
     size_ = layout_.TotalBytes();
-    if (::ftruncate(fd, static_cast<off_t>(size_)) != 0) return grpc::Status(grpc::StatusCode::INTERNAL, "ftruncate");
-    base_ = static_cast<std::byte*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    ::close(fd);
-    SegmentHeader header{kSegmentMagic, layout_.num_slots, 0, layout_.slot_bytes, size_};
-    if (header_fault == HeaderFault::kBadMagic) header.magic = 0x1234;
-    if (header_fault == HeaderFault::kWrongSlots) header.num_slots += 1;
-    std::memcpy(base_, &header, sizeof(header));
     registered_.clear();
-    response->set_session_id(fmt::format("fake-{}", sessions_));
-    response->set_segment_name(name_);
+    session_id_ = fmt::format("fake-{}", ++sessions_);
+    response->set_session_id(session_id_);
+    response->set_segment_socket(segment_socket);
     response->set_segment_bytes(size_);
     response->set_num_slots(layout_.num_slots);
     response->set_slot_bytes(layout_.slot_bytes);
@@ -117,7 +119,7 @@ class FakeOffload final : public v1::Offload::Service {
     }
     {
       std::lock_guard lock(mu_);
-      ::shm_unlink(name_.c_str());
+      if (base_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "send the segment first");
     }
     v1::DaemonMessage out;
     out.mutable_attached()->set_session_id(in.attach().session_id());
@@ -178,6 +180,26 @@ class FakeOffload final : public v1::Offload::Service {
     return grpc::Status::OK;
   }
 
+  // A handover on the segment socket: maps the memfd and writes the header, as
+  // fuyoud does (with the header faults asked for).
+  absl::Status ReceiveSegment(const std::string& id, int fd) {
+    std::lock_guard lock(mu_);
+    if (!refuse_segment.ok()) return refuse_segment;
+    if (id != session_id_) return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+    last_segment_seals = ::fcntl(fd, F_GET_SEALS);
+    base_ = static_cast<std::byte*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (base_ == MAP_FAILED) {
+      base_ = nullptr;
+      return absl::InternalError("mmap failed");
+    }
+    SegmentHeader header{kSegmentMagic, layout_.num_slots, 0, layout_.slot_bytes, size_};
+    if (header_fault == HeaderFault::kBadMagic) header.magic = 0x1234;
+    if (header_fault == HeaderFault::kWrongSlots) header.num_slots += 1;
+    std::memcpy(base_, &header, sizeof(header));
+    ++segments_received;
+    return absl::OkStatus();
+  }
+
   grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
                             v1::CloseSessionResponse* response) override {
     ++close_calls;
@@ -195,19 +217,76 @@ class FakeOffload final : public v1::Offload::Service {
   float* Param(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.ParamOffset(slot)); }
   void Unmap() {
     if (base_ != nullptr) ::munmap(base_, size_);
-    if (!name_.empty()) ::shm_unlink(name_.c_str());  // when Attach never came
     base_ = nullptr;
   }
 
   std::mutex mu_;
   SegmentLayout layout_;
-  std::string name_;
+  std::string session_id_;
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
   int sessions_ = 0;
   std::atomic<int64_t> committed_{0};
   std::map<uint32_t, StoredChunk> store_;
   std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
+};
+
+// The segment socket of the fake: one handover at a time, on its own thread.
+class FakeSegmentSocket {
+ public:
+  FakeSegmentSocket(const std::string& path, FakeOffload& fake) : fake_(fake) {
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(::listen(listen_fd_, 16), 0);
+    EXPECT_EQ(::pipe2(stop_, O_CLOEXEC), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeSegmentSocket() {
+    (void)::write(stop_[1], "x", 1);
+    thread_.join();
+    ::close(listen_fd_);
+    ::close(stop_[0]);
+    ::close(stop_[1]);
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 || fds[1].revents != 0) return;
+      const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (connection < 0) continue;
+      char buffer[kMaxHandoverMessageBytes];
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+      iovec data{buffer, sizeof buffer};
+      msghdr message{};
+      message.msg_iov = &data;
+      message.msg_iovlen = 1;
+      message.msg_control = control;
+      message.msg_controllen = sizeof control;
+      const ssize_t got = ::recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
+      int fd = -1;
+      cmsghdr* header = got > 0 ? CMSG_FIRSTHDR(&message) : nullptr;
+      if (header != nullptr && header->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(header), sizeof fd);
+      const std::string text(buffer, got > 0 ? static_cast<size_t>(got) : 0);
+      absl::Status status = absl::InvalidArgumentError("malformed handover");
+      if (fd >= 0 && !text.empty() && text.back() == '\n') {
+        status = fake_.ReceiveSegment(text.substr(0, text.size() - 1), fd);
+      }
+      if (fd >= 0) ::close(fd);
+      const std::string reply = FormatHandoverReply(status);
+      (void)::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
+      ::close(connection);
+    }
+  }
+
+  FakeOffload& fake_;
+  int listen_fd_ = -1;
+  int stop_[2] = {-1, -1};
+  std::thread thread_;
 };
 
 std::span<std::byte> Bytes(std::vector<float>& v) { return std::as_writable_bytes(std::span(v)); }
@@ -228,6 +307,8 @@ class SessionTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(dir), nullptr);
     dir_ = dir;
     address_ = "unix:" + dir_ + "/fuyoud.sock";
+    fake_.segment_socket = dir_ + "/fuyoud.sock" + std::string(kSegmentSocketSuffix);
+    segment_socket_ = std::make_unique<FakeSegmentSocket>(fake_.segment_socket, fake_);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
     builder.RegisterService(&fake_);
@@ -236,6 +317,7 @@ class SessionTest : public ::testing::Test {
   }
   void TearDown() override {
     ShutdownServer();
+    segment_socket_.reset();
     std::filesystem::remove_all(dir_);
   }
   void ShutdownServer() {
@@ -260,6 +342,7 @@ class SessionTest : public ::testing::Test {
   std::string dir_;
   std::string address_;
   FakeOffload fake_;
+  std::unique_ptr<FakeSegmentSocket> segment_socket_;
   std::unique_ptr<grpc::Server> server_;
 };
 
@@ -335,13 +418,40 @@ TEST_F(SessionTest, RegisterPushPullEndStepClose) {
   EXPECT_TRUE(Contains(after, "closed")) << after;
 }
 
-TEST_F(SessionTest, SegmentNameIsUnlinkedAfterAttach) {
+TEST_F(SessionTest, TheSegmentIsASealedMemfdHandedOverOnTheSegmentSocket) {
+  std::set<std::string> shm_before;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) shm_before.insert(entry.path().string());
   absl::StatusOr<std::unique_ptr<Session>> session = Open();
   ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(fake_.segments_received, 1);
+  const int seals = fake_.last_segment_seals;
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // Nothing is named in /dev/shm, and the client keeps no fd of its segment.
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    EXPECT_EQ(entry.path().filename().string().find(fmt::format("fuyou-session-test-{}-", ::getpid())),
-              std::string::npos);
+    EXPECT_EQ(shm_before.count(entry.path().string()), 1u) << entry.path();
   }
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    EXPECT_EQ(std::filesystem::read_symlink(entry.path(), ec).string().find("memfd:fuyou-segment"), std::string::npos);
+  }
+}
+
+TEST_F(SessionTest, ASegmentTheDaemonRefusesFailsOpenWithItsStatus) {
+  fake_.refuse_segment =
+      absl::FailedPreconditionError("the segment must be a memfd sealed with F_SEAL_SHRINK|F_SEAL_GROW");
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(session.status(), "handing the segment of job 'test-job' (session fake-1) to fuyoud failed"))
+      << session.status();
+  EXPECT_TRUE(Contains(session.status(), "F_SEAL_SHRINK|F_SEAL_GROW")) << session.status();
+  EXPECT_EQ(fake_.close_calls, 1);  // the daemon is told to free the session
+}
+
+TEST_F(SessionTest, ADaemonThatNamesNoSegmentSocketIsRefused) {
+  fake_.segment_socket = "";
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(session.status(), "named no segment socket")) << session.status();
 }
 
 TEST_F(SessionTest, ExistingChunkIsResumedIntoTheWeights) {

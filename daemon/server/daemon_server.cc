@@ -22,7 +22,8 @@
 #include "server/peer_listener.h"
 #include "server/socket_path.h"
 #include "session/session_registry.h"
-#include "session/shm_segment.h"
+#include "server/segment_listener.h"
+#include "fuyou/segment_handover.h"
 #include "stats/daemon_stats.h"
 #include "storage/fault_spec.h"
 #include "storage/io_engine.h"
@@ -122,6 +123,9 @@ class DaemonServer::Impl {
   std::unique_ptr<OffloadService> offload;
   std::unique_ptr<AdminService> admin;
   std::unique_ptr<PeerListener> listener;
+  // Where clients hand over their segments; stopped before `sessions` goes.
+  fs::path segment_socket;
+  std::unique_ptr<SegmentListener> segment_listener;
   std::unique_ptr<grpc::Server> server;
 
   std::mutex mutex;
@@ -149,9 +153,6 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     auto lock = StoragePathLock::Acquire(root);
     if (!lock.ok()) return lock.status();
     impl->locks.push_back(std::move(*lock));
-  }
-  if (int removed = RemoveOrphanedSegments(); removed > 0) {
-    log::Info("removed {} shared-memory segment(s) left in /dev/shm by a daemon that no longer runs", removed);
   }
   impl->stats = std::make_unique<DaemonStats>(config.storage_paths);
   storage::IoEngineOptions io_options;
@@ -185,11 +186,27 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.job_quota_bytes = config.job_quota_bytes;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes);
+  // Two sockets side by side, prepared alike: gRPC, and the segment socket
+  // where each client passes its segment's memfd (fuyou/segment_handover.h).
+  // The daemon needs no privilege for either: it never creates a segment.
+  impl->segment_socket = fs::absolute(config.socket_path).string() + std::string(kSegmentSocketSuffix);
   FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path));
+  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(impl->segment_socket));
   auto listener = PeerListener::Listen(config.socket_path, config.socket_mode);
   if (!listener.ok()) return listener.status();
   impl->listener = std::move(*listener);
-  impl->offload = std::make_unique<OffloadService>(*impl->sessions, impl->listener.get());
+  auto segment_listener = SegmentListener::Listen(
+      impl->segment_socket, config.socket_mode,
+      [sessions = impl->sessions.get()](const PeerCredentials& peer, const std::string& id, int fd) {
+        return sessions->AdoptSegment(id, peer.uid, fd);
+      });
+  if (!segment_listener.ok()) {
+    std::error_code ec;
+    fs::remove(config.socket_path, ec);
+    return segment_listener.status();
+  }
+  impl->segment_listener = std::move(*segment_listener);
+  impl->offload = std::make_unique<OffloadService>(*impl->sessions, impl->listener.get(), impl->segment_socket);
   impl->admin = std::make_unique<AdminService>(impl->listener.get(), *impl->stats, *impl->sessions, *impl->jobs,
                                                *impl->cache,
                                                std::string(optimizer::IsaName(impl->kernel->isa())), direct_io);
@@ -205,9 +222,11 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     return absl::UnavailableError(fmt::format("cannot start the gRPC server for {}", config.socket_path.string()));
   }
   impl->listener->Serve(impl->server.get());
+  impl->segment_listener->Serve();
   impl->reaper = std::thread([raw = impl.get()] { raw->RunReaper(); });
-  log::Info("fuyoud {} serving on {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker threads ({})",
-            FUYOU_VERSION, config.socket_path.string(), config.socket_mode,
+  log::Info("fuyoud {} serving on {} and segment socket {} (mode {:04o}); storage: {}; DRAM budget {} MiB; {} worker "
+            "threads ({})",
+            FUYOU_VERSION, config.socket_path.string(), impl->segment_socket.string(), config.socket_mode,
             [&] {
               std::string paths;
               for (size_t i = 0; i < config.storage_paths.size(); ++i) {
@@ -247,11 +266,14 @@ void DaemonServer::Shutdown() {
   // Sessions still open lose only their uncommitted step.
   impl.sessions->CloseAll();
   impl.listener->Stop();
+  impl.segment_listener->Stop();
   impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   impl.server->Wait();
   std::error_code ec;
   fs::remove(impl.config.socket_path, ec);
-  log::Info("fuyoud stopped; socket {} removed", impl.config.socket_path.string());
+  fs::remove(impl.segment_socket, ec);
+  log::Info("fuyoud stopped; sockets {} and {} removed", impl.config.socket_path.string(),
+            impl.segment_socket.string());
 }
 
 }  // namespace fuyou

@@ -26,9 +26,9 @@ grpc::Status OffloadService::OpenSession(grpc::ServerContext* context, const v1:
   const PeerCredentials peer = Caller(listener_, context->peer());
   auto session = sessions_.Open(*request, ClientIdentity{peer.uid, peer.pid});
   if (!session.ok()) return ToGrpcStatus(session.status());
-  const SegmentLayout& layout = (*session)->segment().layout();
+  const SegmentLayout& layout = (*session)->layout();
   response->set_session_id((*session)->id());
-  response->set_segment_name((*session)->segment().name());
+  response->set_segment_socket(segment_socket_);
   response->set_segment_bytes(layout.TotalBytes());
   response->set_num_slots(layout.num_slots);
   response->set_slot_bytes(layout.slot_bytes);
@@ -58,11 +58,7 @@ grpc::Status OffloadService::Stream(grpc::ServerContext* context,
   auto found = FindOwn(context, id);
   if (!found.ok()) return ToGrpcStatus(found.status());
   std::shared_ptr<Session> session = std::move(*found);
-  if (session->attached()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        fmt::format("session {} already has a stream attached", id));
-  }
-  session->Attach();
+  if (absl::Status attached = session->Attach(); !attached.ok()) return ToGrpcStatus(attached);
   v1::DaemonMessage attached;
   attached.mutable_attached()->set_session_id(id);
   bool open = stream->Write(attached);

@@ -1,6 +1,8 @@
 // OffloadService: fuyou.v1.Offload on top of the SessionRegistry.
 #pragma once
 
+#include <string>
+
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "server/peer_listener.h"
 #include "session/session_registry.h"
@@ -9,8 +11,10 @@ namespace fuyou {
 
 class OffloadService final : public v1::Offload::Service {
  public:
-  // `listener` (may be null, not owned) tells who each call comes from.
-  OffloadService(SessionRegistry& sessions, const PeerListener* listener) : sessions_(sessions), listener_(listener) {}
+  // `listener` (may be null, not owned) tells who each call comes from;
+  // `segment_socket` is the absolute path OpenSession names for the handover.
+  OffloadService(SessionRegistry& sessions, const PeerListener* listener, std::string segment_socket)
+      : sessions_(sessions), listener_(listener), segment_socket_(std::move(segment_socket)) {}
 
   grpc::Status OpenSession(grpc::ServerContext* context, const v1::OpenSessionRequest* request,
                            v1::OpenSessionResponse* response) override;
@@ -31,6 +35,7 @@ class OffloadService final : public v1::Offload::Service {
 
   SessionRegistry& sessions_;
   const PeerListener* listener_;
+  const std::string segment_socket_;
 };
 
 }  // namespace fuyou

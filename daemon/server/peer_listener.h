@@ -36,8 +36,7 @@ struct PeerCredentials {
 class PeerListener {
  public:
   // Binds `path` (which PrepareSocketPath has cleared) with permissions `mode`
-  // and listens. The socket is created under umask 0177 and then chmod-ed, so it
-  // is never more open than `mode`.
+  // and listens (ListenOnSocketPath).
   static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::filesystem::path& path, mode_t mode);
   // Stops accepting and closes the listening socket (not the socket file).
   ~PeerListener();

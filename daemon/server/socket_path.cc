@@ -58,4 +58,26 @@ absl::Status PrepareSocketPath(const fs::path& path) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> ListenOnSocketPath(const fs::path& path, mode_t mode) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket(AF_UNIX)");
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  const mode_t old_umask = ::umask(0177);
+  const int bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (bound != 0) {
+    ::close(fd);
+    return ErrnoStatus(bind_errno, fmt::format("cannot bind {}", path.string()));
+  }
+  if (::chmod(path.c_str(), mode) != 0 || ::listen(fd, 128) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, fmt::format("cannot set up {}", path.string()));
+  }
+  return fd;
+}
+
 }  // namespace fuyou

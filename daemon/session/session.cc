@@ -57,8 +57,8 @@ absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, cons
       record.chunk_id(), job_name_, stored, sent));
 }
 
-Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job,
-                 std::unique_ptr<ShmSegment> segment, ClientIdentity client, std::string client_info)
+Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job, SegmentLayout layout,
+                 ClientIdentity client, std::string client_info)
     : services_(services),
       id_(std::move(id)),
       job_name_(job->name()),
@@ -66,8 +66,8 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       client_(client),
       client_info_(std::move(client_info)),
       opened_(std::chrono::steady_clock::now()),
-      job_(std::move(job)),
-      segment_(std::move(segment)) {
+      layout_(layout),
+      job_(std::move(job)) {
   step_ = job_->manifest().committed_step() + 1;
   // Until a step has been seen, expect backward order: the reverse of registration.
   for (auto it = job_->manifest().chunks().rbegin(); it != job_->manifest().chunks().rend(); ++it) {
@@ -87,10 +87,35 @@ uint32_t Session::existing_chunks() const {
   return job_ ? static_cast<uint32_t>(job_->manifest().chunks_size()) : 0;
 }
 
-void Session::Attach() {
+absl::Status Session::AdoptSegment(std::unique_ptr<SessionSegment> segment) {
   std::lock_guard lock(mutex_);
+  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
+  if (segment_) {
+    return absl::FailedPreconditionError(
+        fmt::format("session {} already has its segment; a segment is handed over once per session", id_));
+  }
+  if (segment->layout().num_slots != layout_.num_slots || segment->layout().slot_bytes != layout_.slot_bytes) {
+    return absl::InternalError(fmt::format("session {}: the segment's layout is not the session's", id_));
+  }
+  segment_ = std::move(segment);
+  has_segment_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status Session::Attach() {
+  std::lock_guard lock(mutex_);
+  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
+  if (!segment_) return NoSegmentError();
+  if (attached_) return absl::FailedPreconditionError(fmt::format("session {} already has a stream attached", id_));
   attached_ = true;
-  if (segment_) segment_->Unlink();
+  return absl::OkStatus();
+}
+
+absl::Status Session::NoSegmentError() const {
+  return absl::FailedPreconditionError(fmt::format(
+      "session {} has no segment yet: send the segment first (a sealed memfd of {} bytes, on the segment socket "
+      "that OpenSession named)",
+      id_, layout_.TotalBytes()));
 }
 
 bool Session::attached() const {
@@ -224,7 +249,7 @@ void Session::PrefetchAfter(size_t position) {
 }
 
 absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const {
-  const SegmentLayout& layout = segment_->layout();
+  const SegmentLayout& layout = layout_;
   if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
   std::set<uint32_t> ids;
   std::set<uint32_t> slots;
@@ -285,6 +310,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   std::lock_guard lock(mutex_);
   if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
   if (!broken_.ok()) return broken_;
+  if (!segment_) return NoSegmentError();
   // Validate everything before changing anything.
   FUYOU_RETURN_IF_ERROR(ValidateRegistrationLocked(request));
 
@@ -415,6 +441,7 @@ v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
   if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
   if (!broken_.ok()) return ErrorReply(broken_, {}, {});
+  if (!segment_) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
   switch (message.kind_case()) {
     case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
     case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
@@ -444,9 +471,9 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     return refuse(absl::InvalidArgumentError(
         fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)));
   }
-  if (request.slot() >= segment_->layout().num_slots) {
+  if (request.slot() >= layout_.num_slots) {
     return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: slot {} does not exist (the session has {} slots)",
-                                                         chunk_id, request.slot(), segment_->layout().num_slots)));
+                                                         chunk_id, request.slot(), layout_.num_slots)));
   }
   if (!request.has_hyper()) return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: hyper is missing", chunk_id)));
   if (std::string problem = HyperProblem(request.hyper()); !problem.empty()) {
@@ -624,7 +651,7 @@ v1::SessionInfo Session::Info() const {
   info.set_client_info(client_info_);
   info.set_chunks(static_cast<uint32_t>(registered_.size()));
   info.set_committed_step(step_ - 1);
-  info.set_segment_bytes(segment_ ? segment_->layout().TotalBytes() : 0);
+  info.set_segment_bytes(layout_.TotalBytes());
   info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
   return info;
 }

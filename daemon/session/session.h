@@ -1,6 +1,9 @@
 // Session: one job's training stream on the daemon.
 //
-// Owns the session's shared-memory segment and its hold on the job. Runs the
+// Owns the session's shared-memory segment and its hold on the job. The segment
+// arrives after OpenSession (the client creates it and hands it over, see
+// session_segment.h): until AdoptSegment, RegisterChunks and Attach are refused
+// with FAILED_PRECONDITION, and segment() is null. Runs the
 // per-step protocol: for each GradReady it takes the chunk's states (from the
 // DRAM tier, a prefetch already in flight, or storage), runs AdamW, writes the
 // new weights into the slot, answers ParamsReady, and queues the new states for
@@ -22,6 +25,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,7 +42,7 @@
 #include "fuyou/v1/offload.pb.h"
 #include "jobs/job.h"
 #include "scheduler/state_cache.h"
-#include "session/shm_segment.h"
+#include "session/session_segment.h"
 
 namespace fuyou {
 
@@ -68,7 +72,8 @@ struct SessionServices {
 
 class Session {
  public:
-  Session(SessionServices services, std::string id, std::shared_ptr<Job> job, std::unique_ptr<ShmSegment> segment,
+  // `layout` is the segment the client must hand over (AdoptSegment).
+  Session(SessionServices services, std::string id, std::shared_ptr<Job> job, SegmentLayout layout,
           ClientIdentity client, std::string client_info);
   // Closes the session if still open.
   ~Session();
@@ -78,13 +83,21 @@ class Session {
   const std::string& id() const { return id_; }
   const std::string& job_name() const { return job_name_; }
   uid_t uid() const { return client_.uid; }
-  const ShmSegment& segment() const { return *segment_; }
+  // The segment the client must create: fixed at OpenSession.
+  const SegmentLayout& layout() const { return layout_; }
+  // True once AdoptSegment has succeeded (also after Close). Lock-free.
+  bool has_segment() const { return has_segment_.load(std::memory_order_acquire); }
   int64_t committed_step() const;
   // Chunks the job has on the storage tier (registered in any session).
   uint32_t existing_chunks() const;
 
-  // The client has mapped the segment: its name is unlinked from /dev/shm.
-  void Attach();
+  // Takes the client's segment, whose layout must be layout(). FAILED_PRECONDITION
+  // when the session is closed or already has a segment (one per session).
+  absl::Status AdoptSegment(std::unique_ptr<SessionSegment> segment);
+
+  // The client's stream is attached. FAILED_PRECONDITION when the session is
+  // closed, has no segment yet, or already has a stream.
+  absl::Status Attach();
   bool attached() const;
 
   absl::StatusOr<v1::RegisterChunksResponse> RegisterChunks(const v1::RegisterChunksRequest& request);
@@ -160,6 +173,8 @@ class Session {
   // session: every later request gets that error.
   absl::Status CommitJobLocked(v1::JobManifest next);
   absl::Status StepError() const;
+  // FAILED_PRECONDITION: RegisterChunks or Attach before the segment arrived.
+  absl::Status NoSegmentError() const;
 
   SessionServices services_;
   const std::string id_;
@@ -168,10 +183,12 @@ class Session {
   const ClientIdentity client_;
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
+  const SegmentLayout layout_;
 
   mutable std::mutex mutex_;
   std::shared_ptr<Job> job_;
-  std::unique_ptr<ShmSegment> segment_;
+  std::unique_ptr<SessionSegment> segment_;  // null until AdoptSegment, and after Close
+  std::atomic<bool> has_segment_{false};
   bool attached_ = false;
   bool closed_ = false;
   absl::Status broken_;  // set when the job can no longer be used safely

@@ -43,7 +43,7 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
     return absl::InvalidArgumentError(fmt::format(
         "{}: chunk {}: state {} is not STATE_MASTER, STATE_EXP_AVG or STATE_EXP_AVG_SQ", verb, chunk_id, which));
   }
-  const SegmentLayout& layout = segment_->layout();
+  const SegmentLayout& layout = layout_;
   if (slot >= layout.num_slots) {
     return absl::InvalidArgumentError(fmt::format("{}: chunk {}: slot {} does not exist (the session has {} slots)",
                                                   verb, chunk_id, slot, layout.num_slots));

@@ -44,14 +44,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
   const SegmentLayout layout = *checked_layout;
   auto job = services_.jobs.Acquire(request.job(), uid);
   if (!job.ok()) return job.status();
-  auto segment = ShmSegment::Create(layout, uid);
-  if (!segment.ok()) {
-    services_.jobs.Release(**job);
-    return segment.status();
-  }
+  // The segment comes later: the client creates it and hands it over.
   std::string id = NewSessionId();
-  auto session = std::make_shared<Session>(services_, id, std::move(*job), std::move(*segment), client,
-                                           request.client_info());
+  auto session = std::make_shared<Session>(services_, id, std::move(*job), layout, client, request.client_info());
   {
     std::lock_guard lock(mutex_);
     sessions_[id] = Entry{session, std::chrono::steady_clock::now()};
@@ -82,6 +77,26 @@ absl::StatusOr<int64_t> SessionRegistry::Close(const std::string& id) {
   return committed;
 }
 
+absl::Status SessionRegistry::AdoptSegment(const std::string& id, uid_t caller, int fd) {
+  auto session = Find(id);
+  // Another user's session is answered exactly like an unknown one: ids are not
+  // disclosed across users.
+  if (!session.ok() || (*session)->uid() != caller) {
+    return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+  }
+  // Checked without the session's lock, which RegisterChunks holds across I/O.
+  if ((*session)->has_segment()) {
+    return absl::FailedPreconditionError(
+        fmt::format("session {} already has its segment; a segment is handed over once per session", id));
+  }
+  auto segment = SessionSegment::FromClientFd(fd, (*session)->layout());
+  if (!segment.ok()) return segment.status();
+  FUYOU_RETURN_IF_ERROR((*session)->AdoptSegment(std::move(*segment)));
+  log::Info("session {} of job '{}' received its segment ({} bytes)", id, (*session)->job_name(),
+            (*session)->layout().TotalBytes());
+  return absl::OkStatus();
+}
+
 std::vector<std::shared_ptr<Session>> SessionRegistry::List() const {
   std::lock_guard lock(mutex_);
   std::vector<std::shared_ptr<Session>> sessions;
@@ -104,7 +119,7 @@ void SessionRegistry::ReapUnattached(std::chrono::seconds grace) {
     }
   }
   for (const std::string& id : stale) {
-    log::Warn("session {}: no stream attached within {} s; closing it", id, grace.count());
+    log::Warn("session {}: no segment handed over or no stream attached within {} s; closing it", id, grace.count());
     (void)Close(id);
   }
 }

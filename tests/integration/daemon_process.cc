@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,24 +27,58 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
-pid_t Spawn(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env) {
+namespace {
+
+// argv and envp for an exec of `program`: this process's environment with `env`
+// added or replacing. The pointers point into the arguments.
+struct ExecArgs {
   std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(program.c_str()));
-  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
+  std::vector<char*> envp;
+};
+
+ExecArgs MakeExecArgs(const std::string& program, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env) {
+  ExecArgs exec;
+  exec.argv.push_back(const_cast<char*>(program.c_str()));
+  for (const std::string& arg : args) exec.argv.push_back(const_cast<char*>(arg.c_str()));
+  exec.argv.push_back(nullptr);
   std::vector<std::string> names;
   for (const std::string& entry : env) names.push_back(entry.substr(0, entry.find('=') + 1));
-  std::vector<char*> envp;
   for (char** inherited = environ; *inherited != nullptr; ++inherited) {
     bool replaced = false;
     for (const std::string& name : names) replaced = replaced || std::string_view(*inherited).starts_with(name);
-    if (!replaced) envp.push_back(*inherited);
+    if (!replaced) exec.envp.push_back(*inherited);
   }
-  for (const std::string& entry : env) envp.push_back(const_cast<char*>(entry.c_str()));
-  envp.push_back(nullptr);
+  for (const std::string& entry : env) exec.envp.push_back(const_cast<char*>(entry.c_str()));
+  exec.envp.push_back(nullptr);
+  return exec;
+}
+
+}  // namespace
+
+pid_t SpawnAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
+              const std::vector<std::string>& env) {
+  ExecArgs exec = MakeExecArgs(program, args, env);  // before fork: no allocation in the child
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(126);
+  ::execve(program.c_str(), exec.argv.data(), exec.envp.data());
+  ::_exit(127);
+}
+
+pid_t Spawn(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  ExecArgs exec = MakeExecArgs(program, args, env);
   pid_t pid = -1;
-  if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) return -1;
+  if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, exec.argv.data(), exec.envp.data()) != 0) return -1;
   return pid;
+}
+
+absl::StatusOr<std::unique_ptr<ClientSegment>> HandOverNewSegment(const v1::OpenSessionResponse& opened) {
+  auto segment = ClientSegment::Create(opened.segment_bytes());
+  if (!segment.ok()) return segment.status();
+  absl::Status handed = (*segment)->HandOver(opened.segment_socket(), opened.session_id(), std::chrono::seconds(20));
+  if (!handed.ok()) return handed;
+  return segment;
 }
 
 DaemonProcess::DaemonProcess(const fs::path& dir, std::vector<std::string> extra_args, std::vector<std::string> env)
@@ -57,7 +92,8 @@ DaemonProcess::~DaemonProcess() { Stop(); }
 absl::Status DaemonProcess::Start() {
   std::vector<std::string> args = {"--socket", socket_path_.string(), "--data-dir", data_dir_.string()};
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
-  pid_ = Spawn(FUYOUD_PATH, args, env_);
+  pid_ = run_as_ == static_cast<uid_t>(-1) ? Spawn(FUYOUD_PATH, args, env_)
+                                           : SpawnAs(run_as_, FUYOUD_PATH, args, env_);
   if (pid_ < 0) return absl::InternalError("cannot spawn " FUYOUD_PATH);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {

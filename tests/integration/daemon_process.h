@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "fuyou/client.h"
+#include "fuyou/client_segment.h"
+#include "fuyou/v1/offload.pb.h"
 
 namespace fuyou::testing {
 
@@ -29,6 +31,15 @@ class TempDir {
 // ("NAME=VALUE" entries) added or replacing; returns the pid or -1.
 pid_t Spawn(const std::string& program, const std::vector<std::string>& args,
             const std::vector<std::string>& env = {});
+// Spawn as `uid` (uid, gid `uid`, no supplementary groups): fork, drop the
+// groups and ids, exec. Needs root. Returns the pid or -1.
+pid_t SpawnAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
+              const std::vector<std::string>& env = {});
+
+// For raw-protocol tests: creates the segment an OpenSession answer asks for and
+// hands it to the daemon, as clientlib does; the segment (mapped, its fd still
+// open) or the handover's error.
+absl::StatusOr<std::unique_ptr<ClientSegment>> HandOverNewSegment(const v1::OpenSessionResponse& opened);
 
 class DaemonProcess {
  public:
@@ -50,6 +61,10 @@ class DaemonProcess {
   int WaitForExit(std::chrono::milliseconds timeout);
   // The environment of the next Start.
   void set_env(std::vector<std::string> env) { env_ = std::move(env); }
+  // Runs the next Start as `uid` (group `uid`, no supplementary groups), as
+  // root can; -1: as this process. The test makes the socket directory and the
+  // data directory's parent writable for that uid.
+  void set_run_as(uid_t uid) { run_as_ = uid; }
 
   ClientOptions client_options() const;
   const std::filesystem::path& socket_path() const { return socket_path_; }
@@ -62,6 +77,7 @@ class DaemonProcess {
   std::vector<std::string> extra_args_;
   std::vector<std::string> env_;
   pid_t pid_ = -1;
+  uid_t run_as_ = static_cast<uid_t>(-1);
 };
 
 }  // namespace fuyou::testing

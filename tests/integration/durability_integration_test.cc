@@ -198,6 +198,8 @@ TEST_F(DurabilityTest, AJobThatCannotFitIsRefusedBeforeAnythingIsWritten) {
     request.set_slot_bytes(10'000 * 4);
     ASSERT_TRUE(raw->OpenSession(&context, request, &opened).ok());
   }
+  auto segment = HandOverNewSegment(opened);
+  ASSERT_TRUE(segment.ok()) << segment.status();
   const uint64_t written_before = Stats().storage(0).bytes_written();
   grpc::ClientContext context;
   v1::RegisterChunksRequest request;
@@ -374,7 +376,7 @@ int CountShmMappings(pid_t pid) {
   std::ifstream maps(fmt::format("/proc/{}/maps", pid));
   std::string line;
   int count = 0;
-  while (std::getline(maps, line)) count += line.find("/dev/shm/fuyou-") != std::string::npos;
+  while (std::getline(maps, line)) count += line.find("/memfd:fuyou-segment") != std::string::npos;
   return count;
 }
 

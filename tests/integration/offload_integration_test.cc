@@ -235,7 +235,13 @@ class RawClient {
     request.set_job(job);
     request.set_num_slots(2);
     request.set_slot_bytes(4096);
-    return stub_->OpenSession(&context, request, response);
+    grpc::Status status = stub_->OpenSession(&context, request, response);
+    if (!status.ok()) return status;
+    // As clientlib does: the session's segment before anything else.
+    auto segment = HandOverNewSegment(*response);
+    if (!segment.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(segment.status().message()));
+    segments_.push_back(std::move(*segment));
+    return status;
   }
   grpc::Status Register(const std::string& session_id, uint32_t chunk_id, uint64_t n, int dtype) {
     grpc::ClientContext context;
@@ -260,6 +266,7 @@ class RawClient {
 
  private:
   std::unique_ptr<v1::Offload::Stub> stub_;
+  std::vector<std::unique_ptr<ClientSegment>> segments_;
 };
 
 void ExpectRefused(const absl::Status& status, absl::StatusCode code, const std::string& words) {
@@ -374,21 +381,23 @@ TEST_F(OffloadIntegrationTest, BadInputIsRefusedWhileAnotherSessionTrains) {
   EXPECT_TRUE(bad->Close().ok());
 }
 
+// Mappings of client segments (memfds) in the daemon `pid`.
 int CountDaemonShmMappings(pid_t pid) {
   std::ifstream maps(fmt::format("/proc/{}/maps", pid));
   std::string line;
   int count = 0;
-  while (std::getline(maps, line)) count += line.find("/dev/shm/fuyou-") != std::string::npos;
+  while (std::getline(maps, line)) count += line.find("/memfd:fuyou-segment") != std::string::npos;
   return count;
 }
 
-// True when /dev/shm holds a segment name of the daemon `pid` ("fuyou-<pid>-...").
-bool DevShmHasSegmentsOf(pid_t pid) {
-  const std::string prefix = fmt::format("fuyou-{}-", pid);
-  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
-    if (entry.path().filename().string().rfind(prefix, 0) == 0) return true;
+// File descriptors of client segments the daemon `pid` holds open.
+int CountDaemonSegmentFds(pid_t pid) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(fmt::format("/proc/{}/fd", pid))) {
+    std::error_code ec;
+    count += fs::read_symlink(entry.path(), ec).string().find("memfd:fuyou-segment") != std::string::npos;
   }
-  return false;
+  return count;
 }
 
 TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonServesOn) {
@@ -410,7 +419,7 @@ TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonSe
     EXPECT_EQ(sessions->sessions(0).uid(), ::getuid());
     EXPECT_EQ(sessions->sessions(0).job(), "victim");
   }
-  EXPECT_FALSE(DevShmHasSegmentsOf(daemon_->pid())) << "the segment name should be unlinked once the client attached";
+  EXPECT_EQ(CountDaemonSegmentFds(daemon_->pid()), 0) << "the daemon keeps the mapping, not the fd";
   ::kill(client, SIGKILL);
   ::waitpid(client, nullptr, 0);
 
@@ -494,20 +503,6 @@ TEST_F(OffloadIntegrationTest, AnotherUserCannotSeeOrDeleteAJob) {
   EXPECT_NE(text.find("private"), std::string::npos) << "the job must still exist: " << text;
 }
 
-TEST_F(OffloadIntegrationTest, SegmentsADeadDaemonLeftInDevShmAreRemovedAtStart) {
-  pid_t dead = Spawn("/bin/true", {});
-  ASSERT_GT(dead, 0);
-  ::waitpid(dead, nullptr, 0);
-  const fs::path orphan = fmt::format("/dev/shm/fuyou-{}-0123456789abcdef", dead);
-  const fs::path live = fmt::format("/dev/shm/fuyou-{}-fedcba9876543210", ::getpid());
-  std::ofstream(orphan) << "left by a daemon killed between OpenSession and Attach";
-  std::ofstream(live) << "a live daemon's";
-  StartDaemon();
-  EXPECT_FALSE(fs::exists(orphan));
-  EXPECT_TRUE(fs::exists(live)) << "a running process's segment must be left alone";
-  fs::remove(live);
-}
-
 TEST_F(OffloadIntegrationTest, DaemonRefusesASecondInstanceAndCleansAStaleSocket) {
   StartDaemon();
   // A second daemon on the same socket exits with an error; the first keeps serving.
@@ -517,8 +512,9 @@ TEST_F(OffloadIntegrationTest, DaemonRefusesASecondInstanceAndCleansAStaleSocket
   ASSERT_EQ(::waitpid(second, &status, 0), second);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
   EXPECT_EQ(Stats().live_sessions(), 0u);
-  daemon_->Kill();                    // leaves a stale socket behind
+  daemon_->Kill();                    // leaves stale sockets behind
   EXPECT_TRUE(fs::exists(daemon_->socket_path()));
+  EXPECT_TRUE(fs::exists(daemon_->socket_path().string() + ".seg"));
   StartDaemon();                      // removes it and serves
   EXPECT_EQ(Stats().live_sessions(), 0u);
 }
