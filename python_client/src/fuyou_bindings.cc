@@ -490,8 +490,8 @@ PYBIND11_MODULE(_fuyou, m) {
              return out;
            })
       .def("list_jobs",
-           [](AdminClient& a) {
-             const auto r = Blocking<v1::ListJobsResponse>([&] { return a.ListJobs(); });
+           [](AdminClient& a, bool all_users) {
+             const auto r = Blocking<v1::ListJobsResponse>([&] { return a.ListJobs(all_users); });
              py::list out;
              for (const auto& j : r.jobs()) {
                py::dict d;
@@ -503,10 +503,14 @@ PYBIND11_MODULE(_fuyou, m) {
                d["committed_step"] = j.committed_step();
                d["last_used_unix"] = j.last_used_unix();
                d["open"] = j.open();
+               d["damaged"] = j.damaged();  // "" unless the job cannot be used
                out.append(d);
              }
              return out;
-           })
+           },
+           py::arg("all_users") = false,
+           "The caller's jobs; all users' with all_users=True (administrators only: "
+           "PERMISSION_DENIED otherwise).")
       .def(
           "delete_job",
           [](AdminClient& a, const std::string& name) {
