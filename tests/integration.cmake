@@ -48,3 +48,15 @@ fuyou_add_test(NAME durability_integration_test
   LIBS fuyou_test_support fuyou_proto fmt::fmt
   LABELS integration)
 add_dependencies(durability_integration_test fuyoud)
+
+# Per-user and daemon-wide limits, idle sessions, client_info, GetStats scope,
+# the socket's permission message; a second user is limits_client run as nobody.
+add_executable(limits_client ${FUYOU_INTEGRATION_DIR}/limits_client.cc)
+target_link_libraries(limits_client PRIVATE fuyou_client fuyou_proto)
+fuyou_add_test(NAME limits_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/limits_test.cc
+  LIBS fuyou_test_support fuyou_proto fmt::fmt
+  LABELS integration)
+target_compile_definitions(limits_test PRIVATE LIMITS_CLIENT_PATH="$<TARGET_FILE:limits_client>"
+  FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
+add_dependencies(limits_test fuyoud limits_client fuyouctl)

@@ -43,6 +43,7 @@
 namespace fuyou {
 
 class DaemonStats;
+struct UserCounters;
 class JobRegistry;
 namespace optimizer {
 class AdamWKernel;
@@ -163,6 +164,7 @@ class Session {
   const ClientIdentity client_;
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
+  UserCounters& user_stats_;  // the client's own counters, bumped beside services_.stats
 
   mutable std::mutex mutex_;
   std::shared_ptr<Job> job_;
