@@ -14,6 +14,7 @@ add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/session/session_segment.cc
   ${FUYOU_DAEMON_DIR}/session/session.cc
   ${FUYOU_DAEMON_DIR}/session/session_import.cc
+  ${FUYOU_DAEMON_DIR}/session/session_quota.cc
   ${FUYOU_DAEMON_DIR}/session/session_registry.cc
   ${FUYOU_DAEMON_DIR}/server/socket_path.cc
   ${FUYOU_DAEMON_DIR}/server/peer_listener.cc
@@ -36,6 +37,10 @@ fuyou_add_test(NAME daemon_config_test
   SOURCES ${FUYOU_DAEMON_DIR}/config/daemon_config_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME state_cache_test
   SOURCES ${FUYOU_DAEMON_DIR}/scheduler/state_cache_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME daemon_stats_test
+  SOURCES ${FUYOU_DAEMON_DIR}/stats/daemon_stats_test.cc LIBS fuyou_daemon_core)
+fuyou_add_test(NAME session_quota_test
+  SOURCES ${FUYOU_DAEMON_DIR}/session/session_quota_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME crash_point_test
   SOURCES ${FUYOU_DAEMON_DIR}/common/crash_point_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME status_util_test

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -38,6 +40,11 @@ int main(int argc, char** argv) {
   std::string log_level;
   std::string socket_mode;
   double drain_seconds = -1;
+  int64_t max_sessions = -1;
+  int64_t max_sessions_per_user = -1;
+  std::string max_segment_bytes_per_user;
+  std::string max_client_info_bytes;
+  double idle_session_timeout = -1;
   app.add_option("--config", config_file, "TOML config file (see deploy/fuyoud.toml)")->check(CLI::ExistingFile);
   app.add_option("--socket", socket, "Unix socket to serve on (default: $FUYOU_SOCKET, /run/fuyou/fuyoud.sock for "
                                      "root, else $XDG_RUNTIME_DIR/fuyou/fuyoud.sock)");
@@ -55,6 +62,15 @@ int main(int argc, char** argv) {
   app.add_option("--io-depth", io_depth, "io_uring queue depth per storage path (default 64)");
   app.add_option("--drain-seconds", drain_seconds, "on SIGTERM, how long sessions may finish their step (default 10)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
+  app.add_option("--max-sessions", max_sessions, "live sessions of all users together (default 256)");
+  app.add_option("--max-sessions-per-user", max_sessions_per_user, "live sessions of one user (default 8)");
+  app.add_option("--max-segment-bytes-per-user", max_segment_bytes_per_user,
+                 "shared-memory segment bytes of one user's live sessions, e.g. 16GiB (default 16GiB)");
+  app.add_option("--max-client-info-bytes", max_client_info_bytes,
+                 "longest client_info a session may carry (default 1KiB)");
+  app.add_option("--idle-session-timeout", idle_session_timeout,
+                 "seconds an attached session may go without a message before it is closed; 0 = never "
+                 "(default 14400)");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::DaemonConfig config = fuyou::DefaultDaemonConfig();
@@ -92,6 +108,25 @@ int main(int argc, char** argv) {
   if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
   if (io_depth > 0) config.io_queue_depth = static_cast<unsigned>(io_depth);
   if (drain_seconds >= 0) config.drain_seconds = drain_seconds;
+  // Out-of-range counts become 0 or UINT32_MAX, which ValidateConfig refuses with a message.
+  auto count = [](int64_t value) { return static_cast<uint32_t>(std::clamp<int64_t>(value, 0, UINT32_MAX)); };
+  if (max_sessions != -1) config.max_sessions = count(max_sessions);
+  if (max_sessions_per_user != -1) config.max_sessions_per_user = count(max_sessions_per_user);
+  if (!max_segment_bytes_per_user.empty()) {
+    auto bytes = fuyou::ParseByteSize(max_segment_bytes_per_user);
+    if (!bytes.ok()) {
+      return Fail(absl::InvalidArgumentError("--max-segment-bytes-per-user: " + std::string(bytes.status().message())));
+    }
+    config.max_segment_bytes_per_user = *bytes;
+  }
+  if (!max_client_info_bytes.empty()) {
+    auto bytes = fuyou::ParseByteSize(max_client_info_bytes);
+    if (!bytes.ok()) {
+      return Fail(absl::InvalidArgumentError("--max-client-info-bytes: " + std::string(bytes.status().message())));
+    }
+    config.max_client_info_bytes = *bytes;
+  }
+  if (idle_session_timeout != -1) config.idle_session_timeout_seconds = idle_session_timeout;
   if (!log_level.empty()) config.log_level = log_level;
   fuyou::log::Level level;
   if (!fuyou::log::ParseLevel(config.log_level, &level)) {

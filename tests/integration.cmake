@@ -79,3 +79,14 @@ fuyou_add_test(NAME privilege_test
   LABELS integration)
 target_compile_definitions(privilege_test PRIVATE PRIVILEGE_CLIENT_PATH="$<TARGET_FILE:privilege_client>")
 add_dependencies(privilege_test fuyoud privilege_client)
+# Per-user and daemon-wide limits, idle sessions, client_info, GetStats scope,
+# the socket's permission message; a second user is limits_client run as nobody.
+add_executable(limits_client ${FUYOU_INTEGRATION_DIR}/limits_client.cc)
+target_link_libraries(limits_client PRIVATE fuyou_client fuyou_proto)
+fuyou_add_test(NAME limits_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/limits_test.cc
+  LIBS fuyou_test_support fuyou_proto fmt::fmt
+  LABELS integration)
+target_compile_definitions(limits_test PRIVATE LIMITS_CLIENT_PATH="$<TARGET_FILE:limits_client>"
+  FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
+add_dependencies(limits_test fuyoud limits_client fuyouctl)

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "fmt/format.h"
+#include "fuyou/printable_text.h"
 
 namespace fuyou::ctl {
 namespace {
@@ -71,10 +72,13 @@ std::string FormatPercent(double part, double whole) {
   return fmt::format("{:.1f}%", 100.0 * part / whole);
 }
 
+std::string Printable(std::string_view text) { return PrintableText(text, Unprintable::kHexEscape); }
+
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}
 
 void Table::AddRow(std::vector<std::string> row) {
   row.resize(header_.size());
+  for (std::string& cell : row) cell = Printable(cell);
   rows_.push_back(std::move(row));
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fuyou::ctl {
@@ -19,11 +20,18 @@ std::string FormatDuration(double seconds);
 // A percentage of part in whole: "37.5%", or "-" when whole is 0.
 std::string FormatPercent(double part, double whole);
 
+// Text from the daemon made safe for the terminal: every control byte (ESC, CR,
+// LF, DEL, C1, bidirectional overrides) and invalid UTF-8 becomes "\xHH"
+// (fuyou/printable_text.h). Applied to everything fuyouctl prints that the
+// daemon sent, whatever the daemon claims to have sanitised.
+std::string Printable(std::string_view text);
+
 // A table printed with columns padded to their widest cell.
 class Table {
  public:
   explicit Table(std::vector<std::string> header);
-  // Columns beyond the header's are dropped; missing ones are left empty.
+  // Columns beyond the header's are dropped; missing ones are left empty. Every
+  // cell goes through Printable.
   void AddRow(std::vector<std::string> row);
   size_t rows() const { return rows_.size(); }
   // Header and rows, columns separated by two spaces, each line ending in '\n'.

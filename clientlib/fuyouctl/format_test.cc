@@ -51,5 +51,21 @@ TEST(TableTest, PadsColumnsToTheWidestCell) {
             "b\n");
 }
 
+TEST(PrintableTest, EscapesWhatATerminalWouldInterpret) {
+  EXPECT_EQ(Printable("pid 42 on host"), "pid 42 on host");
+  EXPECT_EQ(Printable("\x1b]0;pwned\x07\x1b[2J"), "\\x1b]0;pwned\\x07\\x1b[2J");
+  EXPECT_EQ(Printable("a\rb\nc\x7f"), "a\\x0db\\x0ac\\x7f");
+  EXPECT_EQ(Printable("\xff\xc3\xa9"), "\\xff\xc3\xa9") << "invalid UTF-8 escaped, valid kept";
+}
+
+TEST(TableTest, EscapesEveryCell) {
+  Table table({"JOB", "CLIENT"});
+  table.AddRow({"gpt", "\x1b[31mred\x1b[0m\rFAKE"});
+  const std::string text = table.ToString();
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos) << text;
+  EXPECT_NE(text.find("\\x1b[31mred\\x1b[0m\\x0dFAKE"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace fuyou::ctl

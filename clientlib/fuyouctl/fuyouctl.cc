@@ -81,7 +81,34 @@ std::string DramLine(const v1::GetStatsResponse& stats) {
                                    static_cast<double>(stats.dram_budget_bytes())));
 }
 
+bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
+
 std::string RenderStats(const v1::GetStatsResponse& stats) {
+  if (IsUserScope(stats)) {
+    // A user other than root and the daemon's own sees their own activity only.
+    std::string out = fmt::format("your sessions (uid {}): {} live, {} steps committed; fuyoud up {}\n\n",
+                                  stats.uid(), stats.live_sessions(), stats.steps_committed(),
+                                  FormatDuration(stats.uptime_seconds()));
+    Table traffic({"YOUR JOBS", "READ", "WRITTEN", "READ RATE", "WRITE RATE"});
+    traffic.AddRow({"storage", FormatBytes(stats.bytes_read()), FormatBytes(stats.bytes_written()),
+                    FormatGbps(stats.read_gbps()), FormatGbps(stats.write_gbps())});
+    out += traffic.ToString() + "\n";
+    Table summary({"", ""});
+    summary.AddRow({"optimizer", fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
+                                             FormatCount(stats.chunk_updates_per_second()),
+                                             FormatCount(stats.params_updated_per_second()),
+                                             FormatCount(static_cast<double>(stats.chunk_updates())),
+                                             FormatCount(static_cast<double>(stats.params_updated())))});
+    const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
+    summary.AddRow({"cache", fmt::format("{} hits ({} hits, {} misses)",
+                                         FormatPercent(static_cast<double>(stats.cache_hits()),
+                                                       static_cast<double>(lookups)),
+                                         stats.cache_hits(), stats.cache_misses())});
+    std::string rows = summary.ToString();
+    out += rows.substr(rows.find('\n') + 1);
+    out += "(storage paths, DRAM and other users' activity are shown to root and the daemon's user only)\n";
+    return out;
+  }
   std::string out = fmt::format("fuyoud up {}, {} live session{}, {} steps committed\n\n",
                                 FormatDuration(stats.uptime_seconds()), stats.live_sessions(),
                                 stats.live_sessions() == 1 ? "" : "s", stats.steps_committed());
@@ -134,8 +161,16 @@ absl::Status RunStatus(AdminClient& admin, const std::string& socket, bool json)
     fmt::print("{{\"socket\":\"{}\",\"health\":{},\"stats\":{}}}\n", socket, *h, *s);
     return absl::OkStatus();
   }
-  fmt::print("fuyoud {} at {}: {}, up {}, AdamW kernel {}\n", health->version(), socket,
-             health->status(), FormatDuration(health->uptime_seconds()), health->kernel_isa());
+  fmt::print("fuyoud {} at {}: {}, up {}, AdamW kernel {}\n", Printable(health->version()), Printable(socket),
+             Printable(health->status()), FormatDuration(health->uptime_seconds()), Printable(health->kernel_isa()));
+  if (IsUserScope(*stats)) {
+    fmt::print("sessions  {} live (yours)\n", stats->live_sessions());
+    fmt::print("yours     {} steps committed, {} chunk updates, {} params updated, {} read, {} written\n",
+               stats->steps_committed(), FormatCount(static_cast<double>(stats->chunk_updates())),
+               FormatCount(static_cast<double>(stats->params_updated())), FormatBytes(stats->bytes_read()),
+               FormatBytes(stats->bytes_written()));
+    return absl::OkStatus();
+  }
   fmt::print("sessions  {} live\n", stats->live_sessions());
   fmt::print("DRAM      {}\n", DramLine(*stats));
   fmt::print("storage   {} path{}\n", stats->storage_size(), stats->storage_size() == 1 ? "" : "s");
@@ -212,7 +247,7 @@ absl::Status RunJobs(AdminClient& admin, bool json, bool all_users) {
 absl::Status RunDeleteJob(AdminClient& admin, const std::string& name) {
   absl::StatusOr<v1::DeleteJobResponse> deleted = admin.DeleteJob(name);
   if (!deleted.ok()) return deleted.status();
-  fmt::print("deleted job '{}': freed {}\n", name, FormatBytes(deleted->bytes_freed()));
+  fmt::print("deleted job '{}': freed {}\n", Printable(name), FormatBytes(deleted->bytes_freed()));
   return absl::OkStatus();
 }
 
@@ -267,7 +302,7 @@ int Main(int argc, char** argv) {
     else if (delete_job->parsed()) result = RunDeleteJob(**admin, job_name);
   }
   if (!result.ok()) {
-    std::cerr << "fuyouctl: " << result.message() << "\n";
+    std::cerr << "fuyouctl: " << Printable(std::string(result.message())) << "\n";
     return 1;
   }
   return 0;

@@ -1,5 +1,14 @@
 #include "channel.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "fmt/format.h"
 #include "fuyou/defaults.h"
 #include "grpcpp/create_channel.h"
@@ -11,6 +20,48 @@ namespace fuyou {
 std::string DefaultAddress() { return "unix:" + DefaultSocketPath().string(); }
 
 namespace internal {
+namespace {
+
+// This user may not connect to the Unix socket at `path`.
+absl::Status PermissionDenied(const std::string& path) {
+  struct stat info {};
+  const std::string owner =
+      ::stat(path.c_str(), &info) == 0
+          ? fmt::format("the socket is mode {:04o}, owner uid {}, group gid {}", info.st_mode & 07777, info.st_uid,
+                        info.st_gid)
+          : "its directory cannot be searched";
+  return absl::PermissionDeniedError(fmt::format(
+      "permission denied on the socket {}: uid {} may not connect to fuyoud ({}); ask the administrator to add "
+      "you to the socket's group (usually 'fuyou') and log in again, or use a daemon of your own (FUYOU_SOCKET)",
+      path, ::geteuid(), owner));
+}
+
+// Why the Unix socket at `path` did not take a connection, from a plain
+// connect(2) made after gRPC gave up: gRPC reports every failure alike.
+absl::Status UnixSocketError(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(fmt::format("'{}' is not a usable socket path", path));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::OkStatus();
+  const int connected = ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int error = errno;
+  ::close(fd);
+  if (connected == 0) return absl::OkStatus();
+  if (error == EACCES || error == EPERM) return PermissionDenied(path);
+  if (error == ENOENT || error == ECONNREFUSED || error == ENOTDIR) {
+    return absl::UnavailableError(fmt::format(
+        "fuyoud is not reachable at {}: is the daemon running? ({}; start it with `fuyoud` or set FUYOU_SOCKET)",
+        path, error == ECONNREFUSED ? "nothing listens on the socket" : "the socket does not exist"));
+  }
+  return absl::UnavailableError(
+      fmt::format("fuyoud is not reachable at {}: connect: {}", path, std::strerror(error)));
+}
+
+}  // namespace
 
 std::string ResolveAddress(const ClientOptions& options) {
   return options.address.empty() ? DefaultAddress() : options.address;
@@ -24,6 +75,15 @@ std::string SocketPathOf(std::string_view address) {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string& address,
                                                              std::chrono::milliseconds connect_timeout) {
+  // connect(2) on a Unix socket needs write permission on it and search
+  // permission on its directories: a refusal is known at once, without waiting
+  // for gRPC's connect timeout. A socket that does not exist yet is waited for.
+  if (address.starts_with("unix:")) {
+    const std::string path = SocketPathOf(address);
+    if (::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) != 0 && (errno == EACCES || errno == EPERM)) {
+      return PermissionDenied(path);
+    }
+  }
   grpc::ChannelArguments args;
   // A daemon that starts while we wait is found within about a second, not after
   // gRPC's default exponential backoff.
@@ -37,6 +97,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string&
     return absl::InvalidArgumentError(fmt::format("cannot create a gRPC channel to '{}'", address));
   }
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
+    if (address.starts_with("unix:")) {
+      if (absl::Status why = UnixSocketError(SocketPathOf(address)); !why.ok()) return why;
+    }
     return absl::UnavailableError(fmt::format(
         "fuyoud is not reachable at {}: is the daemon running? (start it with `fuyoud` or set "
         "FUYOU_SOCKET)",

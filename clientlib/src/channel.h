@@ -24,8 +24,9 @@ std::string ResolveAddress(const ClientOptions& options);
 std::string SocketPathOf(std::string_view address);
 
 // Creates a channel to `address` and waits up to `connect_timeout` for it to
-// connect. UNAVAILABLE, naming the socket and how to start the daemon, when the
-// daemon does not accept the connection in time.
+// connect. When it does not connect in time: PERMISSION_DENIED, naming the socket
+// and its owner, when this user may not connect to the Unix socket; else
+// UNAVAILABLE, naming the socket and how to start the daemon.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string& address,
                                                              std::chrono::milliseconds connect_timeout);
 

@@ -45,6 +45,58 @@ absl::StatusOr<uint64_t> ReadByteSize(const toml::node& node, std::string_view o
   return KeyError(origin, key, "expected a size such as \"4GiB\" or an integer of bytes");
 }
 
+absl::StatusOr<uint32_t> ReadCount(const toml::node& node, std::string_view origin, std::string_view key,
+                                   uint32_t max) {
+  auto value = node.value<int64_t>();
+  if (!value || !node.is_integer() || *value < 1 || *value > int64_t{max}) {
+    return KeyError(origin, key, fmt::format("expected an integer in 1..{}", max));
+  }
+  return static_cast<uint32_t>(*value);
+}
+
+// The [limits] section.
+absl::Status ApplyLimitsTable(const toml::table& limits, std::string_view origin, DaemonConfig* config) {
+  FUYOU_RETURN_IF_ERROR(CheckKnownKeys(limits, "limits",
+                                       {"max_sessions", "max_sessions_per_user", "max_segment_bytes_per_user",
+                                        "max_client_info_bytes", "idle_session_timeout", "max_jobs_per_user"},
+                                       origin));
+  if (const auto* node = limits.get("max_sessions")) {
+    auto count = ReadCount(*node, origin, "limits.max_sessions", kMaxSessionsCeiling);
+    if (!count.ok()) return count.status();
+    config->max_sessions = *count;
+  }
+  if (const auto* node = limits.get("max_sessions_per_user")) {
+    auto count = ReadCount(*node, origin, "limits.max_sessions_per_user", kMaxSessionsCeiling);
+    if (!count.ok()) return count.status();
+    config->max_sessions_per_user = *count;
+  }
+  if (const auto* node = limits.get("max_segment_bytes_per_user")) {
+    auto bytes = ReadByteSize(*node, origin, "limits.max_segment_bytes_per_user");
+    if (!bytes.ok()) return bytes.status();
+    config->max_segment_bytes_per_user = *bytes;
+  }
+  if (const auto* node = limits.get("max_client_info_bytes")) {
+    auto bytes = ReadByteSize(*node, origin, "limits.max_client_info_bytes");
+    if (!bytes.ok()) return bytes.status();
+    config->max_client_info_bytes = *bytes;
+  }
+  if (const auto* node = limits.get("idle_session_timeout")) {
+    auto seconds = node->value<double>();  // an integer or a float
+    if (!seconds || !std::isfinite(*seconds) || *seconds < 0) {
+      return KeyError(origin, "limits.idle_session_timeout", "expected seconds >= 0 (0 = never)");
+    }
+    config->idle_session_timeout_seconds = *seconds;
+  }
+  if (const auto* node = limits.get("max_jobs_per_user")) {
+    auto value = node->value<int64_t>();
+    if (!value || *value < 0 || *value > 1'000'000) {
+      return KeyError(origin, "limits.max_jobs_per_user", "expected 0..1000000 (0: no limit)");
+    }
+    config->max_jobs_per_user = static_cast<uint32_t>(*value);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 DaemonConfig DefaultDaemonConfig() {
@@ -169,16 +221,6 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
       config->max_segment_bytes = *bytes;
     }
   }
-  if (const toml::table* limits = table_of("limits")) {
-    if (auto s = CheckKnownKeys(*limits, "limits", {"max_jobs_per_user"}, origin); !s.ok()) return s;
-    if (const auto* node = limits->get("max_jobs_per_user")) {
-      auto value = node->value<int64_t>();
-      if (!value || *value < 0 || *value > 1'000'000) {
-        return KeyError(origin, "limits.max_jobs_per_user", "expected 0..1000000 (0: no limit)");
-      }
-      config->max_jobs_per_user = static_cast<uint32_t>(*value);
-    }
-  }
   if (const toml::table* optimizer = table_of("optimizer")) {
     if (auto s = CheckKnownKeys(*optimizer, "optimizer", {"worker_threads"}, origin); !s.ok()) return s;
     if (const auto* node = optimizer->get("worker_threads")) {
@@ -198,6 +240,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
       config->durability = DurabilityMode::kStepAtomic;
     }
   }
+  if (const toml::table* limits = table_of("limits")) FUYOU_RETURN_IF_ERROR(ApplyLimitsTable(*limits, origin, config));
   return absl::OkStatus();
 }
 
@@ -216,6 +259,35 @@ absl::Status ApplyTomlFile(const std::filesystem::path& file, DaemonConfig* conf
   return ApplyTomlText(text, file.string(), config);
 }
 
+namespace {
+
+absl::Status ValidateLimits(const DaemonConfig& config) {
+  if (config.max_sessions < 1 || config.max_sessions > kMaxSessionsCeiling) {
+    return absl::InvalidArgumentError(
+        fmt::format("[limits] max_sessions {} is outside 1..{}", config.max_sessions, kMaxSessionsCeiling));
+  }
+  // A per-user limit above max_sessions is allowed: max_sessions then binds first.
+  if (config.max_sessions_per_user < 1 || config.max_sessions_per_user > kMaxSessionsCeiling) {
+    return absl::InvalidArgumentError(fmt::format("[limits] max_sessions_per_user {} is outside 1..{}",
+                                                  config.max_sessions_per_user, kMaxSessionsCeiling));
+  }
+  if (config.max_segment_bytes_per_user < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError("[limits] max_segment_bytes_per_user must be at least 1 MiB");
+  }
+  if (config.max_client_info_bytes < kMinClientInfoBytes || config.max_client_info_bytes > kMaxClientInfoBytesCeiling) {
+    return absl::InvalidArgumentError(fmt::format("[limits] max_client_info_bytes {} is outside {}..{}",
+                                                  config.max_client_info_bytes, kMinClientInfoBytes,
+                                                  kMaxClientInfoBytesCeiling));
+  }
+  if (!std::isfinite(config.idle_session_timeout_seconds) || config.idle_session_timeout_seconds < 0) {
+    return absl::InvalidArgumentError(fmt::format("[limits] idle_session_timeout {} is not a number of seconds >= 0",
+                                                  config.idle_session_timeout_seconds));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const DaemonConfig& config) {
   if (config.socket_path.empty()) return absl::InvalidArgumentError("the socket path is empty");
   if (config.storage_paths.empty()) return absl::InvalidArgumentError("no storage path is configured");
@@ -226,6 +298,7 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
   if (config.max_segment_bytes < (uint64_t{1} << 20)) {
     return absl::InvalidArgumentError("max_segment_bytes must be at least 1 MiB");
   }
+  FUYOU_RETURN_IF_ERROR(ValidateLimits(config));
   for (size_t i = 0; i < config.storage_paths.size(); ++i) {
     for (size_t j = i + 1; j < config.storage_paths.size(); ++j) {
       if (config.storage_paths[i] == config.storage_paths[j]) {

@@ -28,12 +28,23 @@ struct DaemonConfig {
   uint64_t job_quota_bytes = 0;
   uint64_t dram_budget_bytes = uint64_t{2} << 30;
   uint64_t max_segment_bytes = uint64_t{8} << 30;
-  // Jobs one uid may have on the storage tier; 0 = unlimited. ([limits] max_jobs_per_user)
-  uint32_t max_jobs_per_user = 64;
   unsigned worker_threads = 0;  // 0: all cores
   DurabilityMode durability = DurabilityMode::kStepAtomic;
   // Seconds a SIGTERM waits for sessions to finish their step before closing them.
   double drain_seconds = 10.0;
+
+  // [limits]: what the daemon holds for all users together and for one user (uid).
+  // Root and the daemon's own user are bound by them like everyone else. A request
+  // over a limit is refused with RESOURCE_EXHAUSTED naming the limit, its value, the
+  // current use and the setting that raises it; the refusal changes nothing.
+  uint32_t max_sessions = 256;                               // live sessions, all users together
+  uint32_t max_sessions_per_user = 8;                        // live sessions of one uid
+  uint64_t max_segment_bytes_per_user = uint64_t{16} << 30;  // sum of the segments of one uid's live sessions
+  uint64_t max_client_info_bytes = 1024;                     // client_info of one session
+  uint32_t max_jobs_per_user = 64;                           // jobs of one uid on the storage tier; 0 = unlimited
+  // An attached session with no stream message for this long is closed (its
+  // uncommitted step rolls back, as when the client disconnects); 0 = never.
+  double idle_session_timeout_seconds = 4 * 3600;
   // TEST-ONLY: storage faults to inject (FUYOU_TEST_FAULTS; see storage/fault_spec.h).
   std::string test_faults;
 };
@@ -50,6 +61,11 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
 // "4GiB", "512MiB", "1.5G", "1073741824" -> bytes. Binary (KiB, MiB, GiB, TiB) and
 // decimal (KB/K, MB/M, GB/G, TB/T) units; INVALID_ARGUMENT otherwise.
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
+
+// Bounds of the [limits] settings (ValidateConfig refuses values outside them).
+inline constexpr uint32_t kMaxSessionsCeiling = 65536;
+inline constexpr uint64_t kMinClientInfoBytes = 64;
+inline constexpr uint64_t kMaxClientInfoBytesCeiling = 64 * 1024;
 
 // Checks cross-field constraints (paths given, budget >= 64 MiB, ...).
 absl::Status ValidateConfig(const DaemonConfig& config);

@@ -91,6 +91,72 @@ TEST(ApplyTomlText, MaxJobsPerUserDefaultsTo64) {
   EXPECT_NE(bad.message().find("limits.max_jobs_per_user"), std::string::npos) << bad.message();
 }
 
+TEST(ApplyTomlText, LimitsHaveBoundedDefaults) {
+  const DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.max_sessions, 256u);
+  EXPECT_EQ(config.max_sessions_per_user, 8u);
+  EXPECT_EQ(config.max_segment_bytes_per_user, uint64_t{16} << 30);
+  EXPECT_EQ(config.max_client_info_bytes, 1024u);
+  EXPECT_EQ(config.idle_session_timeout_seconds, 4 * 3600.0);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+}
+
+TEST(ApplyTomlText, ReadsTheLimitsSection) {
+  DaemonConfig config = DefaultDaemonConfig();
+  const char* text = R"(
+[limits]
+max_sessions = 32
+max_sessions_per_user = 4
+max_segment_bytes_per_user = "2GiB"
+max_client_info_bytes = "512B"
+idle_session_timeout = 1.5
+)";
+  absl::Status status = ApplyTomlText(text, "t", &config);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(config.max_sessions, 32u);
+  EXPECT_EQ(config.max_sessions_per_user, 4u);
+  EXPECT_EQ(config.max_segment_bytes_per_user, uint64_t{2} << 30);
+  EXPECT_EQ(config.max_client_info_bytes, 512u);
+  EXPECT_EQ(config.idle_session_timeout_seconds, 1.5);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  ASSERT_TRUE(ApplyTomlText("[limits]\nidle_session_timeout = 0\n", "t", &config).ok());
+  EXPECT_EQ(config.idle_session_timeout_seconds, 0.0) << "0 means never";
+}
+
+TEST(ApplyTomlText, BadLimitsAreNamed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[limits]\nmax_sessions = 0\n", "limits.max_sessions"},
+      {"[limits]\nmax_sessions_per_user = \"many\"\n", "limits.max_sessions_per_user"},
+      {"[limits]\nmax_segment_bytes_per_user = \"lots\"\n", "limits.max_segment_bytes_per_user"},
+      {"[limits]\nmax_client_info_bytes = -1\n", "limits.max_client_info_bytes"},
+      {"[limits]\nidle_session_timeout = -5\n", "limits.idle_session_timeout"},
+      {"[limits]\nmax_sesions = 3\n", "limits.max_sesions"},
+  };
+  for (const auto& [text, key] : cases) {
+    DaemonConfig config = DefaultDaemonConfig();
+    absl::Status status = ApplyTomlText(text, "t", &config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(status.message().find(key), std::string::npos) << status.message();
+  }
+}
+
+TEST(ValidateConfig, RefusesLimitsOutOfBounds) {
+  DaemonConfig config = DefaultDaemonConfig();
+  config.max_sessions = 4;
+  config.max_sessions_per_user = 5;
+  EXPECT_TRUE(ValidateConfig(config).ok()) << "max_sessions binds first; not a contradiction";
+  config.max_sessions_per_user = 0;
+  absl::Status status = ValidateConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("max_sessions_per_user"), std::string::npos) << status.message();
+  config = DefaultDaemonConfig();
+  config.max_client_info_bytes = uint64_t{1} << 30;  // would let 256 sessions pin 256 GiB of RSS
+  EXPECT_FALSE(ValidateConfig(config).ok());
+  config = DefaultDaemonConfig();
+  config.max_segment_bytes_per_user = 4096;
+  EXPECT_FALSE(ValidateConfig(config).ok());
+}
+
 TEST(ValidateConfig, RejectsTinyBudgetAndDuplicatePaths) {
   DaemonConfig config = DefaultDaemonConfig();
   config.dram_budget_bytes = 1 << 20;

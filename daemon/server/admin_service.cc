@@ -14,9 +14,34 @@ grpc::Status AdminService::Health(grpc::ServerContext*, const v1::HealthRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
                                     v1::GetStatsResponse* response) {
+  response->set_uptime_seconds(stats_.uptime_seconds());
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  if (!IsAdministrator(caller)) {
+    // The caller's own activity only: no storage paths, DRAM or other users.
+    const UserCounters& mine = stats_.ForUser(caller);
+    const StatsRates rates = stats_.RatesForUser(caller);
+    response->set_scope(v1::STATS_SCOPE_USER);
+    response->set_uid(caller);
+    response->set_bytes_read(mine.bytes_read.load());
+    response->set_bytes_written(mine.bytes_written.load());
+    response->set_read_gbps(rates.read_gbps[0]);
+    response->set_write_gbps(rates.write_gbps[0]);
+    response->set_chunk_updates(mine.chunk_updates.load());
+    response->set_params_updated(mine.params_updated.load());
+    response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
+    response->set_params_updated_per_second(rates.params_updated_per_second);
+    response->set_cache_hits(mine.cache_hits.load());
+    response->set_cache_misses(mine.cache_misses.load());
+    response->set_live_sessions(sessions_.UsageOf(caller).sessions);
+    response->set_steps_committed(mine.steps_committed.load());
+    return grpc::Status::OK;
+  }
   StatsRates rates = stats_.Rates();
+  response->set_scope(v1::STATS_SCOPE_DAEMON);
+  uint64_t bytes_read = 0, bytes_written = 0;
+  double read_gbps = 0, write_gbps = 0;
   for (size_t i = 0; i < stats_.storage_paths().size(); ++i) {
     v1::StoragePathStats* path = response->add_storage();
     storage::IoCounters* counters = stats_.path_counters(i);
@@ -26,7 +51,15 @@ grpc::Status AdminService::GetStats(grpc::ServerContext*, const v1::GetStatsRequ
     path->set_read_gbps(rates.read_gbps[i]);
     path->set_write_gbps(rates.write_gbps[i]);
     path->set_direct_io(i < direct_io_.size() && direct_io_[i]);
+    bytes_read += path->bytes_read();
+    bytes_written += path->bytes_written();
+    read_gbps += path->read_gbps();
+    write_gbps += path->write_gbps();
   }
+  response->set_bytes_read(bytes_read);
+  response->set_bytes_written(bytes_written);
+  response->set_read_gbps(read_gbps);
+  response->set_write_gbps(write_gbps);
   response->set_chunk_updates(stats_.chunk_updates.load());
   response->set_params_updated(stats_.params_updated.load());
   response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
@@ -37,7 +70,6 @@ grpc::Status AdminService::GetStats(grpc::ServerContext*, const v1::GetStatsRequ
   response->set_cache_misses(stats_.cache_misses.load());
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
   response->set_steps_committed(stats_.steps_committed.load());
-  response->set_uptime_seconds(stats_.uptime_seconds());
   return grpc::Status::OK;
 }
 

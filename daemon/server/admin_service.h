@@ -27,7 +27,10 @@ class AdminService final : public v1::Admin::Service {
         direct_io_(std::move(direct_io)) {}
 
   grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* response) override;
-  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::GetStatsResponse* response) override;
+  // The whole daemon for an administrator (root, the daemon's uid); the caller's
+  // own activity for anyone else (StatsScope in admin.proto).
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
+                        v1::GetStatsResponse* response) override;
   grpc::Status ListSessions(grpc::ServerContext* context, const v1::ListSessionsRequest*,
                             v1::ListSessionsResponse* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,

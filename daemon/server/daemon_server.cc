@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -107,6 +111,53 @@ absl::StatusOr<bool> ProbeDirectIo(storage::IoEngine& io, const fs::path& root) 
   return direct;
 }
 
+// The largest gRPC message the daemon accepts. Requests are small: an
+// OpenSession's client_info is bounded by [limits] max_client_info_bytes (64 KiB
+// at most) and a RegisterChunks names one chunk per slot (64 at most, tens of
+// bytes each); data moves through the shared-memory segment. gRPC's default of
+// 4 MiB leaves ample room and bounds what one bad message costs to parse.
+constexpr int kMaxReceiveMessageBytes = 4 << 20;
+
+// Descriptors one live session can hold: its connection, its Stream's, one state
+// file per storage path, and a spare for a segment being created.
+constexpr uint64_t kDescriptorsPerSession = 3;
+// Descriptors the daemon needs besides its sessions (gRPC, io_uring, logs, admin calls).
+constexpr uint64_t kDescriptorReserve = 256;
+
+// Raises the soft limit on open files to the hard limit (systemd's default soft
+// limit of 1024 is reached long before [limits] max_sessions), and warns when
+// even that is too low for max_sessions. Returns the soft limit now in force.
+rlim_t RaiseOpenFileLimit(const DaemonConfig& config) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      limit = raised;
+    } else {
+      log::Warn("cannot raise the open-file limit from {} to {}: {}", limit.rlim_cur, limit.rlim_max,
+                std::strerror(errno));
+    }
+  }
+  const uint64_t needed =
+      config.max_sessions * (kDescriptorsPerSession + config.storage_paths.size()) + kDescriptorReserve;
+  if (limit.rlim_cur < needed) {
+    log::Warn("the open-file limit of {} is below the {} descriptors that [limits] max_sessions = {} may need: "
+              "raise LimitNOFILE= in the unit (or ulimit -n) or lower max_sessions",
+              limit.rlim_cur, needed, config.max_sessions);
+  }
+  return limit.rlim_cur;
+}
+
+// How often the reaper looks for sessions never attached or idle for too long:
+// every 5 s, or a quarter of a shorter idle timeout (a test may use 1 s).
+std::chrono::milliseconds ReaperPeriod(double idle_timeout_seconds) {
+  double seconds = 5.0;
+  if (idle_timeout_seconds > 0) seconds = std::clamp(idle_timeout_seconds / 4, 0.05, 5.0);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 }  // namespace
 
 class DaemonServer::Impl {
@@ -135,11 +186,13 @@ class DaemonServer::Impl {
   std::thread reaper;
 
   void RunReaper() {
+    const double idle_timeout = config.idle_session_timeout_seconds;
     std::unique_lock lock(mutex);
-    while (!stop_requested.wait_for(lock, std::chrono::seconds(5), [&] { return stopping; })) {
+    while (!stop_requested.wait_for(lock, ReaperPeriod(idle_timeout), [&] { return stopping; })) {
       lock.unlock();
       sessions->ReapUnattached(std::chrono::seconds(30));
       for (auto& path_lock : locks) path_lock->Refresh();
+      if (idle_timeout > 0) sessions->ReapIdle(std::chrono::duration<double>(idle_timeout));
       lock.lock();
     }
   }
@@ -149,6 +202,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   FUYOU_RETURN_IF_ERROR(ValidateConfig(config));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  const rlim_t open_files = RaiseOpenFileLimit(config);
   for (const fs::path& root : config.storage_paths) {
     auto lock = StoragePathLock::Acquire(root);
     if (!lock.ok()) return lock.status();
@@ -185,7 +239,12 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   impl->jobs = std::move(*jobs);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.job_quota_bytes = config.job_quota_bytes;
-  impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes);
+  SessionLimits limits;
+  limits.max_sessions = config.max_sessions;
+  limits.max_sessions_per_user = config.max_sessions_per_user;
+  limits.max_segment_bytes_per_user = config.max_segment_bytes_per_user;
+  limits.max_client_info_bytes = config.max_client_info_bytes;
+  impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes, limits);
   // Two sockets side by side, prepared alike: gRPC, and the segment socket
   // where each client passes its segment's memfd (fuyou/segment_handover.h).
   // The daemon needs no privilege for either: it never creates a segment.
@@ -216,7 +275,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   grpc::ServerBuilder builder;
   builder.RegisterService(impl->offload.get());
   builder.RegisterService(impl->admin.get());
-  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     return absl::UnavailableError(fmt::format("cannot start the gRPC server for {}", config.socket_path.string()));
@@ -236,6 +295,13 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
               return paths;
             }(),
             config.dram_budget_bytes >> 20, impl->kernel->threads(), optimizer::IsaName(impl->kernel->isa()));
+  log::Info("limits: {} sessions in all, {} and {} MiB of segments per user, client_info up to {} bytes, idle "
+            "sessions closed after {}; open-file limit {}",
+            config.max_sessions, config.max_sessions_per_user, config.max_segment_bytes_per_user >> 20,
+            config.max_client_info_bytes,
+            config.idle_session_timeout_seconds > 0 ? fmt::format("{} s", config.idle_session_timeout_seconds)
+                                                    : std::string("never"),
+            open_files);
   return std::unique_ptr<DaemonServer>(new DaemonServer(std::move(impl)));
 }
 

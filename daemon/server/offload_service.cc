@@ -41,7 +41,10 @@ grpc::Status OffloadService::RegisterChunks(grpc::ServerContext* context, const 
                                             v1::RegisterChunksResponse* response) {
   auto session = FindOwn(context, request->session_id());
   if (!session.ok()) return ToGrpcStatus(session.status());
+  std::shared_ptr<StreamActivity> activity = sessions_.ActivityOf(request->session_id());
+  if (activity) activity->BeginMessage();  // a long registration is not idleness
   auto result = (*session)->RegisterChunks(*request);
+  if (activity) activity->EndMessage();
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
@@ -59,11 +62,21 @@ grpc::Status OffloadService::Stream(grpc::ServerContext* context,
   if (!found.ok()) return ToGrpcStatus(found.status());
   std::shared_ptr<Session> session = std::move(*found);
   if (absl::Status attached = session->Attach(); !attached.ok()) return ToGrpcStatus(attached);
+  // The idle reaper may end this stream (TryCancel) until the handler returns.
+  std::shared_ptr<StreamActivity> activity = sessions_.WatchStream(id, [context] { context->TryCancel(); });
+  struct Detach {
+    StreamActivity* activity;
+    ~Detach() {
+      if (activity != nullptr) activity->Detach();
+    }
+  } detach{activity.get()};
   v1::DaemonMessage attached;
   attached.mutable_attached()->set_session_id(id);
   bool open = stream->Write(attached);
   while (open && stream->Read(&message)) {
+    if (activity) activity->BeginMessage();
     const v1::DaemonMessage reply = session->Handle(message);
+    if (activity) activity->EndMessage();
     open = stream->Write(reply);
     if (reply.has_step_committed()) FUYOU_CRASH_POINT("step_committed_reply_sent");
   }

@@ -67,6 +67,7 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       client_info_(std::move(client_info)),
       opened_(std::chrono::steady_clock::now()),
       layout_(layout),
+      user_stats_(services.stats.ForUser(client.uid)),
       job_(std::move(job)) {
   step_ = job_->manifest().committed_step() + 1;
   // Until a step has been seen, expect backward order: the reverse of registration.
@@ -183,12 +184,14 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
   if (CacheEntryPtr entry = services_.cache.Pin(job_key_, record.chunk_id())) {
     if (entry->load_status.ok() && entry->version == version && !entry->uncommitted) {
       services_.stats.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      user_stats_.cache_hits.fetch_add(1, std::memory_order_relaxed);
       return entry;
     }
     services_.cache.Unpin(entry);
     services_.cache.Drop(job_key_, record.chunk_id());
   }
   services_.stats.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  user_stats_.cache_misses.fetch_add(1, std::memory_order_relaxed);
   const v1::StateExtent& extent = record.extents(static_cast<int>(version));
   auto created = services_.cache.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true);
   if (!created.ok()) return created.status();
@@ -197,6 +200,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireStates(const v1::ChunkRecord& reco
   const int64_t read_start = trace::NowUs();
   absl::Status status = job_->states().Read(extent.offset(), entry->buffer.span().first(extent.length()));
   trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
+  if (status.ok()) user_stats_.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job_name_, record.chunk_id(), status.message()));
@@ -231,6 +235,7 @@ void Session::Prefetch(const v1::ChunkRecord& record) {
                  [this, entry, num_elements, extent, chunk_id = record.chunk_id(),
                   read_start = trace::NowUs()](absl::Status status) {
                    trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
+                   if (status.ok()) user_stats_.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
                    if (status.ok()) status = VerifyChecksum(*entry, chunk_id, num_elements, extent);
                    services_.cache.FinishLoad(entry, status);
                    services_.cache.Unpin(entry);
@@ -403,6 +408,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     extent->set_checksum(PayloadChecksum(*entry, n));
     entry->version = 0;
     absl::Status written = job_->states().Write(extent->offset(), entry->buffer.span().first(extent->length()));
+    if (written.ok()) user_stats_.bytes_written.fetch_add(extent->length(), std::memory_order_relaxed);
     services_.cache.Unpin(entry);
     if (!written.ok()) {
       return fail(absl::Status(written.code(),
@@ -529,6 +535,8 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   trace::Record("update", chunk_id, update_start, trace::NowUs());
   services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
   services_.stats.params_updated.fetch_add(n, std::memory_order_relaxed);
+  user_stats_.chunk_updates.fetch_add(1, std::memory_order_relaxed);
+  user_stats_.params_updated.fetch_add(n, std::memory_order_relaxed);
   FUYOU_CRASH_POINT("after_kernel");
 
   // Write the new states to the shadow extent; the committed one stays intact.
@@ -547,9 +555,11 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   }
   job_->states()
       .WriteAsync(extent.offset(), entry->buffer.span().first(extent.length()),
-                  [this, entry, chunk_id, n, checksum, write_start = trace::NowUs()](absl::Status status) {
+                  [this, entry, chunk_id, n, checksum, length = extent.length(),
+                   write_start = trace::NowUs()](absl::Status status) {
                     trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
                     if (status.ok()) *checksum = PayloadChecksum(*entry, n);
+                    if (status.ok()) user_stats_.bytes_written.fetch_add(length, std::memory_order_relaxed);
                     FUYOU_CRASH_POINT("writeback_completed");
                     services_.cache.Unpin(entry);
                     std::lock_guard io_lock(io_mutex_);
@@ -607,6 +617,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   }
   for (const auto& [chunk_id, updated] : updated_) services_.cache.MarkCommitted(updated.entry);
   services_.stats.steps_committed.fetch_add(1, std::memory_order_relaxed);
+  user_stats_.steps_committed.fetch_add(1, std::memory_order_relaxed);
   const auto chunks_updated = static_cast<uint32_t>(updated_.size());
   // Next step's prediction: this step's arrivals, then chunks that did not come.
   std::vector<uint32_t> order = arrivals_;

@@ -47,6 +47,7 @@
 namespace fuyou {
 
 class DaemonStats;
+struct UserCounters;
 class JobRegistry;
 namespace optimizer {
 class AdamWKernel;
@@ -184,6 +185,7 @@ class Session {
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
   const SegmentLayout layout_;
+  UserCounters& user_stats_;  // the client's own counters, bumped beside services_.stats
 
   mutable std::mutex mutex_;
   std::shared_ptr<Job> job_;

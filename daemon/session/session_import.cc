@@ -15,6 +15,7 @@
 #include "fmt/format.h"
 #include "session/session.h"
 #include "session/stream_replies.h"
+#include "stats/daemon_stats.h"
 
 namespace fuyou {
 namespace {
@@ -115,6 +116,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireImportedStates(const v1::ChunkReco
   entry->version = imported.new_version;
   entry->uncommitted = true;
   absl::Status status = job_->states().Read(extent.offset(), entry->buffer.span().first(extent.length()));
+  if (status.ok()) user_stats_.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
   if (status.ok() && Checksum(*entry, record.num_elements()) != imported.checksum) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum",
@@ -153,6 +155,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   const uint64_t checksum = Checksum(*entry, n);
   const v1::StateExtent& extent = record.extents(static_cast<int>(new_version));
   absl::Status written = job_->states().Write(extent.offset(), entry->buffer.span().first(extent.length()));
+  if (written.ok()) user_stats_.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
   services_.cache.Unpin(entry);
   if (!written.ok()) {
     services_.cache.Drop(job_key_, chunk_id);

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "fuyou/printable_text.h"
 #include "fuyou/segment_layout.h"
 #include "jobs/job_registry.h"
 
@@ -19,8 +20,8 @@ std::string NewSessionId() {
 
 }  // namespace
 
-SessionRegistry::SessionRegistry(SessionServices services, uint64_t max_segment_bytes)
-    : services_(services), max_segment_bytes_(max_segment_bytes) {}
+SessionRegistry::SessionRegistry(SessionServices services, uint64_t max_segment_bytes, SessionLimits limits)
+    : services_(services), max_segment_bytes_(max_segment_bytes), quota_(limits) {}
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSessionRequest& request, ClientIdentity client) {
   const uid_t uid = client.uid;
@@ -42,14 +43,18 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
         request.num_slots(), request.slot_bytes(), kSegmentHeaderBytes, max_segment_bytes_));
   }
   const SegmentLayout layout = *checked_layout;
+  FUYOU_RETURN_IF_ERROR(quota_.CheckClientInfo(request.client_info().size()));
+  auto hold = quota_.Take(uid, layout.TotalBytes());
+  if (!hold.ok()) return hold.status();
   auto job = services_.jobs.Acquire(request.job(), uid);
   if (!job.ok()) return job.status();
   // The segment comes later: the client creates it and hands it over.
   std::string id = NewSessionId();
-  auto session = std::make_shared<Session>(services_, id, std::move(*job), layout, client, request.client_info());
+  auto session = std::make_shared<Session>(services_, id, std::move(*job), layout, client,
+                                           PrintableText(request.client_info(), Unprintable::kQuestionMark));
   {
     std::lock_guard lock(mutex_);
-    sessions_[id] = Entry{session, std::chrono::steady_clock::now()};
+    sessions_[id] = Entry{session, std::chrono::steady_clock::now(), std::move(*hold), nullptr};
   }
   log::Info("session {} opened job '{}' at step {} ({} slots of {} bytes)", id, request.job(),
             session->committed_step(), layout.num_slots, layout.slot_bytes);
@@ -64,17 +69,17 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(const std::string
 }
 
 absl::StatusOr<int64_t> SessionRegistry::Close(const std::string& id) {
-  std::shared_ptr<Session> session;
+  Entry entry;
   {
     std::lock_guard lock(mutex_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return absl::NotFoundError(fmt::format("no open session has id {}", QuoteForError(id)));
-    session = std::move(it->second.session);
+    entry = std::move(it->second);
     sessions_.erase(it);
   }
-  int64_t committed = session->Close();
-  log::Info("session {} of job '{}' closed at step {}", id, session->job_name(), committed);
-  return committed;
+  int64_t committed = entry.session->Close();
+  log::Info("session {} of job '{}' closed at step {}", id, entry.session->job_name(), committed);
+  return committed;  // `entry.hold` gives the place back now that the segment is freed
 }
 
 absl::Status SessionRegistry::AdoptSegment(const std::string& id, uid_t caller, int fd) {
@@ -82,7 +87,7 @@ absl::Status SessionRegistry::AdoptSegment(const std::string& id, uid_t caller, 
   // Another user's session is answered exactly like an unknown one: ids are not
   // disclosed across users.
   if (!session.ok() || (*session)->uid() != caller) {
-    return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+    return absl::NotFoundError(fmt::format("no open session has id {}", QuoteForError(id)));
   }
   // Checked without the session's lock, which RegisterChunks holds across I/O.
   if ((*session)->has_segment()) {
@@ -121,6 +126,46 @@ void SessionRegistry::ReapUnattached(std::chrono::seconds grace) {
   for (const std::string& id : stale) {
     log::Warn("session {}: no segment handed over or no stream attached within {} s; closing it", id, grace.count());
     (void)Close(id);
+  }
+}
+
+std::shared_ptr<StreamActivity> SessionRegistry::WatchStream(const std::string& id, std::function<void()> cancel) {
+  std::lock_guard lock(mutex_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return nullptr;
+  it->second.stream = std::make_shared<StreamActivity>(std::move(cancel));
+  return it->second.stream;
+}
+
+std::shared_ptr<StreamActivity> SessionRegistry::ActivityOf(const std::string& id) const {
+  std::lock_guard lock(mutex_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.stream;
+}
+
+void SessionRegistry::ReapIdle(std::chrono::duration<double> timeout) {
+  struct Idle {
+    std::string id;
+    std::shared_ptr<Session> session;
+    std::shared_ptr<StreamActivity> stream;
+    double seconds;
+  };
+  std::vector<Idle> idle;
+  {
+    std::lock_guard lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [id, entry] : sessions_) {
+      if (entry.stream == nullptr) continue;
+      const std::chrono::duration<double> quiet = entry.stream->IdleFor(now);
+      if (quiet > timeout) idle.push_back({id, entry.session, entry.stream, quiet.count()});
+    }
+  }
+  for (const Idle& session : idle) {
+    log::Warn("session {} of job '{}' (uid {}): no message on its stream for {:.0f} s, over [limits] "
+              "idle_session_timeout = {} s; closing it and ending its stream (an uncommitted step rolls back)",
+              session.id, session.session->job_name(), session.session->uid(), session.seconds, timeout.count());
+    (void)Close(session.id);
+    session.stream->Cancel();
   }
 }
 

@@ -2,47 +2,85 @@
 
 namespace fuyou {
 
+RateWindow::RateWindow(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now)
+    : when_(now), totals_(std::move(totals)), rates_(totals_.size(), 0.0) {}
+
+const std::vector<double>& RateWindow::Update(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now,
+                                              std::chrono::milliseconds min_window) {
+  if (now - when_ < min_window || totals.size() != totals_.size()) return rates_;
+  const double seconds = std::chrono::duration<double>(now - when_).count();
+  for (size_t i = 0; i < totals.size(); ++i) {
+    // Counters only grow; a difference is never negative.
+    rates_[i] = static_cast<double>(totals[i] - totals_[i]) / seconds;
+  }
+  when_ = now;
+  totals_ = std::move(totals);
+  return rates_;
+}
+
 DaemonStats::DaemonStats(std::vector<std::filesystem::path> storage_paths)
     : storage_paths_(std::move(storage_paths)), start_(std::chrono::steady_clock::now()) {
   for (size_t i = 0; i < storage_paths_.size(); ++i) {
     path_counters_.push_back(std::make_unique<storage::IoCounters>());
   }
-  previous_ = current_ = TakeSample();
-  last_rates_.read_gbps.assign(storage_paths_.size(), 0.0);
-  last_rates_.write_gbps.assign(storage_paths_.size(), 0.0);
+  daemon_window_ = std::make_unique<RateWindow>(DaemonTotals(), start_);
 }
 
-StatsSample DaemonStats::TakeSample() const {
-  StatsSample sample;
-  sample.when = std::chrono::steady_clock::now();
-  for (const auto& counters : path_counters_) {
-    sample.path_bytes_read.push_back(counters->bytes_read.load());
-    sample.path_bytes_written.push_back(counters->bytes_written.load());
+// Bytes read per path, bytes written per path, chunk updates, parameters updated.
+std::vector<uint64_t> DaemonStats::DaemonTotals() const {
+  std::vector<uint64_t> totals;
+  for (const auto& counters : path_counters_) totals.push_back(counters->bytes_read.load());
+  for (const auto& counters : path_counters_) totals.push_back(counters->bytes_written.load());
+  totals.push_back(chunk_updates.load());
+  totals.push_back(params_updated.load());
+  return totals;
+}
+
+// Bytes read, bytes written, chunk updates, parameters updated.
+std::vector<uint64_t> DaemonStats::UserTotals(const UserCounters& counters) {
+  return {counters.bytes_read.load(), counters.bytes_written.load(), counters.chunk_updates.load(),
+          counters.params_updated.load()};
+}
+
+DaemonStats::User& DaemonStats::UserLocked(uid_t uid) {
+  std::unique_ptr<User>& user = users_[uid];
+  if (user == nullptr) {
+    user.reset(new User{{}, RateWindow(std::vector<uint64_t>(4, 0), std::chrono::steady_clock::now())});
   }
-  sample.chunk_updates = chunk_updates.load();
-  sample.params_updated = params_updated.load();
-  return sample;
+  return *user;
+}
+
+UserCounters& DaemonStats::ForUser(uid_t uid) {
+  std::lock_guard lock(mutex_);
+  return UserLocked(uid).counters;
 }
 
 StatsRates DaemonStats::Rates(std::chrono::milliseconds min_window) {
   std::lock_guard lock(mutex_);
-  StatsSample now = TakeSample();
-  // Sample windows are at least `min_window` long so a burst of GetStats calls
-  // does not turn noise into rates.
-  if (now.when - current_.when >= min_window) {
-    previous_ = std::move(current_);
-    current_ = std::move(now);
-    double seconds = std::chrono::duration<double>(current_.when - previous_.when).count();
-    StatsRates rates;
-    for (size_t i = 0; i < path_counters_.size(); ++i) {
-      rates.read_gbps.push_back((current_.path_bytes_read[i] - previous_.path_bytes_read[i]) / seconds / 1e9);
-      rates.write_gbps.push_back((current_.path_bytes_written[i] - previous_.path_bytes_written[i]) / seconds / 1e9);
-    }
-    rates.chunk_updates_per_second = (current_.chunk_updates - previous_.chunk_updates) / seconds;
-    rates.params_updated_per_second = (current_.params_updated - previous_.params_updated) / seconds;
-    last_rates_ = rates;
+  const std::vector<double>& per_second =
+      daemon_window_->Update(DaemonTotals(), std::chrono::steady_clock::now(), min_window);
+  const size_t paths = path_counters_.size();
+  StatsRates rates;
+  for (size_t i = 0; i < paths; ++i) {
+    rates.read_gbps.push_back(per_second[i] / 1e9);
+    rates.write_gbps.push_back(per_second[paths + i] / 1e9);
   }
-  return last_rates_;
+  rates.chunk_updates_per_second = per_second[2 * paths];
+  rates.params_updated_per_second = per_second[2 * paths + 1];
+  return rates;
+}
+
+StatsRates DaemonStats::RatesForUser(uid_t uid, std::chrono::milliseconds min_window) {
+  std::lock_guard lock(mutex_);
+  User& user = UserLocked(uid);
+  const std::vector<double>& per_second =
+      user.window.Update(UserTotals(user.counters), std::chrono::steady_clock::now(), min_window);
+  StatsRates rates;
+  rates.read_gbps = {per_second[0] / 1e9};
+  rates.write_gbps = {per_second[1] / 1e9};
+  rates.chunk_updates_per_second = per_second[2];
+  rates.params_updated_per_second = per_second[3];
+  return rates;
 }
 
 double DaemonStats::uptime_seconds() const {

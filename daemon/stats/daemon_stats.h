@@ -1,12 +1,20 @@
 // DaemonStats: the one registry of counters that the admin API reads.
 // Counters are atomics bumped on the hot path; rates are computed from the
 // difference between two samples taken about a second apart.
+//
+// Two scopes: the daemon-wide counters (storage traffic per path, every job's
+// updates), which only administrators see, and one UserCounters per uid, which
+// count that user's sessions and jobs only and are what GetStats shows to that
+// user. A session bumps both.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -15,16 +23,37 @@
 
 namespace fuyou {
 
-struct StatsSample {
-  std::chrono::steady_clock::time_point when;
-  std::vector<uint64_t> path_bytes_read;
-  std::vector<uint64_t> path_bytes_written;
-  uint64_t chunk_updates = 0;
-  uint64_t params_updated = 0;
+// Per-second rates of a fixed list of monotonic counters, between the newest
+// sample at least `min_window` old and the sample before it, so that a burst of
+// calls does not turn noise into rates. Not thread-safe.
+class RateWindow {
+ public:
+  // Starts with `totals` sampled at `now`; rates are 0 until the first window closes.
+  RateWindow(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now);
+  // Samples `totals` (same length and order every call) at `now` and returns the
+  // rates of the last closed window.
+  const std::vector<double>& Update(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now,
+                                    std::chrono::milliseconds min_window);
+
+ private:
+  std::chrono::steady_clock::time_point when_;
+  std::vector<uint64_t> totals_;
+  std::vector<double> rates_;
+};
+
+// What one user's sessions did since the daemon started.
+struct UserCounters {
+  std::atomic<uint64_t> bytes_read{0};     // optimizer states read from storage for the user's jobs
+  std::atomic<uint64_t> bytes_written{0};  // and written
+  std::atomic<uint64_t> chunk_updates{0};
+  std::atomic<uint64_t> params_updated{0};
+  std::atomic<uint64_t> cache_hits{0};
+  std::atomic<uint64_t> cache_misses{0};
+  std::atomic<uint64_t> steps_committed{0};
 };
 
 struct StatsRates {
-  std::vector<double> read_gbps;
+  std::vector<double> read_gbps;  // per storage path (daemon scope) or one entry (user scope)
   std::vector<double> write_gbps;
   double chunk_updates_per_second = 0;
   double params_updated_per_second = 0;
@@ -38,26 +67,39 @@ class DaemonStats {
   storage::IoCounters* path_counters(size_t index) { return path_counters_[index].get(); }
   const std::vector<std::filesystem::path>& storage_paths() const { return storage_paths_; }
 
+  // Daemon-wide counters.
   std::atomic<uint64_t> chunk_updates{0};
   std::atomic<uint64_t> params_updated{0};
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
 
-  // Rates between the newest sample at least `min_window` old and now. Thread-safe.
+  // The counters of `uid`, created (zero) at first use. The reference stays valid
+  // as long as this object. Thread-safe.
+  UserCounters& ForUser(uid_t uid);
+
+  // Daemon-wide rates: one read and one write rate per storage path. Thread-safe.
   StatsRates Rates(std::chrono::milliseconds min_window = std::chrono::milliseconds(1000));
+  // The rates of `uid`'s activity: read_gbps and write_gbps have one entry, the
+  // user's traffic over all paths. Thread-safe.
+  StatsRates RatesForUser(uid_t uid, std::chrono::milliseconds min_window = std::chrono::milliseconds(1000));
   double uptime_seconds() const;
 
  private:
-  StatsSample TakeSample() const;
+  struct User {
+    UserCounters counters;
+    RateWindow window;
+  };
+  std::vector<uint64_t> DaemonTotals() const;
+  static std::vector<uint64_t> UserTotals(const UserCounters& counters);
+  User& UserLocked(uid_t uid);
 
   std::vector<std::filesystem::path> storage_paths_;
   std::vector<std::unique_ptr<storage::IoCounters>> path_counters_;
   std::chrono::steady_clock::time_point start_;
   std::mutex mutex_;
-  StatsSample previous_;  // sample the last rates were computed against
-  StatsSample current_;   // newest sample
-  StatsRates last_rates_;
+  std::unique_ptr<RateWindow> daemon_window_;
+  std::map<uid_t, std::unique_ptr<User>> users_;  // by uid; never erased (bounded by the system's uids)
 };
 
 }  // namespace fuyou

@@ -204,18 +204,24 @@ class StatsPoller:
 
     @staticmethod
     def _sum(stats: Optional[dict], key: str) -> float:
+        """The daemon's total of `key` (bytes_read, read_gbps, ...): over every
+        storage path for an administrator, over the caller's own jobs for any other
+        user (whose answer has no storage paths)."""
         if not stats:
             return 0.0
+        if key in stats:
+            return float(stats[key])
         return float(sum(p.get(key, 0) for p in stats.get("storage", [])))
 
     def rates_gbps(self):
-        """(read GB/s, write GB/s) summed over storage paths, or None without stats."""
+        """(read GB/s, write GB/s) of the storage traffic, or None without stats."""
         if not self.latest:
             return None
         return self._sum(self.latest, "read_gbps"), self._sum(self.latest, "write_gbps")
 
     def bytes_since_start(self):
-        """(bytes read, bytes written) by the daemon's storage since the poller started."""
+        """(bytes read, bytes written) on the daemon's storage since the poller
+        started: every job's for an administrator, the caller's own otherwise."""
         if not self.latest:
             return None
         return (self._sum(self.latest, "bytes_read") - self._sum(self._baseline, "bytes_read"),

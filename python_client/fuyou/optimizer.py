@@ -385,7 +385,8 @@ class AdamW(torch.optim.Optimizer):
     # ------------------------------------------------------------------ setup
     def _open_and_register(self, num_slots: int) -> None:
         slot_bytes = max([c.nbytes for c in self._chunks], default=8)
-        info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()
+        # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
+        info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
         self._session = _open_session(self.job, num_slots, slot_bytes, info, self._address,
                                       self.timeout, min(self.timeout, 5.0))
         self._num_slots = int(self._session.num_slots)

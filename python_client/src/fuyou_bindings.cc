@@ -191,7 +191,15 @@ py::dict StatsToDict(const v1::GetStatsResponse& r) {
     storage.append(d);
   }
   py::dict d;
+  // "daemon": the whole daemon (root, the daemon's user); "user": the caller's own
+  // activity only, with no storage paths or DRAM (admin.proto, StatsScope).
+  d["scope"] = r.scope() == v1::STATS_SCOPE_USER ? "user" : "daemon";
+  d["uid"] = r.uid();
   d["storage"] = storage;
+  d["bytes_read"] = r.bytes_read();
+  d["bytes_written"] = r.bytes_written();
+  d["read_gbps"] = r.read_gbps();
+  d["write_gbps"] = r.write_gbps();
   d["chunk_updates"] = r.chunk_updates();
   d["params_updated"] = r.params_updated();
   d["chunk_updates_per_second"] = r.chunk_updates_per_second();
@@ -234,13 +242,25 @@ PYBIND11_MODULE(_fuyou, m) {
 
   // Status errors become fuyou._errors.from_status(code_name, message), a subclass
   // of fuyou.FuyouError; RuntimeError if that module cannot be imported.
+  // from_status is looked up once, now, while imports work: an optimizer's __del__
+  // at interpreter exit (its daemon gone) raises through the translator after
+  // sys.meta_path is None, when an import would fail and print "Exception
+  // ignored". Deliberately never freed (it must outlive the interpreter's teardown).
+  static py::object* from_status = []() -> py::object* {
+    try {
+      return new py::object(py::module_::import("fuyou._errors").attr("from_status"));
+    } catch (py::error_already_set&) {
+      return nullptr;  // imported lazily below (and reported there if it still fails)
+    }
+  }();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       try {
-        py::object errors = py::module_::import("fuyou._errors");
-        py::object exc = errors.attr("from_status")(e.code_name, e.message);
+        py::object make = from_status != nullptr ? *from_status
+                                                 : py::module_::import("fuyou._errors").attr("from_status");
+        py::object exc = make(e.code_name, e.message);
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
       } catch (py::error_already_set& inner) {
         inner.discard_as_unraisable("fuyou._fuyou error translation");

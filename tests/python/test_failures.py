@@ -12,7 +12,7 @@ from conftest import require_daemon, start_daemon
 from helpers import make_model
 from train_util import CHUNK_BYTES, step_loss
 
-STATS_KEYS = {"storage", "chunk_updates", "params_updated", "chunk_updates_per_second",
+STATS_KEYS = {"scope", "uid", "storage", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "chunk_updates", "params_updated", "chunk_updates_per_second",
               "params_updated_per_second", "dram_bytes_in_use", "dram_budget_bytes",
               "cache_hits", "cache_misses", "live_sessions", "steps_committed",
               "uptime_seconds"}
@@ -108,6 +108,7 @@ def test_embedded_daemon_and_admin_stats(tmp_path, monkeypatch):
             opt.zero_grad()
         stats = fuyou.admin_stats()  # no address: this process's embedded daemon
         assert set(stats) == STATS_KEYS
+        assert stats["scope"] == "daemon"  # the daemon's own user: everything
         assert stats["storage"] and set(stats["storage"][0]) == STORAGE_KEYS
         assert stats["live_sessions"] == 1
         assert stats["steps_committed"] >= 2
