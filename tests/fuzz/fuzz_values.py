@@ -30,7 +30,12 @@ F32_EDGES = [0.0, -0.0, 1.0, -1.0, 0.5, 0.9, 0.999, 1e-3, 1e-8, 1e-45, 3.4028234
 
 # Job names the fuzzer uses most: few, so sessions collide on them (resume, a job
 # already open, delete while open). Odd names probe the name check.
-JOB_NAMES = ["fz-a", "fz-b", "fz-c"]
+JOB_NAMES = ["fz-a", "fz-b", "fz-c", "fz-d", "fz-e", "fz-f"]
+# The jobs each example starts with a working session on (fuzz_worker.py).
+HEALTHY_JOB_NAMES = JOB_NAMES[:3]
+# More names for OpenSession, so that most opens do not find their job busy
+# (jobs outside JOB_NAMES are deleted at the end of each example).
+OPEN_JOB_NAMES = JOB_NAMES + [f"fz-{i}" for i in range(26)]
 ODD_NAMES = ["", ".", "..", ".hidden", "../escape", "a/b", "/etc/passwd", "a" * 64, "a" * 65, "x" * 10000,
              "nul\x00byte", "\x1b[2J\x1b[31mred", "é", "job name", "manifest.tmp", "states.bin", "-", "_"]
 
@@ -40,27 +45,38 @@ def rarely(rare, common, one_in=10):
     return st.integers(0, one_in - 1).flatmap(lambda i: rare if i == 0 else common)
 
 
-# Two draws in three are sane, so that a sequence of steps gets somewhere; the
-# third is an edge or anything of the type.
-def u32(sane=(0, 8)):
-    return rarely(st.one_of(st.sampled_from(U32_EDGES), st.integers(0, U32_MAX)), st.integers(*sane), 3)
+# Wild values of each field type: an edge where arithmetic breaks, or anything.
+def wild_u32():
+    return st.one_of(st.sampled_from(U32_EDGES), st.integers(0, U32_MAX))
 
 
-def u64(sane=(0, 1 << 16)):
-    return rarely(st.one_of(st.sampled_from(U64_EDGES), st.integers(0, U64_MAX)), st.integers(*sane), 3)
+def wild_u64():
+    return st.one_of(st.sampled_from(U64_EDGES), st.integers(0, U64_MAX))
 
 
-def i64(sane=(0, 4)):
-    return rarely(st.one_of(st.sampled_from(I64_EDGES), st.integers(I64_MIN, I64_MAX)), st.integers(*sane), 3)
+def wild_i64():
+    return st.one_of(st.sampled_from(I64_EDGES), st.integers(I64_MIN, I64_MAX))
 
 
 def f32():
     return st.one_of(st.sampled_from(F32_EDGES), st.floats(width=32, allow_nan=True, allow_infinity=True))
 
 
-def enum_value(valid_max):
-    """A proto3 enum: a valid value mostly, sometimes any int32."""
-    return rarely(st.integers(-(2**31), 2**31 - 1), st.integers(0, valid_max), 4)
+def wild_enum():
+    """A proto3 enum may carry any int32; 0 is UNSPECIFIED."""
+    return st.one_of(st.just(0), st.integers(-(2**31), 2**31 - 1))
+
+
+@st.composite
+def message(draw, cls, sane, wild, max_wild=2):
+    """A `cls` with every field drawn from `sane`, then 0 to `max_wild` fields
+    redrawn from `wild`: mostly valid messages with one or two hostile values,
+    which reach further into the daemon than messages hostile everywhere."""
+    fields = {name: draw(strategy) for name, strategy in sane.items()}
+    for _ in range(draw(st.integers(0, max_wild))):
+        name = draw(st.sampled_from(sorted(wild)))
+        fields[name] = draw(wild[name])
+    return cls(**fields)
 
 
 def text_field(max_size=80):
@@ -91,16 +107,17 @@ def client_info():
 
 
 def hyper():
-    sane = st.builds(pb.AdamWHyper, lr=st.just(1e-3), beta1=st.just(0.9), beta2=st.just(0.999),
-                     eps=st.just(1e-8), weight_decay=st.just(0.01), grad_scale=st.just(1.0))
-    wild = st.builds(pb.AdamWHyper, lr=f32(), beta1=f32(), beta2=f32(), eps=f32(), weight_decay=f32(),
-                     grad_scale=f32())
-    return st.one_of(sane, wild)
+    sane = dict(lr=st.sampled_from([1e-3, 1e-2]), beta1=st.just(0.9), beta2=st.just(0.999), eps=st.just(1e-8),
+                weight_decay=st.sampled_from([0.0, 0.01]), grad_scale=st.sampled_from([0.0, 1.0, 0.5]))
+    return message(pb.AdamWHyper, sane, {name: f32() for name in sane}, max_wild=3)
 
 
 def chunk_spec():
-    return st.builds(pb.ChunkSpec, chunk_id=u32((0, 4)), num_elements=u64((1, 4096)),
-                     param_dtype=enum_value(3), grad_dtype=enum_value(3), slot=u32((0, 3)))
+    sane = dict(chunk_id=st.integers(0, 4), num_elements=st.integers(1, 4096), param_dtype=st.integers(1, 3),
+                grad_dtype=st.integers(1, 3), slot=st.integers(0, 3))
+    wild = dict(chunk_id=wild_u32(), num_elements=wild_u64(), param_dtype=wild_enum(), grad_dtype=wild_enum(),
+                slot=wild_u32())
+    return message(pb.ChunkSpec, sane, wild)
 
 
 @st.composite
@@ -118,9 +135,17 @@ def many_chunk_specs(draw):
             for _ in range(count)]
 
 
-def open_request(seen_jobs=()):
-    return st.builds(pb.OpenSessionRequest, job=job_name(seen_jobs), num_slots=u32((1, 4)),
-                     slot_bytes=u64((1, 1 << 16)), client_info=client_info())
+def open_request():
+    sane = dict(job=st.sampled_from(OPEN_JOB_NAMES), num_slots=st.integers(1, 4),
+                slot_bytes=st.one_of(st.sampled_from([4096, 8192, 65536]), st.integers(1, 1 << 16)),
+                client_info=st.text(max_size=20))
+    # Sizes whose products with the slot count wrap 64 bits, and those that round
+    # up past 2^64: a dictionary, as fuzzers have, beside any value.
+    wrapping = st.sampled_from([2**63, 2**63 + 1, 2**62, 2**62 + 1, 2**61 + 1, 2**57, 2**64 - 4096, 2**64 - 4095,
+                                2**64 - 1])
+    wild = dict(job=text_field(), num_slots=wild_u32(), slot_bytes=st.one_of(wrapping, wild_u64()),
+                client_info=client_info())
+    return message(pb.OpenSessionRequest, sane, wild)
 
 
 def stream_message(session_ids, step):
@@ -128,26 +153,27 @@ def stream_message(session_ids, step):
     GradReady/EndStep need it); `session_ids` feed Attach."""
     pool = list(session_ids) or [""]
     ids = st.one_of(index().map(lambda i: choose(pool, i)), text_field())
-    steps = st.one_of(st.just(step), i64())
-    state = enum_value(3)
-    kinds = st.one_of(
+    steps = st.one_of(st.just(step), st.integers(0, 4))
+    state_sane = dict(chunk_id=st.integers(0, 4), which=st.integers(1, 3), slot=st.integers(0, 3),
+                      first_element=st.integers(0, 2000), num_elements=st.integers(1, 2000))
+    state_wild = dict(chunk_id=wild_u32(), which=wild_enum(), slot=wild_u32(), first_element=wild_u64(),
+                      num_elements=wild_u64())
+    grad_sane = dict(step=steps, chunk_id=st.integers(0, 4), slot=st.integers(0, 3), hyper=hyper())
+    grad_wild = dict(step=wild_i64(), chunk_id=wild_u32(), slot=wild_u32())
+    step_only = (dict(step=steps), dict(step=wild_i64()))
+    return st.one_of(
         st.builds(lambda s: pb.ClientMessage(attach=pb.Attach(session_id=s)), ids),
-        st.builds(lambda s, c, sl, h: pb.ClientMessage(grad_ready=pb.GradReady(step=s, chunk_id=c, slot=sl, hyper=h)),
-                  steps, u32((0, 4)), u32((0, 3)), hyper()),
-        st.builds(lambda s: pb.ClientMessage(end_step=pb.EndStep(step=s)), steps),
-        st.builds(lambda s: pb.ClientMessage(abort_step=pb.AbortStep(step=s)), steps),
-        st.builds(lambda c, w, sl, f, n: pb.ClientMessage(read_state=pb.ReadState(
-            chunk_id=c, which=w, slot=sl, first_element=f, num_elements=n)),
-            u32((0, 4)), state, u32((0, 3)), u64((0, 4096)), u64((0, 4096))),
-        st.builds(lambda c, w, sl, f, n: pb.ClientMessage(write_state=pb.WriteState(
-            chunk_id=c, which=w, slot=sl, first_element=f, num_elements=n)),
-            u32((0, 4)), state, u32((0, 3)), u64((0, 4096)), u64((0, 4096))),
-        st.builds(lambda c, t: pb.ClientMessage(set_update_count=pb.SetUpdateCount(chunk_id=c, update_count=t)),
-                  u32((0, 4)), i64((0, 10))),
+        message(pb.GradReady, grad_sane, grad_wild).map(lambda m: pb.ClientMessage(grad_ready=m)),
+        message(pb.EndStep, *step_only, max_wild=1).map(lambda m: pb.ClientMessage(end_step=m)),
+        message(pb.AbortStep, *step_only, max_wild=1).map(lambda m: pb.ClientMessage(abort_step=m)),
+        message(pb.ReadState, state_sane, state_wild).map(lambda m: pb.ClientMessage(read_state=m)),
+        message(pb.WriteState, state_sane, state_wild).map(lambda m: pb.ClientMessage(write_state=m)),
+        message(pb.SetUpdateCount, dict(chunk_id=st.integers(0, 4), update_count=st.integers(0, 10)),
+                dict(chunk_id=wild_u32(), update_count=wild_i64())).map(
+                    lambda m: pb.ClientMessage(set_update_count=m)),
         st.just(pb.ClientMessage(commit_import=pb.CommitImport())),
         st.just(pb.ClientMessage()),  # no kind set
     )
-    return kinds
 
 
 # --- byte-level mutation ---------------------------------------------------

@@ -19,15 +19,18 @@ Usage: fuzz_worker.py --socket PATH --daemon-pid PID --seconds N
 
 import argparse
 import collections
+import functools
 import os
 import queue
 import struct
 import sys
 import threading
 import time
+import traceback
 
 import grpc
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import HypothesisException
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
@@ -78,6 +81,7 @@ class Daemon:
         self.seen_jobs = {}  # name -> owner uid, from ListJobs
         self.foreign_sessions = set()  # ids of other users' sessions that the daemon showed
         self.forgotten = 0
+        self.fresh_jobs = 0
 
     def out_of_time(self):
         return time.monotonic() >= self.end
@@ -93,7 +97,7 @@ class Daemon:
             code, response, details = error.code(), None, error.details() or ""
         # INTERNAL is either a request gRPC could not parse or the daemon's own
         # failure: the tally keeps the start of its message, to tell them apart.
-        suffix = f" ({details[:50]})" if code == grpc.StatusCode.INTERNAL else ""
+        suffix = f" ({details[:50]})" if code == grpc.StatusCode.INTERNAL or os.environ.get("FUYOU_FUZZ_DETAILS") else ""
         kind = "bytes" if isinstance(request, (bytes, bytearray)) else "message"
         self.tally[f"{name} ({kind}) {code.name}{suffix}"] += 1
         self.judge(name, code, details)
@@ -191,6 +195,17 @@ class FuzzSession:
         self.chunks = {}  # chunk_id -> ChunkSpec the daemon accepted
         self.next_step = response.committed_step + 1
 
+    def fill_region(self, slot, params, kind, count, dtype):
+        """Writes `count` elements of `kind` (FILLS) into a slot's gradient or
+        parameter region, as far as the mapped segment reaches."""
+        if self.segment is None:
+            return
+        slot_bytes = self.response.slot_bytes
+        offset = 4096 + (2 * slot + (1 if params else 0)) * slot_bytes
+        room = min(slot_bytes, max(0, self.segment.size - offset)) // DTYPE_BYTES.get(dtype, 4)
+        if room > 0:
+            self.segment.write(offset, fill_bytes(kind, min(count, room), dtype))
+
     def stream(self):
         """The stream attached to this session and still open, or None."""
         for stream in self.streams:
@@ -222,6 +237,44 @@ def fill_bytes(kind, count, dtype):
 FILLS = ["small", "zero", "one", "nan", "inf", "huge", "denormal", "random"]
 
 
+def fail(trace, error):
+    """Reports the first problem found, with the steps of its example, and exits.
+
+    Hypothesis would replay the example to report it, but a replay against a
+    daemon whose state moved on does not do the same thing (it calls that Flaky):
+    the steps as they ran are the report."""
+    print("fuzz_worker: FAILED. The steps of the failing example, as they ran:", flush=True)
+    for line in trace:
+        print("  " + line)
+    print("fuzz_worker: " + "".join(traceback.format_exception(error)), flush=True)
+    print(f"fuzz_worker: {type(error).__name__}: {error}", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _short(value):
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 300 else text[:300] + f"...({len(text)} chars)"
+
+
+def step(method):
+    """A rule or invariant whose call is recorded; any exception in it ends the run (fail)."""
+
+    @functools.wraps(method)
+    def wrapper(self, **kwargs):
+        if method.__name__ != "daemon_alive":
+            self.trace.append(f"{method.__name__}({', '.join(f'{k}={_short(v)}' for k, v in kwargs.items())})")
+        try:
+            return method(self, **kwargs)
+        except HypothesisException:
+            raise  # hypothesis's own control flow
+        except Exception as error:  # noqa: BLE001 (a fuzzer bug is reported the same way)
+            fail(self.trace, error)
+
+    return wrapper
+
+
 class DaemonFuzz(RuleBasedStateMachine):
     """The rules draw all their inputs first, in a shape that does not depend on
     what the daemon answered (hypothesis replays choices and requires the same
@@ -232,12 +285,16 @@ class DaemonFuzz(RuleBasedStateMachine):
         self.live = []
         self.closed_ids = []
         self.jobs = set()  # job names this example opened
+        self.trace = []  # the steps of this example so far
 
     def _attached(self):
         return [s for s in self.live if s.stream() is not None]
 
     def _track(self, job, response):
+        if response.segment_bytes < 4096 + 2 * response.num_slots * min(response.slot_bytes, 1 << 40):
+            DAEMON.tally["OpenSession accepted: a segment smaller than its slots"] += 1
         session = FuzzSession(response)
+        session.job = job
         self.live.append(session)
         if job:
             self.jobs.add(job)
@@ -253,8 +310,9 @@ class DaemonFuzz(RuleBasedStateMachine):
 
     # --- the start of every example ------------------------------------------
 
-    @initialize(job=st.sampled_from(fv.JOB_NAMES), num_slots=st.integers(1, 4),
+    @initialize(job=st.sampled_from(fv.HEALTHY_JOB_NAMES), num_slots=st.integers(1, 4),
                 slot_bytes=st.sampled_from([8192, 65536]))
+    @step
     def healthy_session(self, job, num_slots, slot_bytes):
         """Starts from a session that works: opened on one of a few jobs, given its
         segment, attached, with chunks registered. Chunk sizes and dtypes depend
@@ -273,9 +331,7 @@ class DaemonFuzz(RuleBasedStateMachine):
         chunks = [pb.ChunkSpec(chunk_id=i, num_elements=1000 + 111 * i + salt, param_dtype=1 + (i + salt) % 3,
                                grad_dtype=1 + i % 3, slot=i) for i in range(num_slots)]
         for spec in chunks:
-            if session.segment is not None:
-                offset = 4096 + (2 * spec.slot + 1) * response.slot_bytes
-                session.segment.write(offset, fill_bytes("small", spec.num_elements, spec.param_dtype))
+            session.fill_region(spec.slot, True, "small", spec.num_elements, spec.param_dtype)
         code, _ = DAEMON.call("RegisterChunks", pb.RegisterChunksRequest(session_id=session.id, chunks=chunks))
         if code == OK:
             session.chunks = {spec.chunk_id: spec for spec in chunks}
@@ -283,22 +339,38 @@ class DaemonFuzz(RuleBasedStateMachine):
     # --- every step ----------------------------------------------------------
 
     @invariant()
+    @step
     def daemon_alive(self):
         DAEMON.check_alive()
 
     # --- OpenSession -----------------------------------------------------------
 
-    @rule(request=fv.open_request(), mutate=st.booleans(), edits=fv.mutated(b"\x0a\x04fz-a\x10\x01\x18\x80\x40"))
-    def open_session(self, request, mutate, edits):
+    @rule(request=fv.open_request(), fresh=st.integers(0, 3), mutate=st.booleans(),
+          edits=fv.mutated(b"\x0a\x04fz-a\x10\x01\x18\x80\x40"), then_register=st.booleans(),
+          chunks=st.lists(fv.chunk_spec(), min_size=1, max_size=2))
+    @step
+    def open_session(self, request, fresh, mutate, edits, then_register, chunks):
         """A structured request, or mutated bytes (of a fixed valid request, so that
-        the draws do not depend on the structured one)."""
+        the draws do not depend on the structured one). Hypothesis likes to repeat
+        a value, so a sane job name is mostly replaced by a fresh one: the job is
+        then not already open."""
         if len(self.live) >= MAX_LIVE_SESSIONS:
             self._close(self.live[0])
+        if fresh and request.job in fv.OPEN_JOB_NAMES:
+            DAEMON.fresh_jobs += 1
+            request.job = f"fz-n{DAEMON.fresh_jobs}"
         code, response = DAEMON.call("OpenSession", edits if mutate else request)
-        if code == OK:
-            self._track("" if mutate else request.job, response)
+        if code != OK:
+            return
+        session = self._track("" if mutate else request.job, response)
+        if then_register:  # at once, before the session is closed by another rule
+            for spec in chunks:
+                if spec.slot < 4:
+                    spec.slot %= max(response.num_slots, 1)
+            self._register(session, chunks, "small")
 
-    @rule(i=fv.index(), slots=fv.u32((1, 4)), slot_bytes=fv.u64((1, 1 << 16)))
+    @rule(i=fv.index(), slots=st.integers(1, 4), slot_bytes=st.sampled_from([4096, 65536]))
+    @step
     def open_seen_job(self, i, slots, slot_bytes):
         """OpenSession on a job name the daemon showed (another user's, when
         ListJobs shows them): the legitimate job beside the fuzzer fails if one of
@@ -314,6 +386,7 @@ class DaemonFuzz(RuleBasedStateMachine):
     # --- the segment -----------------------------------------------------------
 
     @rule(i=fv.index(), handover=st.sampled_from(fuzz_segment.HANDOVERS))
+    @step
     def give_segment(self, i, handover):
         if not self.live:
             return
@@ -326,6 +399,7 @@ class DaemonFuzz(RuleBasedStateMachine):
             session.segment = segment
 
     @rule(i=fv.index(), offset=st.integers(0, 2**24), garbage=st.binary(min_size=1, max_size=64))
+    @step
     def scribble(self, i, offset, garbage):
         """The client writes anything anywhere in its segment, header included."""
         mapped = [s for s in self.live if s.segment]
@@ -336,6 +410,7 @@ class DaemonFuzz(RuleBasedStateMachine):
     # --- the stream ----------------------------------------------------------------
 
     @rule(i=fv.index())
+    @step
     def attach(self, i):
         """Attach, also to a session that already has a stream (must be refused)."""
         if not self.live:
@@ -351,6 +426,7 @@ class DaemonFuzz(RuleBasedStateMachine):
             stream.attached = True
 
     @rule(i=fv.index())
+    @step
     def attach_race(self, i):
         """Two streams send Attach for one session at the same time: at most one may win."""
         if not self.live:
@@ -372,6 +448,7 @@ class DaemonFuzz(RuleBasedStateMachine):
 
     @rule(i=fv.index(), first=fv.stream_message(["s-0000000000000000", ""], 1), use_known=st.booleans(),
           mutate=st.booleans(), edits=fv.mutated(b"\x0a\x14\x0a\x12s-0123456789abcdef"))
+    @step
     def attach_unknown(self, i, first, use_known, mutate, edits):
         """A stream whose first message is anything: an Attach for a closed
         session or another user's, another kind, or bytes."""
@@ -389,6 +466,7 @@ class DaemonFuzz(RuleBasedStateMachine):
 
     @rule(i=fv.index(), message=fv.stream_message(["s-0000000000000000"], 1), next_step=st.booleans(),
           own_id=st.booleans(), mutate=st.integers(0, 3), edits=fv.mutated(b"\x12\x0a\x08\x01\x10\x00\x18\x00"))
+    @step
     def stream_message(self, i, message, next_step, own_id, mutate, edits):
         """Any message on an attached stream; GradReady/EndStep/AbortStep often
         name the session's next step, Attach often its own id."""
@@ -410,6 +488,7 @@ class DaemonFuzz(RuleBasedStateMachine):
             session.next_step = reply.step_committed.step + 1
 
     @rule(i=fv.index(), fill=st.sampled_from(FILLS), hyper=fv.hyper())
+    @step
     def train_step(self, i, fill, hyper):
         """A whole step, as a client would send it (with values of its choosing)."""
         ready = [s for s in self.live if s.stream() and s.chunks]
@@ -420,10 +499,7 @@ class DaemonFuzz(RuleBasedStateMachine):
         num_slots = max(session.response.num_slots, 1)
         for chunk_id, spec in sorted(session.chunks.items()):
             slot = spec.slot % num_slots
-            if session.segment is not None:
-                count = min(spec.num_elements, session.response.slot_bytes // 4)
-                offset = 4096 + slot * 2 * session.response.slot_bytes
-                session.segment.write(offset, fill_bytes(fill, count, spec.grad_dtype))
+            session.fill_region(slot, False, fill, spec.num_elements, spec.grad_dtype)
             stream = session.stream()
             if stream is None:
                 return
@@ -439,6 +515,7 @@ class DaemonFuzz(RuleBasedStateMachine):
     @rule(i=fv.index(), chunks=fv.rarely(fv.many_chunk_specs(), st.lists(fv.chunk_spec(), max_size=4), one_in=8),
           fill=st.sampled_from(FILLS), mutate=st.integers(0, 4), edits=fv.mutated(
               b"\x0a\x12s-0123456789abcdef\x12\x0a\x08\x00\x10\xe8\x07\x18\x01\x20\x01"))
+    @step
     def register_chunks(self, i, chunks, fill, mutate, edits):
         """RegisterChunks on an own session (weights written into the slots
         first), or mutated bytes (whose session id rarely parses)."""
@@ -448,26 +525,29 @@ class DaemonFuzz(RuleBasedStateMachine):
                 for session in self.live:
                     session.chunks.clear()
             return
-        session = fv.choose(self.live, i)
-        if session.segment is not None:
-            for spec in chunks[:8]:
-                slot = spec.slot % max(session.response.num_slots, 1)
-                count = min(spec.num_elements, session.response.slot_bytes // 4)
-                offset = 4096 + (2 * slot + 1) * session.response.slot_bytes
-                session.segment.write(offset, fill_bytes(fill, count, spec.param_dtype))
+        self._register(fv.choose(self.live, i), chunks, fill)
+
+    def _register(self, session, chunks, fill):
+        for spec in chunks[:8]:
+            session.fill_region(spec.slot % max(session.response.num_slots, 1), True, fill, spec.num_elements,
+                                spec.param_dtype)
         code, _ = DAEMON.call("RegisterChunks", pb.RegisterChunksRequest(session_id=session.id, chunks=chunks))
         if code == OK:
             for spec in chunks:
                 session.chunks[spec.chunk_id] = spec
+                if spec.num_elements > session.response.slot_bytes:
+                    DAEMON.tally["RegisterChunks accepted: a chunk larger than its slot"] += 1
 
     # --- the end of a session ----------------------------------------------------
 
     @rule(i=fv.index())
+    @step
     def close_session(self, i):
         if self.live:
             self._close(fv.choose(self.live, i))
 
     @rule(i=fv.index())
+    @step
     def close_again(self, i):
         if not self.closed_ids:
             return
@@ -477,6 +557,7 @@ class DaemonFuzz(RuleBasedStateMachine):
             raise AssertionError(f"session {session_id} was closed twice")
 
     @rule(i=fv.index(), how=st.sampled_from(["cancel", "half_close", "forget"]))
+    @step
     def abandon(self, i, how):
         """The client goes away without CloseSession: its stream is cancelled or
         half-closed, or (a few times) it never attached and is left to the reaper."""
@@ -484,7 +565,10 @@ class DaemonFuzz(RuleBasedStateMachine):
             return
         session = fv.choose(self.live, i)
         stream = session.stream()
-        if stream is None and (how != "forget" or DAEMON.forgotten >= MAX_FORGOTTEN):
+        # Only sessions of fresh jobs are left to the reaper: one on a job the
+        # examples start with would keep that job busy for the reaper's grace.
+        forgettable = session.job not in fv.JOB_NAMES and DAEMON.forgotten < MAX_FORGOTTEN
+        if stream is None and (how != "forget" or not forgettable):
             self._close(session)
             return
         if stream is None:
@@ -498,6 +582,7 @@ class DaemonFuzz(RuleBasedStateMachine):
     # --- another user's things -------------------------------------------------------
 
     @rule(i=fv.index())
+    @step
     def touch_foreign_session(self, i):
         if not DAEMON.foreign_sessions:
             return
@@ -511,6 +596,7 @@ class DaemonFuzz(RuleBasedStateMachine):
     # --- Admin -------------------------------------------------------------------
 
     @rule(name=st.sampled_from(["Health", "GetStats", "ListSessions", "ListJobs"]))
+    @step
     def admin(self, name):
         code, response = DAEMON.call(name, UNARY[name][1]())
         if code != OK:
@@ -525,6 +611,7 @@ class DaemonFuzz(RuleBasedStateMachine):
                 DAEMON.seen_jobs[job.name] = job.owner_uid
 
     @rule(name=fv.job_name(), i=fv.index(), seen=st.booleans())
+    @step
     def delete_job(self, name, i, seen):
         if seen and DAEMON.seen_jobs:
             name = fv.choose(sorted(DAEMON.seen_jobs), i)
@@ -533,6 +620,7 @@ class DaemonFuzz(RuleBasedStateMachine):
             DAEMON.seen_jobs.pop(name, None)
 
     @rule(name=st.sampled_from(sorted(UNARY)), job=fv.job_name(), edits=st.data())
+    @step
     def any_rpc_mutated(self, name, job, edits):
         request = UNARY[name][1]()
         if name == "DeleteJob":
@@ -543,10 +631,14 @@ class DaemonFuzz(RuleBasedStateMachine):
             self._track("", response)
 
     def teardown(self):
-        for session in list(self.live):
-            self._close(session)
-        for job in self.jobs - set(fv.JOB_NAMES):
-            DAEMON.call("DeleteJob", apb.DeleteJobRequest(name=job))
+        try:
+            for session in list(self.live):
+                self._close(session)
+            for job in self.jobs - set(fv.JOB_NAMES):
+                DAEMON.call("DeleteJob", apb.DeleteJobRequest(name=job))
+        except Exception as error:  # noqa: BLE001
+            self.trace.append("teardown()")
+            fail(self.trace, error)
 
 
 def main():

@@ -25,6 +25,7 @@ using fuyou::DType;
 using fuyou::testing::Decode;
 using fuyou::testing::Encode;
 using fuyou::testing::ReferenceChunk;
+using fuyou::testing::Text;
 using fuyou::testing::Values;
 
 struct TrainedChunk {
@@ -93,13 +94,13 @@ int main(int argc, char** argv) {
     auto session = fuyou::Session::Open({.job = job, .num_slots = 4, .slot_bytes = slot_bytes,
                                          .client_info = "legit_job beside the fuzzer"},
                                         client);
-    if (!session.ok()) return Fail(job, "open: " + std::string(session.status().message()));
+    if (!session.ok()) return Fail(job, "open: " + Text(session.status()));
     if ((*session)->committed_step() != 0) {
       return Fail(job, fmt::format("a new job starts at step {}, not 0", (*session)->committed_step()));
     }
     for (TrainedChunk& chunk : chunks) {
       auto registered = (*session)->RegisterChunk(chunk.spec, chunk.weights);
-      if (!registered.ok()) return Fail(job, "register: " + std::string(registered.status().message()));
+      if (!registered.ok()) return Fail(job, "register: " + Text(registered.status()));
       if (registered->resumed) return Fail(job, fmt::format("chunk {} of a new job was resumed", chunk.spec.chunk_id));
     }
     for (int64_t step = 1; step <= steps; ++step) {
@@ -109,34 +110,35 @@ int main(int argc, char** argv) {
         const std::vector<float> grads = it->Gradients(step);
         absl::Status pushed =
             (*session)->PushGradients(it->spec.chunk_id, step, hyper, Encode(grads, it->spec.grad_dtype));
-        if (!pushed.ok()) return Fail(job, fmt::format("push step {}: {}", step, pushed.message()));
+        if (!pushed.ok()) return Fail(job, fmt::format("push step {}: {}", step, Text(pushed)));
         it->reference.Step(grads, hyper);
       }
       for (TrainedChunk& chunk : chunks) {
         absl::Status pulled = (*session)->PullParams(chunk.spec.chunk_id, chunk.weights);
-        if (!pulled.ok()) return Fail(job, fmt::format("pull step {}: {}", step, pulled.message()));
+        if (!pulled.ok()) return Fail(job, fmt::format("pull step {}: {}", step, Text(pulled)));
         std::string why;
         if (!Matches(chunk, &why)) return Fail(job, fmt::format("step {}: {}", step, why));
       }
       auto committed = (*session)->EndStep(step);
-      if (!committed.ok()) return Fail(job, fmt::format("end step {}: {}", step, committed.status().message()));
+      if (!committed.ok()) return Fail(job, fmt::format("end step {}: {}", step, Text(committed.status())));
     }
     if (absl::Status closed = (*session)->Close(); !closed.ok()) {
-      return Fail(job, "close: " + std::string(closed.message()));
+      return Fail(job, "close: " + Text(closed));
     }
   }
 
   // Resume: the job is at its last step, with the weights it returned last.
   {
-    auto session = fuyou::Session::Open({.job = job, .num_slots = 4, .slot_bytes = slot_bytes}, client);
-    if (!session.ok()) return Fail(job, "reopen: " + std::string(session.status().message()));
+    auto session = fuyou::Session::Open(
+        {.job = job, .num_slots = 4, .slot_bytes = slot_bytes, .client_info = "legit_job, resumed"}, client);
+    if (!session.ok()) return Fail(job, "reopen: " + Text(session.status()));
     if ((*session)->committed_step() != steps) {
       return Fail(job, fmt::format("resumed at step {}, not {}", (*session)->committed_step(), steps));
     }
     for (TrainedChunk& chunk : chunks) {
       std::vector<std::byte> resumed(chunk.weights.size());
       auto registered = (*session)->RegisterChunk(chunk.spec, resumed);
-      if (!registered.ok()) return Fail(job, "register on resume: " + std::string(registered.status().message()));
+      if (!registered.ok()) return Fail(job, "register on resume: " + Text(registered.status()));
       if (!registered->resumed || registered->update_count != steps) {
         return Fail(job, fmt::format("chunk {}: resumed={} update_count={}, expected a resume at {}",
                                      chunk.spec.chunk_id, registered->resumed, registered->update_count, steps));
@@ -146,14 +148,14 @@ int main(int argc, char** argv) {
       }
     }
     if (absl::Status closed = (*session)->Close(); !closed.ok()) {
-      return Fail(job, "close after resume: " + std::string(closed.message()));
+      return Fail(job, "close after resume: " + Text(closed));
     }
   }
 
   auto admin = fuyou::AdminClient::Connect(client);
-  if (!admin.ok()) return Fail(job, "admin: " + std::string(admin.status().message()));
+  if (!admin.ok()) return Fail(job, "admin: " + Text(admin.status()));
   if (auto deleted = (*admin)->DeleteJob(job); !deleted.ok()) {
-    return Fail(job, "delete: " + std::string(deleted.status().message()));
+    return Fail(job, "delete: " + Text(deleted.status()));
   }
   return 0;
 }

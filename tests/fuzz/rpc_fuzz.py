@@ -159,7 +159,8 @@ def main():
         legit = LegitJobs(args.legit_job, socket_path)
         legit.start()
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": lib, "HOME": home, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_STORAGE_DIRECTORY": os.path.join(home, ".hypothesis")}
+               "PYTHONDONTWRITEBYTECODE": "1", "HYPOTHESIS_STORAGE_DIRECTORY": os.path.join(home, ".hypothesis"),
+               "FUYOU_FUZZ_DETAILS": os.environ.get("FUYOU_FUZZ_DETAILS", "")}
         started = time.monotonic()
         worker = subprocess.Popen(
             [sys.executable, os.path.join(lib, "fuzz_worker.py"), "--socket", socket_path, "--daemon-pid",
@@ -202,7 +203,9 @@ def main():
         if report:
             problems.append("the sanitizer reported:\n" + report)
         if problems:
-            log("fuyoud's last output:\n" + daemon_output[-6000:])
+            # Without protobuf's complaints about the fuzzer's invalid UTF-8.
+            lines = [line for line in daemon_output.splitlines() if "contains invalid UTF-8" not in line]
+            log("fuyoud's last output:\n" + "\n".join(lines)[-8000:])
         shutil.rmtree(tmp, ignore_errors=True)
         for problem in problems:
             log("FAIL: " + problem)
