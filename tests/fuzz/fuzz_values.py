@@ -117,6 +117,9 @@ def chunk_spec():
                 grad_dtype=st.integers(1, 3), slot=st.integers(0, 3))
     wild = dict(chunk_id=wild_u32(), num_elements=wild_u64(), param_dtype=wild_enum(), grad_dtype=wild_enum(),
                 slot=wild_u32())
+    # Fields that newer protos have (the pb2 modules come from the tree's protos).
+    if "layout_fingerprint" in pb.ChunkSpec.DESCRIPTOR.fields_by_name:
+        wild["layout_fingerprint"] = wild_u64()
     return message(pb.ChunkSpec, sane, wild)
 
 

@@ -595,10 +595,13 @@ class DaemonFuzz(RuleBasedStateMachine):
 
     # --- Admin -------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(["Health", "GetStats", "ListSessions", "ListJobs"]))
+    @rule(name=st.sampled_from(["Health", "GetStats", "ListSessions", "ListJobs"]), all_users=st.booleans())
     @step
-    def admin(self, name):
-        code, response = DAEMON.call(name, UNARY[name][1]())
+    def admin(self, name, all_users):
+        request = UNARY[name][1]()
+        if all_users and "all_users" in request.DESCRIPTOR.fields_by_name:
+            request.all_users = True  # ListJobs of every user: root's view
+        code, response = DAEMON.call(name, request)
         if code != OK:
             return
         if name == "ListSessions":
