@@ -19,7 +19,10 @@ if(FUYOU_SANITIZE)
   endif()
   set(FUYOU_SANITIZE_FLAGS -fsanitize=${FUYOU_SANITIZE} -fno-omit-frame-pointer)
   if(FUYOU_SANITIZE MATCHES "undefined")
-    list(APPEND FUYOU_SANITIZE_FLAGS -fno-sanitize-recover=undefined)
+    # No vptr check: it reads the object's memory through a pipe, so in a process
+    # that has run out of file descriptors (a case the integration tests create
+    # on purpose) every virtual call is reported as a call on an "invalid vptr".
+    list(APPEND FUYOU_SANITIZE_FLAGS -fno-sanitize-recover=undefined -fno-sanitize=vptr)
   endif()
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${FUYOU_SANITIZE_FLAGS}>")
   add_link_options(${FUYOU_SANITIZE_FLAGS})
