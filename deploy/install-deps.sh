@@ -9,8 +9,8 @@
 set -euo pipefail
 
 PACKAGES=(
-  # toolchain
-  cmake ninja-build g++ pkg-config
+  # toolchain (ccache: deploy/test.sh compiles through it when present)
+  cmake ninja-build g++ pkg-config ccache
   # C++ libraries (gRPC/protobuf, io_uring, Boost.Interprocess, fmt, CLI11,
   # toml++, xxHash, sd_notify)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -21,6 +21,8 @@ PACKAGES=(
   # Python client (pybind11 module) and the example / Python tests
   pybind11-dev python3-pybind11 python3-dev python3-torch python3-numpy
   python3-pytest python3-tqdm python3-matplotlib python3-grpcio python3-protobuf
+  # the RPC fuzz test (tests/fuzz)
+  python3-hypothesis
   # An optimized BLAS for Debian's torch. Without it torch falls back to the
   # reference libblas3 and a matmul runs ~20x slower (6 vs 140 GFLOPS on 2 cores),
   # which makes the example and the torch.optim baselines crawl.
