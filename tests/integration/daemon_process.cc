@@ -2,11 +2,14 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <string_view>
 #include <thread>
 
@@ -64,6 +67,26 @@ pid_t SpawnAs(uid_t uid, const std::string& program, const std::vector<std::stri
   if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(126);
   ::execve(program.c_str(), exec.argv.data(), exec.envp.data());
   ::_exit(127);
+}
+
+int RunAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
+          const std::filesystem::path& output_file, std::string* output) {
+  ExecArgs exec = MakeExecArgs(program, args, {});
+  const int out = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (out < 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::dup2(out, 1) < 0 || ::dup2(out, 2) < 0) ::_exit(125);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(126);
+    ::execve(program.c_str(), exec.argv.data(), exec.envp.data());
+    ::_exit(127);
+  }
+  ::close(out);
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return -1;
+  std::ifstream in(output_file);
+  *output = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 pid_t Spawn(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env) {

@@ -35,6 +35,11 @@ pid_t Spawn(const std::string& program, const std::vector<std::string>& args,
 // groups and ids, exec. Needs root. Returns the pid or -1.
 pid_t SpawnAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
               const std::vector<std::string>& env = {});
+// Runs `program` with `args` as `uid` (as SpawnAs) and waits for it; returns its
+// exit status (-1 when it did not exit normally), with its stdout and stderr,
+// written to `output_file` on the way, in `*output`. Needs root.
+int RunAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
+          const std::filesystem::path& output_file, std::string* output);
 
 // For raw-protocol tests: creates the segment an OpenSession answer asks for and
 // hands it to the daemon, as clientlib does; the segment (mapped, its fd still

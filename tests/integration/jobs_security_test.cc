@@ -36,28 +36,6 @@ std::string ReadText(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Runs `program` with `args` as `uid` (fork, setuid, exec); returns its exit
-// status, with its stdout and stderr in `*output`.
-int RunAs(uid_t uid, const std::string& program, const std::vector<std::string>& args, const fs::path& output_file,
-          std::string* output) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
-    std::vector<char*> argv = {const_cast<char*>(program.c_str())};
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    ::execv(program.c_str(), argv.data());
-    ::_exit(98);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  *output = ReadText(output_file);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 class JobsSecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -31,29 +31,6 @@ using std::chrono::milliseconds;
 
 constexpr uid_t kNobody = 65534;
 
-// Runs `program` with `args` as `uid` (fork, setgid, setuid, exec); returns its
-// exit status and puts its stdout and stderr in `output`.
-int RunAs(uid_t uid, const char* program, const std::vector<std::string>& args, const fs::path& output_file,
-          std::string* output) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
-    std::vector<char*> argv = {const_cast<char*>(program)};
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    ::execv(program, argv.data());
-    ::_exit(98);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::ifstream in(output_file);
-  *output = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 // "key=value" lines -> map.
 std::map<std::string, std::string> KeyValues(const std::string& text) {
   std::map<std::string, std::string> values;

@@ -453,26 +453,10 @@ TEST_F(OffloadIntegrationTest, AClientKilledMidStepFreesItsSegmentAndTheDaemonSe
   EXPECT_TRUE(session->Close().ok());
 }
 
-// Runs fuyouctl with `args` as uid `uid` (fork, setuid, exec); returns its exit
-// status and puts its stdout and stderr in `output`.
+// Runs fuyouctl with `args` as uid `uid`; returns its exit status, with its
+// stdout and stderr in `output`.
 int RunFuyouctlAs(uid_t uid, const std::vector<std::string>& args, const fs::path& output_file, std::string* output) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(99);
-    std::vector<char*> argv = {const_cast<char*>(FUYOUCTL_PATH)};
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    ::execv(FUYOUCTL_PATH, argv.data());
-    ::_exit(98);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::ifstream in(output_file);
-  *output = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return RunAs(uid, FUYOUCTL_PATH, args, output_file, output);
 }
 
 TEST_F(OffloadIntegrationTest, AnotherUserCannotSeeOrDeleteAJob) {
