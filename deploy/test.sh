@@ -37,6 +37,8 @@ deploy/install-deps.sh
 launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  # Paths relative to the checkout, so that clones elsewhere share the cache.
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 fi
 
 elapsed() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
