@@ -22,11 +22,11 @@ add_library(fuyou_daemon_core STATIC
   ${FUYOU_DAEMON_DIR}/server/offload_service.cc
   ${FUYOU_DAEMON_DIR}/server/admin_service.cc
   ${FUYOU_DAEMON_DIR}/server/daemon_server.cc)
-target_include_directories(fuyou_daemon_core PUBLIC ${FUYOU_DAEMON_DIR} ${PROJECT_SOURCE_DIR}/clientlib/include)
+target_include_directories(fuyou_daemon_core PUBLIC ${FUYOU_DAEMON_DIR})
 target_compile_definitions(fuyou_daemon_core PUBLIC FUYOU_VERSION="${PROJECT_VERSION}")
 target_compile_options(fuyou_daemon_core PRIVATE -Wall -Wextra)
 target_link_libraries(fuyou_daemon_core PUBLIC
-  fuyou_optimizer fuyou_storage fuyou_proto gRPC::grpc++ absl::status absl::statusor fmt::fmt
+  fuyou_optimizer fuyou_storage fuyou_wire fuyou_proto gRPC::grpc++ absl::status absl::statusor fmt::fmt
   tomlplusplus::tomlplusplus Boost::headers PkgConfig::XXHASH rt Threads::Threads)
 
 add_executable(fuyoud ${FUYOU_DAEMON_DIR}/main.cc)
@@ -49,5 +49,3 @@ fuyou_add_test(NAME job_test
   SOURCES ${FUYOU_DAEMON_DIR}/jobs/job_test.cc LIBS fuyou_daemon_core)
 fuyou_add_test(NAME session_segment_test
   SOURCES ${FUYOU_DAEMON_DIR}/session/session_segment_test.cc LIBS fuyou_daemon_core)
-fuyou_add_test(NAME segment_listener_test
-  SOURCES ${FUYOU_DAEMON_DIR}/server/segment_listener_test.cc LIBS fuyou_daemon_core fuyou_client)
