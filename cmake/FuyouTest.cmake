@@ -2,7 +2,7 @@
 # Builds a GoogleTest binary and registers each of its tests with CTest.
 #
 # Labels (deploy/test.sh lists them all): LABELS names the part (storage,
-# optimizer, clientlib, ...) or `integration` (a real fuyoud); every test that is
+# optimizer, wire, clientlib, ...) or `integration` (a real fuyoud); every test that is
 # not `integration` or `gpu` is also `unit`. `slow` marks a binary too slow for
 # the sanitizer pass; every other test also gets `sanitizer`, the set that
 # deploy/test.sh runs in the ASan+UBSan tree (ctest -L sanitizer).

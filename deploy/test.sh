@@ -12,7 +12,7 @@
 #   deploy/test.sh -L python      deploy/test.sh -R Storage      deploy/test.sh -L fuzz
 #
 # CTest labels:
-#   unit          C++ unit tests (also labelled by part: storage, optimizer, clientlib)
+#   unit          C++ unit tests (also labelled by part: storage, optimizer, wire, clientlib)
 #   integration   a real fuyoud process: the C++ integration tests, python_tests, rpc_fuzz
 #   python        the pytest suite (build/ only; the Python module is not sanitized)
 #   gpu           needs CUDA (built only where nvcc exists; never sanitized)

@@ -8,7 +8,6 @@ set(FUYOU_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR}/fuzz)
 add_executable(legit_job ${FUYOU_FUZZ_DIR}/legit_job.cc)
 target_include_directories(legit_job PRIVATE ${CMAKE_CURRENT_LIST_DIR}/integration)
 target_link_libraries(legit_job PRIVATE fuyou_client fmt::fmt)
-target_compile_options(legit_job PRIVATE -Wall -Wextra)
 
 # Python modules of the protocol, from the protos in the tree (no gRPC plugin: the
 # fuzzer calls methods by name with the message classes' serializers). Generated

@@ -90,3 +90,11 @@ fuyou_add_test(NAME limits_test
 target_compile_definitions(limits_test PRIVATE LIMITS_CLIENT_PATH="$<TARGET_FILE:limits_client>"
   FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
 add_dependencies(limits_test fuyoud limits_client fuyouctl)
+
+# Both ends of the segment handover (fuyou/segment_handover.h) in one process: the
+# daemon's SegmentListener on a real socket, clientlib's ClientSegment and
+# SendSegmentHandover. Here and not in daemon/server/ because the daemon's code
+# does not include clientlib; not `integration` (no fuyoud process).
+fuyou_add_test(NAME segment_listener_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/segment_listener_test.cc
+  LIBS fuyou_daemon_core fuyou_client)

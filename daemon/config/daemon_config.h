@@ -49,7 +49,7 @@ struct DaemonConfig {
   std::string test_faults;
 };
 
-// Built-in defaults for the calling user (see clientlib/include/fuyou/defaults.h).
+// Built-in defaults for the calling user (see proto/include/fuyou/defaults.h).
 DaemonConfig DefaultDaemonConfig();
 
 // Overlays the settings found in a TOML file onto `config`. Unknown keys and

@@ -1,6 +1,6 @@
 // SegmentListener: the daemon's segment socket (<gRPC socket path>.seg), where
 // each client hands over the memfd of its session's segment (the protocol:
-// clientlib/include/fuyou/segment_handover.h).
+// proto/include/fuyou/segment_handover.h).
 //
 // The transport only: per connection it reads the peer's credentials
 // (SO_PEERCRED), one message "<session_id>\n" of at most

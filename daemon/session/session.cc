@@ -20,10 +20,6 @@
 namespace fuyou {
 namespace {
 
-uint64_t PayloadChecksum(const CacheEntry& entry, uint64_t num_elements) {
-  return ChunkPayloadChecksum(entry.buffer.data(), num_elements);
-}
-
 std::string HyperProblem(const v1::AdamWHyper& hyper) {
   auto finite = [](float x) { return std::isfinite(x); };
   if (!finite(hyper.lr()) || hyper.lr() < 0) return fmt::format("lr {} is not a finite value >= 0", hyper.lr());
@@ -38,6 +34,10 @@ std::string HyperProblem(const v1::AdamWHyper& hyper) {
 }
 
 }  // namespace
+
+uint64_t Session::PayloadChecksum(const CacheEntry& entry, uint64_t num_elements) {
+  return ChunkPayloadChecksum(entry.buffer.data(), num_elements);
+}
 
 absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
   const uint64_t stored = record.layout_fingerprint();
@@ -285,10 +285,7 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
           state_bytes ? fmt::format("{}", *state_bytes) : std::string("more than 2^64"),
           services_.cache.budget_bytes()));
     }
-    if (spec.slot() >= layout.num_slots) {
-      return absl::InvalidArgumentError(
-          fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", id, spec.slot(), layout.num_slots));
-    }
+    if (absl::Status slot = CheckSlotExists(id, spec.slot()); !slot.ok()) return slot;
     if (!ids.insert(id).second) return absl::InvalidArgumentError(fmt::format("chunk {} is listed twice", id));
     if (!slots.insert(spec.slot()).second) {
       return absl::InvalidArgumentError(fmt::format("slot {} is used by two chunks in one request", spec.slot()));
@@ -463,24 +460,30 @@ v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   }
 }
 
+absl::Status Session::CheckSlotExists(uint32_t chunk_id, uint32_t slot) const {
+  if (slot < layout_.num_slots) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", chunk_id, slot, layout_.num_slots));
+}
+
+absl::Status Session::CheckStepInOrder(std::string_view request, int64_t step) const {
+  if (step == step_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fmt::format("{} for step {} is out of order: job '{}' is at committed step {}, so the next step is {}", request,
+                  step, job_name_, step_ - 1, step_));
+}
+
 v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   const uint32_t chunk_id = request.chunk_id();
   const int64_t step = request.step();
   auto refuse = [&](const absl::Status& status) { return ErrorReply(status, chunk_id, step); };
-  if (step != step_) {
-    return refuse(absl::FailedPreconditionError(fmt::format(
-        "GradReady for step {} is out of order: job '{}' is at committed step {}, so the next step is {}", step,
-        job_name_, step_ - 1, step_)));
-  }
+  if (absl::Status in_order = CheckStepInOrder("GradReady", step); !in_order.ok()) return refuse(in_order);
   auto registered = registered_.find(chunk_id);
   if (registered == registered_.end()) {
     return refuse(absl::InvalidArgumentError(
         fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, job_name_)));
   }
-  if (request.slot() >= layout_.num_slots) {
-    return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: slot {} does not exist (the session has {} slots)",
-                                                         chunk_id, request.slot(), layout_.num_slots)));
-  }
+  if (absl::Status slot = CheckSlotExists(chunk_id, request.slot()); !slot.ok()) return refuse(slot);
   if (!request.has_hyper()) return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: hyper is missing", chunk_id)));
   if (std::string problem = HyperProblem(request.hyper()); !problem.empty()) {
     return refuse(absl::InvalidArgumentError(fmt::format("chunk {}: {}", chunk_id, problem)));
@@ -587,12 +590,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
 
 v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
-  if (step != step_) {
-    return ErrorReply(absl::FailedPreconditionError(fmt::format(
-                          "EndStep for step {} is out of order: job '{}' is at committed step {}, so the next step is {}",
-                          step, job_name_, step_ - 1, step_)),
-                      {}, step);
-  }
+  if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
   WaitForIo();
   if (absl::Status failed = StepError(); !failed.ok()) {
@@ -638,11 +636,8 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
 
 v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   const int64_t step = request.step();
-  if (step != step_) {
-    return ErrorReply(absl::FailedPreconditionError(fmt::format(
-                          "AbortStep for step {} is out of order: job '{}' is at committed step {}", step, job_name_,
-                          step_ - 1)),
-                      {}, step);
+  if (absl::Status in_order = CheckStepInOrder("AbortStep", step); !in_order.ok()) {
+    return ErrorReply(in_order, {}, step);
   }
   FUYOU_CRASH_POINT("abort_step_received");
   WaitForIo();

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -134,6 +135,12 @@ class Session {
   // adopts spec's) or equal to spec's. FAILED_PRECONDITION otherwise, a sent 0
   // included (see ChunkSpec.layout_fingerprint in offload.proto).
   absl::Status CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const;
+  // OK when `slot` is a slot of this session's segment; else INVALID_ARGUMENT
+  // "chunk <id>: slot <slot> does not exist (the session has <n> slots)".
+  absl::Status CheckSlotExists(uint32_t chunk_id, uint32_t slot) const;
+  // OK when `step` is the job's next step; else FAILED_PRECONDITION "<request>
+  // for step <step> is out of order: ..." naming the committed and next steps.
+  absl::Status CheckStepInOrder(std::string_view request, int64_t step) const;
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
@@ -163,6 +170,9 @@ class Session {
   // the predicted order, as far as the DRAM budget allows without waiting.
   void PrefetchAfter(size_t position);
   void Prefetch(const v1::ChunkRecord& record);
+  // The checksum of the states of a chunk of `num_elements` in `entry`
+  // (ChunkPayloadChecksum, jobs/job.h): the one the manifest stores.
+  static uint64_t PayloadChecksum(const CacheEntry& entry, uint64_t num_elements);
   // OK when `entry` holds what `extent` was checksummed as; else DATA_LOSS naming
   // the job, chunk, file and offset. Safe on an I/O completion thread.
   absl::Status VerifyChecksum(const CacheEntry& entry, uint32_t chunk_id, uint64_t num_elements,

@@ -20,10 +20,6 @@
 namespace fuyou {
 namespace {
 
-uint64_t Checksum(const CacheEntry& entry, uint64_t num_elements) {
-  return ChunkPayloadChecksum(entry.buffer.data(), num_elements);
-}
-
 bool IsStateKind(int which) { return which >= v1::STATE_MASTER && which <= v1::STATE_EXP_AVG_SQ; }
 
 // The first float of state `which` in a chunk of n elements: [master][m][v].
@@ -45,9 +41,8 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
         "{}: chunk {}: state {} is not STATE_MASTER, STATE_EXP_AVG or STATE_EXP_AVG_SQ", verb, chunk_id, which));
   }
   const SegmentLayout& layout = layout_;
-  if (slot >= layout.num_slots) {
-    return absl::InvalidArgumentError(fmt::format("{}: chunk {}: slot {} does not exist (the session has {} slots)",
-                                                  verb, chunk_id, slot, layout.num_slots));
+  if (absl::Status exists = CheckSlotExists(chunk_id, slot); !exists.ok()) {
+    return absl::InvalidArgumentError(fmt::format("{}: {}", verb, exists.message()));
   }
   const uint64_t n = registered->second.num_elements;
   // Compared without adding or multiplying client values: nothing can wrap.
@@ -117,7 +112,7 @@ absl::StatusOr<CacheEntryPtr> Session::AcquireImportedStates(const v1::ChunkReco
   entry->uncommitted = true;
   absl::Status status = job_->states().Read(extent.offset(), entry->buffer.span().first(extent.length()));
   if (status.ok()) user_stats_.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
-  if (status.ok() && Checksum(*entry, record.num_elements()) != imported.checksum) {
+  if (status.ok() && PayloadChecksum(*entry, record.num_elements()) != imported.checksum) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum",
         job_name_, record.chunk_id()));
@@ -152,7 +147,7 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
   const uint32_t new_version = 1 - record.committed_version();
   entry->version = new_version;
   entry->uncommitted = true;
-  const uint64_t checksum = Checksum(*entry, n);
+  const uint64_t checksum = PayloadChecksum(*entry, n);
   const v1::StateExtent& extent = record.extents(static_cast<int>(new_version));
   absl::Status written = job_->states().Write(extent.offset(), entry->buffer.span().first(extent.length()));
   if (written.ok()) user_stats_.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);

@@ -4,7 +4,7 @@
 // and hands its fd over the segment socket (fuyou/segment_handover.h says why
 // the client creates it and not the daemon). FromClientFd checks the fd before
 // the daemon touches a byte of it, maps it MAP_SHARED read-write, and writes the
-// SegmentHeader (clientlib/include/fuyou/segment_layout.h) that the client
+// SegmentHeader (proto/include/fuyou/segment_layout.h) that the client
 // checks. The mapping lives until this object is destroyed; the fd is not kept.
 //
 // Why the seals are required: the client keeps its own fd, and a segment it

@@ -33,7 +33,9 @@ Fd Memfd(uint64_t bytes, int seals) {
   Fd result{::memfd_create("session-segment-test", MFD_CLOEXEC | MFD_ALLOW_SEALING)};
   EXPECT_GE(result.fd, 0);
   EXPECT_EQ(::ftruncate(result.fd, static_cast<off_t>(bytes)), 0);
-  if (seals != 0) EXPECT_EQ(::fcntl(result.fd, F_ADD_SEALS, seals), 0) << std::strerror(errno);
+  if (seals != 0) {
+    EXPECT_EQ(::fcntl(result.fd, F_ADD_SEALS, seals), 0) << std::strerror(errno);
+  }
   return result;
 }
 

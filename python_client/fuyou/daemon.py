@@ -53,7 +53,7 @@ def _user_runtime_dir() -> Path:
 
 
 def default_socket_path() -> str:
-    """The socket a client connects to by default (clientlib's defaults.h):
+    """The socket a client connects to by default (proto/include/fuyou/defaults.h):
     ``$FUYOU_SOCKET``; the system socket when it exists or when root; else the
     per-user socket ($XDG_RUNTIME_DIR/fuyou/fuyoud.sock or /tmp/fuyou-<uid>/...)."""
     env = os.environ.get("FUYOU_SOCKET")

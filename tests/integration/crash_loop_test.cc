@@ -114,7 +114,9 @@ TEST(CrashLoopTest, TheDaemonKilledAtAnyCrashPointResumesAtItsLastCommit) {
     const int exit = daemon.WaitForExit(milliseconds(10000));
     ASSERT_TRUE(exit != -1 && WIFSIGNALED(exit) && WTERMSIG(exit) == SIGKILL)
         << "fuyoud did not die at " << point << " (the driver " << (run.ok() ? "finished" : before.failed_call) << ")";
-    if (!run.ok()) EXPECT_TRUE(absl::IsUnavailable(run)) << before.failed_call;
+    if (!run.ok()) {
+      EXPECT_TRUE(absl::IsUnavailable(run)) << before.failed_call;
+    }
     EXPECT_EQ(before.mismatches, std::vector<std::string>{});
 
     daemon.set_env({});

@@ -51,7 +51,7 @@ struct SessionOptions {
   // Bytes of each gradient/parameter region: at least the largest chunk's
   // num_elements * max(param, grad dtype size).
   uint64_t slot_bytes = 0;
-  std::string client_info;
+  std::string client_info{};  // {}: may be left out of a designated initializer
 };
 
 struct ChunkSpec {
