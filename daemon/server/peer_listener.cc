@@ -67,16 +67,15 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
       }
       continue;
     }
-    ucred credentials{};
-    socklen_t length = sizeof credentials;
-    if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+    const std::optional<PeerCredentials> credentials = ReadPeerCredentials(connection);
+    if (!credentials) {
       log::Warn("cannot read the peer credentials of a connection ({}); refusing it", std::strerror(errno));
       ::close(connection);
       continue;
     }
     {
       std::lock_guard lock(mutex_);
-      peers_[connection] = PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
+      peers_[connection] = *credentials;
     }
     // gRPC owns the fd from here and closes it with the connection; a reused fd
     // number overwrites the entry above before any call on it can arrive.
@@ -96,6 +95,13 @@ std::optional<PeerCredentials> PeerListener::PeerOf(const std::string& peer) con
   auto it = peers_.find(fd);
   if (it == peers_.end()) return std::nullopt;
   return it->second;
+}
+
+std::optional<PeerCredentials> ReadPeerCredentials(int connected_socket) {
+  ucred credentials{};
+  socklen_t length = sizeof credentials;
+  if (::getsockopt(connected_socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return std::nullopt;
+  return PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
 }
 
 PeerCredentials Caller(const PeerListener* listener, const std::string& peer) {

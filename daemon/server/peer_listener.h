@@ -60,6 +60,10 @@ class PeerListener {
   std::map<int, PeerCredentials> peers_;  // by connected fd
 };
 
+// The credentials (SO_PEERCRED) of the process at the other end of a connected
+// Unix socket; nullopt when the kernel cannot say (errno is left set).
+std::optional<PeerCredentials> ReadPeerCredentials(int connected_socket);
+
 // Who a call comes from (ServerContext::peer()); the daemon's own uid when the
 // connection is unknown (a call that did not come through the listener).
 PeerCredentials Caller(const PeerListener* listener, const std::string& peer);

@@ -200,9 +200,8 @@ void SegmentListener::Loop() {
         }
         break;
       }
-      ucred credentials{};
-      socklen_t length = sizeof credentials;
-      if (::getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
+      const std::optional<PeerCredentials> credentials = ReadPeerCredentials(socket);
+      if (!credentials) {
         log::Warn("cannot read the peer credentials of a segment handover ({}); refusing it", std::strerror(errno));
         ::close(socket);
         continue;
@@ -210,15 +209,15 @@ void SegmentListener::Loop() {
       waiting.emplace_back();
       Connection& connection = waiting.back();
       connection.socket = socket;
-      connection.peer = PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
+      connection.peer = *credentials;
       connection.deadline = Clock::now() + options_.timeout;
-      const size_t of_uid = ++waiting_per_uid[credentials.uid];
+      const size_t of_uid = ++waiting_per_uid[credentials->uid];
       if (of_uid > options_.max_pending_per_uid || waiting.size() > options_.max_pending) {
         finish(std::prev(waiting.end()),
                absl::ResourceExhaustedError(fmt::format(
                    "too many segment handovers waiting ({} of uid {}, {} in all; the limits are {} and {}): send "
                    "each handover message as soon as the connection is open",
-                   of_uid, credentials.uid, waiting.size(), options_.max_pending_per_uid, options_.max_pending)));
+                   of_uid, credentials->uid, waiting.size(), options_.max_pending_per_uid, options_.max_pending)));
       }
     }
   }
