@@ -74,6 +74,20 @@ std::string Ago(int64_t unix_seconds) {
   return age < 1 ? "just now" : FormatDuration(age) + " ago";
 }
 
+std::string OptimizerLine(const v1::GetStatsResponse& stats) {
+  return fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
+                     FormatCount(stats.chunk_updates_per_second()), FormatCount(stats.params_updated_per_second()),
+                     FormatCount(static_cast<double>(stats.chunk_updates())),
+                     FormatCount(static_cast<double>(stats.params_updated())));
+}
+
+std::string CacheLine(const v1::GetStatsResponse& stats) {
+  const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
+  return fmt::format("{} hits ({} hits, {} misses)",
+                     FormatPercent(static_cast<double>(stats.cache_hits()), static_cast<double>(lookups)),
+                     stats.cache_hits(), stats.cache_misses());
+}
+
 std::string DramLine(const v1::GetStatsResponse& stats) {
   return fmt::format("{} of {} ({})", FormatBytes(stats.dram_bytes_in_use()),
                      FormatBytes(stats.dram_budget_bytes()),
@@ -94,16 +108,8 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
                     FormatGbps(stats.read_gbps()), FormatGbps(stats.write_gbps())});
     out += traffic.ToString() + "\n";
     Table summary({"", ""});
-    summary.AddRow({"optimizer", fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
-                                             FormatCount(stats.chunk_updates_per_second()),
-                                             FormatCount(stats.params_updated_per_second()),
-                                             FormatCount(static_cast<double>(stats.chunk_updates())),
-                                             FormatCount(static_cast<double>(stats.params_updated())))});
-    const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
-    summary.AddRow({"cache", fmt::format("{} hits ({} hits, {} misses)",
-                                         FormatPercent(static_cast<double>(stats.cache_hits()),
-                                                       static_cast<double>(lookups)),
-                                         stats.cache_hits(), stats.cache_misses())});
+    summary.AddRow({"optimizer", OptimizerLine(stats)});
+    summary.AddRow({"cache", CacheLine(stats)});
     std::string rows = summary.ToString();
     out += rows.substr(rows.find('\n') + 1);
     out += "(storage paths, DRAM and other users' activity are shown to root and the daemon's user only)\n";
@@ -132,17 +138,9 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   out += storage.ToString() + "\n";
 
   Table summary({"", ""});
-  summary.AddRow({"optimizer", fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
-                                           FormatCount(stats.chunk_updates_per_second()),
-                                           FormatCount(stats.params_updated_per_second()),
-                                           FormatCount(static_cast<double>(stats.chunk_updates())),
-                                           FormatCount(static_cast<double>(stats.params_updated())))});
+  summary.AddRow({"optimizer", OptimizerLine(stats)});
   summary.AddRow({"DRAM", DramLine(stats)});
-  const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
-  summary.AddRow({"cache", fmt::format("{} hits ({} hits, {} misses)",
-                                       FormatPercent(static_cast<double>(stats.cache_hits()),
-                                                     static_cast<double>(lookups)),
-                                       stats.cache_hits(), stats.cache_misses())});
+  summary.AddRow({"cache", CacheLine(stats)});
   std::string rows = summary.ToString();
   out += rows.substr(rows.find('\n') + 1);  // no header line for the summary
   return out;
