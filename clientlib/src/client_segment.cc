@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "fmt/format.h"
 #include "fuyou/segment_handover.h"
@@ -78,6 +79,24 @@ absl::Status ClientSegment::HandOver(const std::filesystem::path& socket, std::s
   return SendSegmentHandover(socket, std::string(session_id) + "\n", fd_, timeout);
 }
 
+long SendWithFds(int connected_socket, std::string_view payload, std::span<const int> fds, int flags) {
+  iovec data{const_cast<char*>(payload.data()), payload.size()};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  std::vector<std::byte> control(fds.empty() ? 0 : CMSG_SPACE(fds.size_bytes()));
+  if (!fds.empty()) {
+    message.msg_control = control.data();
+    message.msg_controllen = control.size();
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(fds.size_bytes());
+    std::memcpy(CMSG_DATA(header), fds.data(), fds.size_bytes());
+  }
+  return ::sendmsg(connected_socket, &message, flags);
+}
+
 absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::string_view payload, int fd,
                                  std::chrono::milliseconds timeout) {
   sockaddr_un address{};
@@ -103,21 +122,8 @@ absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::strin
     return err == EACCES ? absl::PermissionDeniedError(what) : absl::UnavailableError(what);
   }
 
-  iovec data{const_cast<char*>(payload.data()), payload.size()};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-  }
-  if (::sendmsg(connection, &message, MSG_NOSIGNAL) != static_cast<ssize_t>(payload.size())) {
+  const std::span<const int> fds = fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>();
+  if (SendWithFds(connection, payload, fds, MSG_NOSIGNAL) != static_cast<long>(payload.size())) {
     return absl::UnavailableError(
         fmt::format("cannot send the segment to fuyoud's segment socket {}: {}", socket.string(),
                     std::strerror(errno)));

@@ -48,6 +48,11 @@ class ClientSegment {
   size_t size_;
 };
 
+// One sendmsg of `payload` on a connected Unix socket with `fds` (none, one or
+// several) in an SCM_RIGHTS control message; sendmsg's result (bytes sent, or -1
+// with errno set). `flags` go to sendmsg.
+long SendWithFds(int connected_socket, std::string_view payload, std::span<const int> fds, int flags);
+
 // One handover, at the level of the wire: connects to `socket`, sends `payload`
 // in one sendmsg with `fd` in an SCM_RIGHTS message (no control message when fd
 // is -1), reads the reply line and returns its status (ParseHandoverReply).
