@@ -23,12 +23,10 @@ import torch
 
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
+from ._pipeline import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER, ChunkPipeline
 
 __all__ = ["export_state", "plan_import", "apply_import", "STATE_MASTER", "STATE_EXP_AVG",
            "STATE_EXP_AVG_SQ"]
-
-# fuyou.v1.StateKind values.
-STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
 
 # What torch 1.13's AdamW.state_dict() puts in each param group besides
 # lr, betas, eps, weight_decay and params; fuyou implements exactly these values.
@@ -49,24 +47,16 @@ def _torch_indices(param_groups) -> Dict[int, int]:
 
 
 # --------------------------------------------------------------------- export
-def _read_chunk(session, c: Chunk) -> Tuple[List[torch.Tensor], int]:
-    states = [torch.empty(c.num_elements, dtype=torch.float32) for _ in range(3)]
-    t = 0
-    for kind, buf in zip((STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ), states):
-        t = session.read_state(c.chunk_id, kind, 0, buf.numpy())
-    return states, int(t)
-
-
-def export_state(opt, model: Optional[torch.nn.Module] = None) -> dict:
-    """The checkpoint dict of `opt` at its last committed step (see the module doc).
+def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] = None) -> dict:
+    """The checkpoint dict of `opt` (its param_groups, job and committed_step) and
+    its chunks' `pipeline` at the last committed step (see the module doc).
     `model` given: "model" is its state_dict with the trainable parameters replaced
     by their fp32 master weights; else "model" maps param index -> fp32 weights."""
-    session = opt._session
-    params = opt._params  # trainable, by param_index
+    params = pipeline.params  # trainable, by param_index
     per_param = [[torch.empty(p.numel(), dtype=torch.float32) for _ in range(3)] for p in params]
     steps: List[set] = [set() for _ in params]
-    for c in opt._chunks:
-        states, t = _read_chunk(session, c)
+    for c in pipeline.chunks:
+        states, t = pipeline.read_states(c)
         for seg in c.segments:
             for dst, src in zip(per_param[seg.param_index], states):
                 dst[seg.start:seg.end] = src[seg.offset:seg.offset + seg.numel]
@@ -151,8 +141,9 @@ def _tensor(value, what: str, shape: torch.Size) -> torch.Tensor:
     return value.detach().to(torch.float32).reshape(-1)
 
 
-def plan_import(opt, init_from) -> ImportPlan:
-    """Validates a checkpoint against `opt`'s parameters and chunks and builds the
+def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
+    """Validates a checkpoint against `opt`'s parameter groups and `pipeline`'s
+    parameters and chunks and builds the
     per-chunk states to write. Talks to no daemon: a bad checkpoint raises
     InvalidArgument before anything is written."""
     saved, model = _load(init_from)
@@ -174,7 +165,7 @@ def plan_import(opt, init_from) -> ImportPlan:
     masters_by_index = model if model and all(isinstance(k, int) for k in model) else None
 
     per_param = []  # pidx -> (master or None, m, v, step)
-    for p in opt._params:
+    for p in pipeline.params:
         i = saved_index[id(p)]
         st = saved["state"].get(i)
         master = None
@@ -192,7 +183,7 @@ def plan_import(opt, init_from) -> ImportPlan:
         per_param.append((master, m, v, int(step)))
 
     chunks = []
-    for c in opt._chunks:
+    for c in pipeline.chunks:
         steps = {per_param[seg.param_index][3] for seg in c.segments}
         if len(steps) != 1:
             names = sorted({saved_index[id(seg.param)] for seg in c.segments})
@@ -217,26 +208,26 @@ def plan_import(opt, init_from) -> ImportPlan:
     return ImportPlan(chunks, hyper)
 
 
-def apply_import(opt, plan: ImportPlan) -> None:
-    """Writes the planned states into `opt`'s freshly created job and commits them.
-    The job must be new: importing over trained states would silently mix two runs."""
-    if opt.resumed or opt.committed_step != 0:
+def apply_import(opt, pipeline: ChunkPipeline, plan: ImportPlan) -> None:
+    """Writes the planned states into the freshly created job of `pipeline` (attached
+    to its session), commits them, and takes the groups' hyper-parameters over into
+    `opt`. The job must be new: importing over trained states would silently mix
+    two runs."""
+    if opt.resumed or pipeline.committed_step != 0:
         raise FailedPrecondition(
             f"init_from starts a new job, but job {opt.job!r} already exists (committed step "
-            f"{opt.committed_step}); choose a new job name or delete the job")
-    session = opt._session
+            f"{pipeline.committed_step}); choose a new job name or delete the job")
     for ci in plan.chunks:
-        cid = ci.chunk.chunk_id
         if ci.master is not None:
-            session.write_state(cid, STATE_MASTER, 0, ci.master.numpy())
+            pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
         if ci.step != 0:  # a new chunk's moments are already zero
-            session.write_state(cid, STATE_EXP_AVG, 0, ci.exp_avg.numpy())
-            session.write_state(cid, STATE_EXP_AVG_SQ, 0, ci.exp_avg_sq.numpy())
-            session.set_update_count(cid, ci.step)
-    session.commit_import()
+            pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
+            pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
+            pipeline.set_update_count(ci.chunk, ci.step)
+    pipeline.commit_import()
     with torch.no_grad():
         for ci in plan.chunks:
             if ci.master is not None:
-                opt._install(ci.chunk, ci.master.to(ci.chunk.dtype))
+                pipeline.install(ci.chunk, ci.master.to(ci.chunk.dtype))
     for group, hyper in zip(opt.param_groups, plan.hyper):
         group.update(hyper)

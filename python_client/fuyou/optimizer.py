@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import socket
 import sys
 import threading
 import warnings
-import weakref
-from typing import Dict, List, Optional, Union
+from typing import Optional, Union
 
 import torch
 
 from . import _checkpoint
-from ._chunking import Chunk, plan_chunks
-from ._errors import FailedPrecondition, FuyouError, InvalidArgument
+from ._chunking import plan_chunks
+from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
+from ._pipeline import ChunkPipeline
 from .daemon import EmbeddedDaemon, resolve_address
 
 __all__ = ["AdamW"]
@@ -33,11 +32,6 @@ def _open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, a
     return _native.module().Session.open(
         job=job, num_slots=num_slots, slot_bytes=slot_bytes, client_info=client_info,
         address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout)
-
-
-def _as_byte_buffer(t: torch.Tensor):
-    """A writable buffer over a contiguous CPU tensor's bytes (works for bfloat16)."""
-    return t.view(torch.uint8).numpy()
 
 
 class AdamW(torch.optim.Optimizer):
@@ -157,7 +151,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
-        self._session = None  # set last; add_param_group checks it
+        self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
         self._closed = True
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
@@ -166,38 +160,33 @@ class AdamW(torch.optim.Optimizer):
         self.chunk_bytes = int(chunk_bytes)
         self.overlap = bool(overlap)
         self.max_grad_norm = max_grad_norm
-        self.accumulation_steps = int(accumulation_steps)
         self.timeout = float(timeout)
         self._scaler = make_loss_scaler(loss_scale)
         self._lock = threading.RLock()
         self._daemon: Optional[EmbeddedDaemon] = None
-        self._failed: Optional[BaseException] = None
         self.skipped_steps = 0
         self.resumed = False
 
-        self._chunks, self._params = plan_chunks([g["params"] for g in self.param_groups],
-                                                 self.chunk_bytes)
-        self._chunks_of_param: List[List[Chunk]] = [[] for _ in self._params]
-        for c in self._chunks:
-            for seg in c.segments:
-                if not self._chunks_of_param[seg.param_index] or \
-                        self._chunks_of_param[seg.param_index][-1] is not c:
-                    self._chunks_of_param[seg.param_index].append(c)
-        self._chunk_by_id = {c.chunk_id: c for c in self._chunks}
-        self._chunk_params = {c.chunk_id: sorted({s.param_index for s in c.segments})
-                              for c in self._chunks}
-        self._staging: Dict[int, torch.Tensor] = {}
-        self._views: Dict[tuple, torch.Tensor] = {}
-        self._reset_step_state()
+        chunks, trainable = plan_chunks([g["params"] for g in self.param_groups],
+                                        self.chunk_bytes)
+        pipeline = ChunkPipeline(
+            chunks, trainable, lock=self._lock, hyper=self._hyper,
+            hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
+            accumulation_steps=accumulation_steps, timeout=self.timeout)
 
-        plan = _checkpoint.plan_import(self, init_from) if init_from is not None else None
+        plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
         self._address, self._daemon = resolve_address(address, embedded)
+        session = None
         try:
-            self._open_and_register(num_slots)
+            slot_bytes = max([c.nbytes for c in chunks], default=8)
+            # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
+            info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
+            session = _open_session(self.job, num_slots, slot_bytes, info, self._address,
+                                    self.timeout, min(self.timeout, 5.0))
+            self.resumed = pipeline.attach(session)
             if plan is not None:
-                _checkpoint.apply_import(self, plan)
+                _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
-            session, self._session = self._session, None
             if session is not None:
                 try:
                     session.close()
@@ -205,14 +194,16 @@ class AdamW(torch.optim.Optimizer):
                     pass
             self._stop_daemon()
             raise
+        self._pipeline = pipeline
         self._closed = False
-        self._install_hooks()
+        if self.overlap:
+            pipeline.install_hooks()
 
     # ------------------------------------------------------------------ public
     @property
     def committed_step(self) -> int:
         """Last step the daemon committed for this job (durable)."""
-        return self._committed
+        return self._pipeline.committed_step if self._pipeline is not None else 0
 
     @property
     def loss_scale(self) -> float:
@@ -230,7 +221,16 @@ class AdamW(torch.optim.Optimizer):
 
     @property
     def num_chunks(self) -> int:
-        return len(self._chunks)
+        return len(self._pipeline.chunks)
+
+    @property
+    def pipeline(self) -> ChunkPipeline:
+        """The chunk pipeline: chunks, slots, hooks and the session to fuyoud."""
+        return self._pipeline
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self._pipeline.accumulation_steps
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * loss_scale`` to backpropagate (identity without loss scaling)."""
@@ -251,15 +251,15 @@ class AdamW(torch.optim.Optimizer):
             try:
                 self._finish_step()
             except BaseException as e:
-                self._failed = e
+                self._pipeline.failed = e
                 raise
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears the gradients (to None by default, as torch 2 does)."""
         with self._lock:
-            if not self._sent:
-                self._reset_rounds()
+            if self._pipeline is not None and not self._pipeline.in_step:
+                self._pipeline.reset_passes()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -280,25 +280,10 @@ class AdamW(torch.optim.Optimizer):
             if self._closed:
                 return
             self._closed = True
-            self._remove_hooks()
-            session, self._session = self._session, None
             try:
-                if session is not None:
-                    if self._failed is None:
-                        try:  # a step in progress is abandoned, not committed
-                            self._drain_all(session)
-                            if self._sent:
-                                session.abort_step(self._committed + 1)
-                        except FuyouError:
-                            pass
-                    self._views.clear()
-                    try:
-                        session.close()
-                    except FuyouError:
-                        if self._failed is None:
-                            raise
+                if self._pipeline is not None:
+                    self._pipeline.close()
             finally:
-                self._views.clear()
                 self._stop_daemon()
 
     def __enter__(self) -> "AdamW":
@@ -314,7 +299,7 @@ class AdamW(torch.optim.Optimizer):
             pass
 
     def add_param_group(self, param_group: dict) -> None:
-        if getattr(self, "_session", None) is not None:
+        if getattr(self, "_pipeline", None) is not None:
             raise InvalidArgument(
                 "fuyou.AdamW cannot take parameter groups after construction: its chunks "
                 "are registered with the daemon; pass every group to the constructor")
@@ -330,10 +315,10 @@ class AdamW(torch.optim.Optimizer):
         Call it between steps."""
         with self._lock:
             self._check_usable()
-            if self._sent:
+            if self._pipeline.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
-            checkpoint = _checkpoint.export_state(self, model)
+            checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
         return checkpoint
@@ -343,13 +328,13 @@ class AdamW(torch.optim.Optimizer):
         sd["fuyou"] = {
             "version": _STATE_VERSION,
             "job": self.job,
-            "committed_step": self._committed,
+            "committed_step": self.committed_step,
             "skipped_steps": self.skipped_steps,
             "loss_scaler": self._scaler.state_dict(),
             "accumulation_steps": self.accumulation_steps,
             "max_grad_norm": self.max_grad_norm,
             "chunk_bytes": self.chunk_bytes,
-            "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._chunks],
+            "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._pipeline.chunks],
         }
         return sd
 
@@ -359,7 +344,7 @@ class AdamW(torch.optim.Optimizer):
         if extra is None:
             return
         chunks = [tuple(c) for c in extra.get("chunks", [])]
-        mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._chunks]
+        mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._pipeline.chunks]
         if chunks and chunks != mine:
             raise InvalidArgument(
                 f"state_dict was saved with a different chunk layout ({len(chunks)} chunks, "
@@ -369,222 +354,52 @@ class AdamW(torch.optim.Optimizer):
         if extra.get("job") != self.job:
             warnings.warn(f"state_dict is from job {extra.get('job')!r}, this optimizer trains "
                           f"{self.job!r}; its moments stay those of {self.job!r}")
-        if extra.get("committed_step") != self._committed:
+        if extra.get("committed_step") != self.committed_step:
             warnings.warn(
                 f"state_dict is from step {extra.get('committed_step')}, but job {self.job!r} "
-                f"is committed at step {self._committed} in the daemon, which holds the "
+                f"is committed at step {self.committed_step} in the daemon, which holds the "
                 "weights and moments; hyper-parameters and loss scale were loaded")
         self._scaler.load_state_dict(extra.get("loss_scaler", {}))
         self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
 
     def __repr__(self) -> str:
-        return (f"fuyou.AdamW(job={self.job!r}, {len(self._chunks)} chunks, "
-                f"{len(self.param_groups)} groups, committed_step={self._committed}, "
+        return (f"fuyou.AdamW(job={self.job!r}, {len(self._pipeline.chunks)} chunks, "
+                f"{len(self.param_groups)} groups, committed_step={self.committed_step}, "
                 f"address={self._address!r})")
 
-    # ------------------------------------------------------------------ setup
-    def _open_and_register(self, num_slots: int) -> None:
-        slot_bytes = max([c.nbytes for c in self._chunks], default=8)
-        # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
-        info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
-        self._session = _open_session(self.job, num_slots, slot_bytes, info, self._address,
-                                      self.timeout, min(self.timeout, 5.0))
-        self._num_slots = int(self._session.num_slots)
-        self._committed = int(self._session.committed_step)
-        resumed_any = False
-        with torch.no_grad():
-            for c in self._chunks:
-                buf = self._gather_weights(c)
-                try:
-                    resumed, _updates = self._session.register_chunk(
-                        c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,
-                        _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint)
-                except FailedPrecondition as e:
-                    if "fingerprint" not in e.message:
-                        raise
-                    raise FailedPrecondition(
-                        f"{e.message} (this model's chunk {c.chunk_id:#x} holds "
-                        f"{c.layout_description()})", e.code) from None
-                if resumed:
-                    self._install(c, buf)
-                    resumed_any = True
-        self.resumed = resumed_any
-
-    def _gather_weights(self, c: Chunk) -> torch.Tensor:
-        buf = torch.empty(c.num_elements, dtype=c.dtype)
-        for seg in c.segments:
-            buf[seg.offset:seg.offset + seg.numel].copy_(
-                seg.param.detach().reshape(-1)[seg.start:seg.end])
-        return buf
-
-    def _install_hooks(self) -> None:
-        self._hook_nodes = []
-        self._hook_handles = []
-        if not self.overlap:
-            return
-        self_ref = weakref.ref(self)
-        for index, p in enumerate(self._params):
-            node = p.expand_as(p).grad_fn.next_functions[0][0]  # AccumulateGrad
-            self._hook_nodes.append(node)  # the node must outlive the hook
-
-            def hook(grad_inputs, grad_outputs, index=index):
-                opt = self_ref()
-                if opt is not None:
-                    opt._on_grad_accumulated(index)
-
-            self._hook_handles.append(node.register_hook(hook))
-
-    def _remove_hooks(self) -> None:
-        for handle in getattr(self, "_hook_handles", []):
-            try:
-                handle.remove()
-            except Exception:
-                pass
-        self._hook_handles = []
-        self._hook_nodes = []
-
+    # ------------------------------------------------------------------ internals
     def _stop_daemon(self) -> None:
         daemon, self._daemon = self._daemon, None
         if daemon is not None:
             daemon.stop()
 
-    # ------------------------------------------------------------------ per step
-    def _reset_step_state(self) -> None:
-        self._inflight: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self._sent: set = set()
-        self._staged: set = set()
-        self._overflow = False
-        self._reset_rounds()
-
-    def _reset_rounds(self) -> None:
-        # Per chunk: backward passes completed, and per param the passes seen.
-        self._rounds = {c.chunk_id: 0 for c in self._chunks}
-        self._reached = {c.chunk_id: 0 for c in self._chunks}
-        self._param_passes = [0] * len(self._params)
-
     def _check_usable(self) -> None:
-        if self._closed or self._session is None:
+        if self._closed or self._pipeline is None or not self._pipeline.attached:
             raise FailedPrecondition(f"fuyou.AdamW of job {self.job!r} is closed")
-        if self._failed is not None:
+        failed = self._pipeline.failed
+        if failed is not None:
             raise FailedPrecondition(
                 f"fuyou.AdamW of job {self.job!r} failed earlier and cannot continue "
-                f"({self._failed}); open a new optimizer on the job to resume from its last "
-                f"committed step ({self._committed})") from self._failed
+                f"({failed}); open a new optimizer on the job to resume from its last "
+                f"committed step ({self.committed_step})") from failed
 
-    def _hooks_send(self) -> bool:
-        return self.overlap and self.max_grad_norm is None and not self._overflow
+    def _hyper(self, group_index: int):
+        """The group's hyper-parameters now (an LR scheduler may have changed them)."""
+        group = self.param_groups[group_index]
+        beta1, beta2 = group["betas"]
+        return group["lr"], beta1, beta2, group["eps"], group["weight_decay"]
 
-    def _on_grad_accumulated(self, index: int) -> None:
-        with self._lock:
-            if self._closed or self._failed is not None:
-                return
-            self._param_passes[index] += 1
-            passes = self._param_passes[index]
-            for c in self._chunks_of_param[index]:
-                cid = c.chunk_id
-                if cid in self._sent:
-                    continue
-                if passes == self._rounds[cid] + 1:
-                    self._reached[cid] += 1
-                    members = self._chunk_params[cid]
-                    if self._reached[cid] == len(members):
-                        self._rounds[cid] += 1
-                        self._reached[cid] = sum(
-                            1 for i in members if self._param_passes[i] >= self._rounds[cid] + 1)
-                        if self._rounds[cid] >= self.accumulation_steps and self._hooks_send():
-                            try:
-                                self._send_chunk(c, 1.0 / self._scaler.scale)
-                            except BaseException as e:
-                                self._failed = e
-                                raise
-
-    def _view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        key = (slot, kind, dtype)
-        v = self._views.get(key)
-        if v is None:
-            region = (self._session.grad_region(slot) if kind == "grad"
-                      else self._session.param_region(slot))
-            esize = torch.empty((), dtype=dtype).element_size()
-            v = torch.frombuffer(region, dtype=dtype, count=len(region) // esize)
-            self._views[key] = v
-        return v
-
-    def _send_chunk(self, c: Chunk, grad_scale: float) -> None:
-        """Copies the chunk's gradients into a slot and sends GradReady."""
-        if all(seg.param.grad is None for seg in c.segments):
-            return  # no gradient at all: the chunk is not updated this step
-        session = self._session
-        if len(self._inflight) >= self._num_slots:
-            self._drain_oldest(session)
-        slot = session.acquire_slot(self.timeout)
-        try:
-            dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
-            for seg in c.segments:
-                part = dst[seg.offset:seg.offset + seg.numel]
-                g = seg.param.grad
-                if g is None:
-                    part.zero_()
-                else:
-                    part.copy_(g.detach().reshape(-1)[seg.start:seg.end])
-            if self._scaler.enabled and not bool(torch.isfinite(dst).all()):
-                self._overflow = True
-                session.release_slot(slot)
-                return
-            group = self.param_groups[c.group_index]
-            beta1, beta2 = group["betas"]
-            session.send_grad_ready(c.chunk_id, slot, self._committed + 1, float(group["lr"]),
-                                    float(beta1), float(beta2), float(group["eps"]),
-                                    float(group["weight_decay"]), float(grad_scale))
-        except BaseException:
-            if self._failed is None:
-                try:
-                    session.release_slot(slot)
-                except Exception:
-                    pass
-            raise
-        self._inflight[c.chunk_id] = slot
-        self._sent.add(c.chunk_id)
-
-    def _wait(self, session, chunk_id: int) -> int:
-        return session.wait_params(chunk_id, self.timeout)
-
-    def _drain_oldest(self, session) -> None:
-        """Frees a slot during backward: the oldest chunk's new weights go to its
-        staging copy (the parameters may still be needed by backward)."""
-        cid, _ = self._inflight.popitem(last=False)
-        c = self._chunk_by_id[cid]
-        slot = self._wait(session, cid)
-        staging = self._staging.get(cid)
-        if staging is None:
-            staging = torch.empty(c.num_elements, dtype=c.dtype,
-                                  pin_memory=torch.cuda.is_available())
-            self._staging[cid] = staging
-        staging.copy_(self._view(slot, "param", c.dtype)[:c.num_elements])
-        session.release_slot(slot)
-        self._staged.add(cid)
-
-    def _drain_all(self, session) -> None:
-        while self._inflight:
-            cid, _ = self._inflight.popitem(last=False)
-            slot = self._wait(session, cid)
-            session.release_slot(slot)
-
-    def _install(self, c: Chunk, src: torch.Tensor) -> None:
-        for seg in c.segments:
-            part = src[seg.offset:seg.offset + seg.numel]
-            data = seg.param.data
-            if data.is_contiguous():
-                data.view(-1)[seg.start:seg.end].copy_(part, non_blocking=False)
-            else:
-                flat = data.reshape(-1).clone()
-                flat[seg.start:seg.end].copy_(part)
-                data.copy_(flat.view_as(data))
+    def _hook_grad_scale(self) -> Optional[float]:
+        """grad_scale for a chunk sent during backward; None: hooks must not send."""
+        if not self.overlap or self.max_grad_norm is not None or self._pipeline.overflow:
+            return None
+        return 1.0 / self._scaler.scale
 
     def _clip_coefficient(self) -> float:
         """min(1, max_norm / (norm + 1e-6)) of the unscaled gradients, computed as
         torch.nn.utils.clip_grad_norm_ does (fp32, same reductions); nan or inf
         when the norm is not finite."""
-        grads = [p.grad.detach() for p in self._params if p.grad is not None]
+        grads = [p.grad.detach() for p in self._pipeline.params if p.grad is not None]
         if not grads:
             return 1.0
         device = grads[0].device
@@ -600,42 +415,21 @@ class AdamW(torch.optim.Optimizer):
         return float(torch.clamp(clip_coef, max=1.0))
 
     def _finish_step(self) -> None:
-        session = self._session
-        step = self._committed + 1
+        pipeline = self._pipeline
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
-        if self.max_grad_norm is not None and not self._overflow:
+        if self.max_grad_norm is not None and not pipeline.overflow:
             clip_coef = self._clip_coefficient()
             if not math.isfinite(clip_coef):
-                self._overflow = True
+                pipeline.mark_overflow()
             else:
                 grad_scale = clip_coef * inv_scale
-        if not self._overflow:
-            for c in self._chunks:
-                if c.chunk_id not in self._sent:
-                    self._send_chunk(c, grad_scale)
-                    if self._overflow:
-                        break
-        if self._overflow:
-            self._drain_all(session)
-            if self._sent:
-                session.abort_step(step)
-            self._staged.clear()
+        if not pipeline.overflow:
+            pipeline.send_unsent(grad_scale)
+        if pipeline.overflow:
+            pipeline.abort()
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
-            self._reset_step_state()
             return
-        for cid in list(self._staged):
-            self._install(self._chunk_by_id[cid], self._staging[cid])
-        while self._inflight:
-            cid, _ = self._inflight.popitem(last=False)
-            c = self._chunk_by_id[cid]
-            slot = self._wait(session, cid)
-            self._install(c, self._view(slot, "param", c.dtype)[:c.num_elements])
-            session.release_slot(slot)
-        sent_any = bool(self._sent)
-        if sent_any:
-            committed, _chunks = session.end_step(step)
-            self._committed = int(committed)
+        pipeline.commit()
         self._scaler.update(overflow=False)
-        self._reset_step_state()

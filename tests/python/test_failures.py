@@ -113,7 +113,7 @@ def test_embedded_daemon_and_admin_stats(tmp_path, monkeypatch):
         assert stats["live_sessions"] == 1
         assert stats["steps_committed"] >= 2
         assert stats["chunk_updates"] >= 2 * opt.num_chunks
-        assert stats["params_updated"] >= 2 * sum(c.num_elements for c in opt._chunks)
+        assert stats["params_updated"] >= 2 * sum(c.num_elements for c in opt.pipeline.chunks)
         assert stats["uptime_seconds"] > 0
         assert fuyou.admin_stats(d.address)["steps_committed"] == stats["steps_committed"]
         pid = d.pid
