@@ -18,6 +18,7 @@
 
 #include "channel.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "fuyou/client.h"
 #include "fuyou/client_segment.h"
 #include "fuyou/segment_layout.h"
@@ -35,6 +36,9 @@ using internal::SetDeadline;
 // before it cancels the stream (the session is already closed by then).
 constexpr std::chrono::milliseconds kStreamDrainTimeout{2000};
 
+// Most ChunkSpec.segment_elements a chunk may have (offload.proto).
+constexpr size_t kMaxSegmentsPerChunk = 4096;
+
 absl::Status StatusFromErrorMessage(const v1::Error& error) {
   int code = error.code();
   if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
@@ -51,6 +55,7 @@ v1::ChunkSpec ToProto(const ChunkSpec& spec, uint32_t slot) {
   proto.set_grad_dtype(static_cast<v1::DType>(spec.grad_dtype));
   proto.set_slot(slot);
   proto.set_layout_fingerprint(spec.layout_fingerprint);
+  for (uint64_t n : spec.segment_elements) proto.add_segment_elements(n);
   return proto;
 }
 
@@ -344,6 +349,29 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
         "the session with slot_bytes >= the largest chunk's bytes",
         spec.chunk_id, Who(), spec.num_elements, widest, slot_bytes_));
   }
+  if (spec.segment_elements.size() > kMaxSegmentsPerChunk) {
+    return absl::InvalidArgumentError(fmt::format(
+        "chunk {} of {} has {} segments, more than the {} a chunk may have: send none (one "
+        "segment) or pack fewer parameters into it",
+        spec.chunk_id, Who(), spec.segment_elements.size(), kMaxSegmentsPerChunk));
+  }
+  if (!spec.segment_elements.empty()) {
+    uint64_t total = 0;
+    for (uint64_t n : spec.segment_elements) {
+      if (n == 0 || n > spec.num_elements - total) {
+        return absl::InvalidArgumentError(fmt::format(
+            "chunk {} of {}: its segments of {} elements do not add up to its {} elements "
+            "(each must be > 0)",
+            spec.chunk_id, Who(), fmt::join(spec.segment_elements, "+"), spec.num_elements));
+      }
+      total += n;
+    }
+    if (total != spec.num_elements) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {} of {}: its segments hold {} elements, not its {}", spec.chunk_id, Who(),
+          total, spec.num_elements));
+    }
+  }
   if (weights.size() != spec.param_bytes()) {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of {}: weights are {} bytes, expected {} ({} elements of {})", spec.chunk_id,
@@ -380,7 +408,9 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
         "RegisterChunks of chunk {} for {}: fuyoud answered {} results, not one for this chunk",
         spec.chunk_id, Who(), response.chunks_size()));
   }
-  RegisterResult result{response.chunks(0).resumed(), response.chunks(0).update_count()};
+  RegisterResult result{response.chunks(0).resumed(), response.chunks(0).update_count(),
+                        {response.chunks(0).segment_update_counts().begin(),
+                         response.chunks(0).segment_update_counts().end()}};
   if (result.resumed) std::memcpy(weights.data(), region.data(), weights.size());
   slots_->Release(*slot);
   std::lock_guard lock(mu_);
@@ -411,7 +441,7 @@ absl::Status Session::Impl::PushGradients(uint32_t chunk_id, int64_t step, const
                         fmt::format("chunk {} step {}: {}", chunk_id, step, std::string(slot.status().message())));
   }
   std::memcpy(GradRegion(*slot).data(), gradients.data(), gradients.size());
-  absl::Status status = SendGradReady(chunk_id, *slot, step, hyper);
+  absl::Status status = SendGradReady(chunk_id, *slot, step, hyper, {});
   if (!status.ok()) slots_->Release(*slot);
   return status;
 }
@@ -459,10 +489,24 @@ std::span<std::byte> Session::Impl::ParamRegion(uint32_t slot) {
 }
 
 absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step,
-                                          const AdamWHyper& hyper) {
+                                          const AdamWHyper& hyper, const GradReadyOptions& options) {
   {
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
+    if (!options.segments_without_grad.empty()) {
+      auto spec = chunks_.find(chunk_id);
+      const uint64_t segments =
+          spec == chunks_.end() ? 0 : std::max<uint64_t>(1, spec->second.segment_elements.size());
+      for (size_t i = 0; i < options.segments_without_grad.size(); ++i) {
+        const uint32_t index = options.segments_without_grad[i];
+        if (index >= segments || (i > 0 && index <= options.segments_without_grad[i - 1])) {
+          return absl::InvalidArgumentError(fmt::format(
+              "GradReady of chunk {} of {}: segments without gradients [{}] must be ascending, "
+              "without repeats, and below the chunk's {} segments",
+              chunk_id, Who(), fmt::join(options.segments_without_grad, ", "), segments));
+        }
+      }
+    }
     if (auto it = pending_.find(chunk_id); it != pending_.end()) {
       return absl::FailedPreconditionError(fmt::format(
           "chunk {} of {} already has gradients of step {} in slot {}: take its parameters with "
@@ -488,6 +532,9 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
   h->set_eps(hyper.eps);
   h->set_weight_decay(hyper.weight_decay);
   h->set_grad_scale(hyper.grad_scale);
+  for (uint32_t index : options.segments_without_grad) ready->add_segments_without_grad(index);
+  ready->set_speculative(options.speculative);
+  ready->set_redo(static_cast<v1::RedoReason>(options.redo));
   absl::Status status = Write(message, fmt::format("GradReady of chunk {} step {}", chunk_id, step));
   if (!status.ok()) {
     std::lock_guard lock(mu_);
@@ -533,7 +580,7 @@ absl::StatusOr<uint32_t> Session::Impl::WaitParams(uint32_t chunk_id, std::chron
 
 void Session::Impl::ReleaseSlot(uint32_t slot) { slots_->Release(slot); }
 
-absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort) {
+absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort, AbortReason reason) {
   const char* verb = abort ? "AbortStep" : "EndStep";
   {
     std::lock_guard lock(mu_);
@@ -545,8 +592,12 @@ absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort) {
     steps_[step].abort = abort;
   }
   v1::ClientMessage message;
-  if (abort) message.mutable_abort_step()->set_step(step);
-  else message.mutable_end_step()->set_step(step);
+  if (abort) {
+    message.mutable_abort_step()->set_step(step);
+    message.mutable_abort_step()->set_reason(static_cast<v1::AbortReason>(reason));
+  } else {
+    message.mutable_end_step()->set_step(step);
+  }
   absl::Status written = Write(message, fmt::format("{} of step {}", verb, step));
   std::unique_lock lock(mu_);
   if (!written.ok()) {
@@ -566,7 +617,9 @@ absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort) {
 
 absl::StatusOr<StepResult> Session::Impl::EndStep(int64_t step) { return WaitStep(step, false); }
 
-absl::Status Session::Impl::AbortStep(int64_t step) { return WaitStep(step, true).status(); }
+absl::Status Session::Impl::AbortStep(int64_t step, AbortReason reason) {
+  return WaitStep(step, true, reason).status();
+}
 
 // ----------------------------------------------------------------------------
 // Export and import
@@ -674,14 +727,19 @@ absl::StatusOr<uint32_t> Session::AcquireSlot(std::chrono::milliseconds timeout)
 std::span<std::byte> Session::GradRegion(uint32_t slot) { return impl_->GradRegion(slot); }
 std::span<std::byte> Session::ParamRegion(uint32_t slot) { return impl_->ParamRegion(slot); }
 absl::Status Session::SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper) {
-  return impl_->SendGradReady(chunk_id, slot, step, hyper);
+  return impl_->SendGradReady(chunk_id, slot, step, hyper, {});
+}
+
+absl::Status Session::SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper,
+                                    const GradReadyOptions& options) {
+  return impl_->SendGradReady(chunk_id, slot, step, hyper, options);
 }
 absl::StatusOr<uint32_t> Session::WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout) {
   return impl_->WaitParams(chunk_id, timeout);
 }
 void Session::ReleaseSlot(uint32_t slot) { impl_->ReleaseSlot(slot); }
 absl::StatusOr<StepResult> Session::EndStep(int64_t step) { return impl_->EndStep(step); }
-absl::Status Session::AbortStep(int64_t step) { return impl_->AbortStep(step); }
+absl::Status Session::AbortStep(int64_t step, AbortReason reason) { return impl_->AbortStep(step, reason); }
 absl::StatusOr<int64_t> Session::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,
                                            std::span<float> out) {
   return impl_->ReadState(chunk_id, which, first, out);

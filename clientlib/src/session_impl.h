@@ -60,11 +60,12 @@ class Session::Impl {
   absl::StatusOr<uint32_t> AcquireSlot(std::chrono::milliseconds timeout);
   std::span<std::byte> GradRegion(uint32_t slot);
   std::span<std::byte> ParamRegion(uint32_t slot);
-  absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper);
+  absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper,
+                             const GradReadyOptions& options);
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
   void ReleaseSlot(uint32_t slot);
   absl::StatusOr<StepResult> EndStep(int64_t step);
-  absl::Status AbortStep(int64_t step);
+  absl::Status AbortStep(int64_t step, AbortReason reason);
   absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
   absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
   absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count);
@@ -107,7 +108,8 @@ class Session::Impl {
   // daemon error, or a session-level error not yet reported (reported once).
   absl::Status CheckUsableLocked();
   absl::Status Write(const v1::ClientMessage& message, std::string_view what);
-  absl::StatusOr<StepResult> WaitStep(int64_t step, bool abort);
+  absl::StatusOr<StepResult> WaitStep(int64_t step, bool abort,
+                                      AbortReason reason = AbortReason::kUnspecified);
   // Sends a control message and waits for its answer; the caller holds control_mu_.
   absl::StatusOr<v1::DaemonMessage> Control(const v1::ClientMessage& message, const std::string& what);
   // The registered chunk's spec, checking [first, first + count) lies in it.

@@ -12,11 +12,17 @@ a step.
 
 One step, seen from here::
 
-    backward: hook per parameter -> chunk complete -> send(chunk)   (overlap)
+    backward: hook per parameter -> chunk complete -> send(chunk, speculative)
+              (a fingerprint of its gradients is kept: fp32 sum, sum of squares)
               slots all busy      -> drain_oldest: new weights to staging
-    step():   send_unsent(grad_scale) -> commit(): install staged and in-flight
-              chunks' new weights, EndStep
-    or        abort(): wait for what is in flight, AbortStep, nothing installed
+              a hook reaching a chunk already sent: the loop accumulates (the
+              chunk's .grad is not zero), or it skipped step() (.grad is None or
+              zero: abort(SKIPPED_STEP), a new step begins)
+    step():   validate(): the sent chunks' fingerprints again, one pass ->
+              redo(chunk) for those whose gradients changed, or all of them with
+              the clip coefficient -> send_unsent(grad_scale) -> commit():
+              install staged and in-flight chunks' new weights, EndStep
+    or        abort(reason): wait for what is in flight, AbortStep, nothing installed
 
 Every method is called with ``lock`` held (the optimizer's lock, shared).
 """
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import weakref
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -33,10 +41,50 @@ import torch
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, FuyouError
 
-__all__ = ["ChunkPipeline", "Hyper", "STATE_MASTER", "STATE_EXP_AVG", "STATE_EXP_AVG_SQ"]
+__all__ = ["ChunkPipeline", "Hyper", "LoopStats", "STATE_MASTER", "STATE_EXP_AVG",
+           "STATE_EXP_AVG_SQ", "REDO_GRADIENTS_CHANGED", "REDO_CLIPPED",
+           "ABORT_SKIPPED_STEP", "ABORT_OVERFLOW"]
 
 # fuyou.v1.StateKind values.
 STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
+# fuyou.v1.RedoReason and fuyou.v1.AbortReason values.
+REDO_GRADIENTS_CHANGED, REDO_CLIPPED = 1, 2
+ABORT_SKIPPED_STEP, ABORT_OVERFLOW = 1, 2
+# ChunkSpec.segment_elements holds at most this many entries (kMaxChunkSegments);
+# a chunk with more is registered as one segment (a missing gradient then counts
+# as zeros in it).
+MAX_CHUNK_SEGMENTS = 4096
+
+
+@dataclass
+class LoopStats:
+    """What the training loop made fuyou do, counted by the client.
+
+    steps: steps committed. speculative_updates: chunk updates sent while
+    backward ran. redone_changed / redone_clipped: chunk updates done again at
+    step() because the gradients changed after they were sent, or because
+    max_grad_norm clipped them. steps_with_redo: steps with at least one redo.
+    rolled_back_skipped: chunk updates rolled back because the step was skipped
+    (zero_grad or the next backward without step(), or an inf/nan with loss
+    scaling). redo_seconds: wall time step() spent on redos (from the first redo
+    sent to the last redone chunk's weights back).
+    """
+
+    steps: int = 0
+    speculative_updates: int = 0
+    redone_changed: int = 0
+    redone_clipped: int = 0
+    steps_with_redo: int = 0
+    rolled_back_skipped: int = 0
+    redo_seconds: float = 0.0
+
+
+@dataclass
+class _Sent:
+    """A chunk sent in the current step."""
+
+    missing: Tuple[int, ...]  # segments without a gradient
+    fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
 
 # (lr, beta1, beta2, eps, weight_decay) of a chunk's parameter group, now.
 Hyper = Tuple[float, float, float, float, float]
@@ -56,11 +104,12 @@ class ChunkPipeline:
         lock: the owner's lock; held around every call, taken by the hooks.
         hyper: group index -> the group's current hyper-parameters.
         hook_grad_scale: ``grad_scale`` for a chunk a hook completes, or None
-            when hooks must not send (overlap off, clipping, an overflow).
+            when hooks must not send (overlap off, an overflow).
         check_finite: refuse to send a chunk whose gradients hold inf or nan
             (loss scaling): ``overflow`` becomes True instead.
-        accumulation_steps: backward passes per step; a chunk is sent by a hook
-            at its k-th pass.
+        accumulation_steps: backward passes per step as the loop's hint; a hook
+            sends a chunk at its k-th pass, k the larger of this and the passes
+            per step learned from the loop (see ``passes_per_step``).
         timeout: seconds any wait on the daemon may take.
     """
 
@@ -74,6 +123,8 @@ class ChunkPipeline:
         self.accumulation_steps = int(accumulation_steps)
         self.timeout = float(timeout)
         self.failed: Optional[BaseException] = None
+        self.stats = LoopStats()
+        self._learned_passes = 1
         self._hyper = hyper
         self._hook_grad_scale = hook_grad_scale
         self._check_finite = check_finite
@@ -89,6 +140,9 @@ class ChunkPipeline:
         self._chunk_by_id = {c.chunk_id: c for c in chunks}
         self._chunk_params = {c.chunk_id: sorted({s.param_index for s in c.segments})
                               for c in chunks}
+        # Per chunk, per segment: Adam updates committed (the daemon's count).
+        self._segment_counts: Dict[int, List[int]] = {c.chunk_id: [0] * len(c.segments)
+                                                      for c in chunks}
         self._staging: Dict[int, torch.Tensor] = {}
         self._views: Dict[tuple, torch.Tensor] = {}
         self._hook_nodes: list = []
@@ -96,7 +150,7 @@ class ChunkPipeline:
         self._reset_step()
 
     # ------------------------------------------------------------ session
-    def attach(self, session, *, on_register_error=None) -> bool:
+    def attach(self, session) -> bool:
         """Registers every chunk with `session` (a fuyou._fuyou.Session or a fake).
         A chunk the job already has gets the daemon's weights installed into the
         parameters. Returns True when any chunk was resumed."""
@@ -107,16 +161,24 @@ class ChunkPipeline:
         with torch.no_grad():
             for c in self.chunks:
                 buf = self.gather_weights(c)
+                segments = ([seg.numel for seg in c.segments]
+                            if len(c.segments) <= MAX_CHUNK_SEGMENTS else [])
                 try:
-                    resumed, _updates = session.register_chunk(
+                    registered = session.register_chunk(
                         c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,
-                        _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint)
+                        _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint,
+                        segment_elements=segments)
                 except FailedPrecondition as e:
                     if "fingerprint" not in e.message:
                         raise
                     raise FailedPrecondition(
                         f"{e.message} (this model's chunk {c.chunk_id:#x} holds "
                         f"{c.layout_description()})", e.code) from None
+                resumed, count = bool(registered[0]), int(registered[1])
+                per_segment = list(registered[2]) if len(registered) > 2 else []
+                if len(per_segment) != len(c.segments):
+                    per_segment = [count] * len(c.segments)
+                self._segment_counts[c.chunk_id] = [int(t) for t in per_segment]
                 if resumed:
                     self.install(c, buf)
                     resumed_any = True
@@ -135,6 +197,12 @@ class ChunkPipeline:
     def in_step(self) -> bool:
         """True while the step has chunks sent and not yet committed or abandoned."""
         return bool(self._sent)
+
+    @property
+    def passes_per_step(self) -> int:
+        """Backward passes per step a hook waits for before it sends a chunk: the
+        accumulation_steps hint, or more when the loop was seen accumulating."""
+        return max(self.accumulation_steps, self._learned_passes)
 
     def close(self) -> None:
         """Removes the hooks, abandons a step in progress (unless the pipeline
@@ -171,6 +239,11 @@ class ChunkPipeline:
             t = self._session.read_state(c.chunk_id, kind, 0, buf.numpy())
         return states, int(t)
 
+    def segment_update_counts(self, c: Chunk) -> List[int]:
+        """Committed Adam updates of each of the chunk's segments (a parameter
+        without a gradient in a step is not updated, as in torch)."""
+        return list(self._segment_counts[c.chunk_id])
+
     def write_state(self, c: Chunk, kind: int, values: torch.Tensor) -> None:
         """Replaces one fp32 state of the chunk, as part of the pending import."""
         self._session.write_state(c.chunk_id, kind, 0, values.numpy())
@@ -178,6 +251,7 @@ class ChunkPipeline:
     def set_update_count(self, c: Chunk, count: int) -> None:
         """Sets the chunk's Adam step count, as part of the pending import."""
         self._session.set_update_count(c.chunk_id, count)
+        self._segment_counts[c.chunk_id] = [int(count)] * len(c.segments)
 
     def commit_import(self) -> None:
         """Makes the pending import durable (one atomic commit)."""
@@ -206,19 +280,28 @@ class ChunkPipeline:
 
     # ------------------------------------------------------------ hooks
     def install_hooks(self) -> None:
-        """A hook on each parameter's gradient accumulator: counts backward passes
-        per chunk and sends a chunk when its last gradient of the step is in."""
+        """Two hooks per parameter. Before its gradient accumulates (a tensor
+        hook): a chunk already sent in this step means the loop accumulates or
+        skipped step(). After (a hook on its AccumulateGrad node): counts backward
+        passes per chunk and sends a chunk when its last gradient of the step is in."""
         self_ref = weakref.ref(self)
         for index, p in enumerate(self.params):
             node = p.expand_as(p).grad_fn.next_functions[0][0]  # AccumulateGrad
             self._hook_nodes.append(node)  # the node must outlive the hook
 
-            def hook(grad_inputs, grad_outputs, index=index):
+            def before(grad, index=index):
+                pipeline = self_ref()
+                if pipeline is not None:
+                    pipeline._on_grad_arriving(index)
+                return None
+
+            def after(grad_inputs, grad_outputs, index=index):
                 pipeline = self_ref()
                 if pipeline is not None:
                     pipeline._on_grad_accumulated(index)
 
-            self._hook_handles.append(node.register_hook(hook))
+            self._hook_handles.append(p.register_hook(before))
+            self._hook_handles.append(node.register_hook(after))
 
     def remove_hooks(self) -> None:
         for handle in self._hook_handles:
@@ -234,6 +317,32 @@ class ChunkPipeline:
         self._rounds = {c.chunk_id: 0 for c in self.chunks}
         self._reached = {c.chunk_id: 0 for c in self.chunks}
         self._param_passes = [0] * len(self.params)
+
+    def _on_grad_arriving(self, index: int) -> None:
+        """Before parameter `index` accumulates a gradient of a backward pass."""
+        with self.lock:
+            if self._session is None or self.failed is not None:
+                return
+            sent = [c for c in self._chunks_of_param[index]
+                    if c.chunk_id in self._sent and c.chunk_id not in self._checked]
+            if not sent:
+                return
+            for c in sent:
+                self._checked.add(c.chunk_id)
+            g = self.params[index].grad
+            try:
+                if g is None or not bool(g.detach().ne(0).any()):
+                    # zero_grad (the model's) and a new backward without step():
+                    # the loop skipped the step.
+                    self.abort(ABORT_SKIPPED_STEP)
+                    self._param_passes[index] = 0
+                else:
+                    # One more backward pass into gradients already sent: the loop
+                    # accumulates; step() redoes these chunks and learns the passes.
+                    self._accumulating = True
+            except BaseException as e:
+                self.failed = e
+                raise
 
     def _on_grad_accumulated(self, index: int) -> None:
         with self.lock:
@@ -252,13 +361,13 @@ class ChunkPipeline:
                         self._rounds[cid] += 1
                         self._reached[cid] = sum(
                             1 for i in members if self._param_passes[i] >= self._rounds[cid] + 1)
-                        if self._rounds[cid] < self.accumulation_steps:
+                        if self._rounds[cid] < self.passes_per_step:
                             continue
                         grad_scale = self._hook_grad_scale()
                         if grad_scale is None:
                             continue
                         try:
-                            self.send(c, grad_scale)
+                            self.send(c, grad_scale, speculative=True)
                         except BaseException as e:
                             self.failed = e
                             raise
@@ -273,6 +382,67 @@ class ChunkPipeline:
         """The step cannot be committed (a non-finite gradient norm, say)."""
         self._overflow = True
 
+    def fingerprints(self, chunks: List[Chunk]) -> List[Optional[torch.Tensor]]:
+        """Per chunk, fp32 [sum, sum of squares] of its current gradients on their
+        device (None: no gradient at all), without waiting for the device."""
+        return [self._fingerprint(c) for c in chunks]
+
+    def validate(self, squares: bool) -> Tuple[List[Chunk], Dict[int, float]]:
+        """At step(): the chunks sent speculatively whose gradients changed since
+        they were sent (fingerprint or missing gradients differ), and, with
+        `squares`, every chunk's current sum of squares of its gradients (chunks
+        without any left out; else only the sent ones'), in one pass over the
+        gradients and one wait for the device."""
+        chunks = self.chunks if squares else [
+            self._chunk_by_id[cid] for cid, s in self._sent.items() if s.fingerprint is not None]
+        now = self.fingerprints(chunks)
+        by_device: Dict[torch.device, list] = collections.defaultdict(list)
+        changed: List[Chunk] = []
+        for c, fp in zip(chunks, now):
+            sent = self._sent.get(c.chunk_id)
+            if sent is not None and sent.fingerprint is not None:
+                if sent.missing != self._missing(c) or (fp is None) != (sent.fingerprint is None):
+                    changed.append(c)
+                elif fp is not None:
+                    by_device[fp.device].append((c, torch.stack((fp, sent.fingerprint))))
+            if fp is not None:
+                by_device[fp.device].append((c, fp))
+        squares: Dict[int, float] = {}
+        for items in by_device.values():
+            flat = torch.cat([t.reshape(-1) for _, t in items]).cpu().tolist()
+            pos = 0
+            for c, t in items:
+                n = t.numel()
+                values = flat[pos:pos + n]
+                pos += n
+                if n == 2:
+                    squares[c.chunk_id] = values[1]
+                elif not _same(values[0:2], values[2:4]):
+                    changed.append(c)
+        return changed, squares
+
+    def redo(self, c: Chunk, grad_scale: float, reason: int) -> None:
+        """Sends chunk `c` again in this step with its gradients as they are now:
+        the daemon drops its update of the step and updates again from the
+        committed states. Its earlier new weights (in flight or staged) are dropped."""
+        session = self._session
+        if self._redo_started is None:
+            self._redo_started = time.monotonic()
+        if c.chunk_id in self._inflight:
+            del self._inflight[c.chunk_id]
+            slot = self._wait(session, c.chunk_id)
+            session.release_slot(slot)
+        self._staged.discard(c.chunk_id)
+        earlier = self._sent.pop(c.chunk_id)
+        self.send(c, grad_scale, redo=reason)
+        if c.chunk_id not in self._sent:  # an overflow: the step is abandoned
+            self._sent[c.chunk_id] = earlier
+            return
+        if reason == REDO_CLIPPED:
+            self.stats.redone_clipped += 1
+        else:
+            self.stats.redone_changed += 1
+
     def send_unsent(self, grad_scale: float) -> None:
         """Sends every chunk not sent yet in this step (stops at an overflow)."""
         for c in self.chunks:
@@ -281,9 +451,17 @@ class ChunkPipeline:
                 if self._overflow:
                     return
 
-    def send(self, c: Chunk, grad_scale: float) -> None:
-        """Copies the chunk's gradients into a slot and sends GradReady."""
-        if all(seg.param.grad is None for seg in c.segments):
+    def sent_chunks(self) -> List[Chunk]:
+        """The chunks sent in this step, in send order."""
+        return [self._chunk_by_id[cid] for cid in self._sent]
+
+    def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
+             redo: int = 0) -> None:
+        """Copies the chunk's gradients into a slot and sends GradReady. A chunk
+        without any gradient is not sent, unless it is a redo (which then undoes
+        the step's update of it)."""
+        missing = self._missing(c)
+        if len(missing) == len(c.segments) and not redo:
             return  # no gradient at all: the chunk is not updated this step
         session = self._session
         if len(self._inflight) >= self._num_slots:
@@ -302,10 +480,17 @@ class ChunkPipeline:
                 self._overflow = True
                 session.release_slot(slot)
                 return
+            fingerprint = self._fingerprint(c) if speculative else None
+            if len(c.segments) > MAX_CHUNK_SEGMENTS:
+                missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
+            else:
+                missing_sent = missing
             lr, beta1, beta2, eps, weight_decay = self._hyper(c.group_index)
             session.send_grad_ready(c.chunk_id, slot, self._committed + 1, float(lr),
                                     float(beta1), float(beta2), float(eps),
-                                    float(weight_decay), float(grad_scale))
+                                    float(weight_decay), float(grad_scale),
+                                    segments_without_grad=list(missing_sent),
+                                    speculative=speculative, redo=redo)
         except BaseException:
             if self.failed is None:
                 try:
@@ -314,11 +499,14 @@ class ChunkPipeline:
                     pass
             raise
         self._inflight[c.chunk_id] = slot
-        self._sent.add(c.chunk_id)
+        self._sent[c.chunk_id] = _Sent(missing, fingerprint)
+        if speculative:
+            self.stats.speculative_updates += 1
 
     def commit(self) -> None:
         """Installs every sent chunk's new weights into the parameters and commits
-        the step (nothing to commit when nothing was sent)."""
+        the step (nothing to commit when nothing was sent). Learns the passes per
+        step of an accumulating loop."""
         session = self._session
         for cid in list(self._staged):
             self.install(self._chunk_by_id[cid], self._staging[cid])
@@ -328,27 +516,62 @@ class ChunkPipeline:
             slot = self._wait(session, cid)
             self.install(c, self._view(slot, "param", c.dtype)[:c.num_elements])
             session.release_slot(slot)
+        if self._redo_started is not None:
+            self.stats.redo_seconds += time.monotonic() - self._redo_started
+            self.stats.steps_with_redo += 1
+        if self._accumulating:
+            self._learned_passes = max(self._learned_passes, max(self._param_passes, default=1))
         if self._sent:
             committed, _chunks = session.end_step(self._committed + 1)
             self._committed = int(committed)
+            for cid, sent in self._sent.items():
+                counts = self._segment_counts[cid]
+                for i in range(len(counts)):
+                    if i not in sent.missing:
+                        counts[i] += 1
+            self.stats.steps += 1
         self._reset_step()
 
-    def abort(self) -> None:
+    def abort(self, reason: int = 0) -> None:
         """Abandons the step: waits for the chunks in flight, rolls back what the
-        daemon updated (AbortStep), installs nothing."""
+        daemon updated (AbortStep with `reason`), installs nothing."""
         session = self._session
         self._drain_all(session)
         if self._sent:
-            session.abort_step(self._committed + 1)
+            session.abort_step(self._committed + 1, reason=reason)
+            if reason in (ABORT_SKIPPED_STEP, ABORT_OVERFLOW):
+                self.stats.rolled_back_skipped += len(self._sent)
         self._reset_step()
 
     # ------------------------------------------------------------ internals
     def _reset_step(self) -> None:
         self._inflight: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self._sent: set = set()
+        self._sent: Dict[int, _Sent] = {}
         self._staged: set = set()
+        self._checked: set = set()
         self._overflow = False
+        self._accumulating = False
+        self._redo_started: Optional[float] = None
         self.reset_passes()
+
+    def _missing(self, c: Chunk) -> Tuple[int, ...]:
+        return tuple(i for i, seg in enumerate(c.segments) if seg.param.grad is None)
+
+    def _fingerprint(self, c: Chunk) -> Optional[torch.Tensor]:
+        sums, squares = [], []
+        for seg in c.segments:
+            g = seg.param.grad
+            if g is None:
+                continue
+            g = g.detach()
+            piece = g.reshape(-1) if seg.numel == g.numel() else g.reshape(-1)[seg.start:seg.end]
+            sums.append(torch.sum(piece, dtype=torch.float32))
+            squares.append(torch.linalg.vector_norm(piece, dtype=torch.float32).square())
+        if not sums:
+            return None
+        if len(sums) == 1:
+            return torch.stack((sums[0], squares[0]))
+        return torch.stack((torch.stack(sums).sum(), torch.stack(squares).sum()))
 
     def _view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
         key = (slot, kind, dtype)
@@ -384,3 +607,8 @@ class ChunkPipeline:
             cid, _ = self._inflight.popitem(last=False)
             slot = self._wait(session, cid)
             session.release_slot(slot)
+
+
+def _same(a: List[float], b: List[float]) -> bool:
+    """Exact equality of two fingerprints; nan equals nan (the same gradients)."""
+    return all(x == y or (x != x and y != y) for x, y in zip(a, b))

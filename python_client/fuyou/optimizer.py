@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -16,7 +17,8 @@ from . import _checkpoint
 from ._chunking import plan_chunks
 from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
-from ._pipeline import ChunkPipeline
+from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
+                        REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
 from .daemon import EmbeddedDaemon, resolve_address
 
 __all__ = ["AdamW"]
@@ -230,7 +232,16 @@ class AdamW(torch.optim.Optimizer):
 
     @property
     def accumulation_steps(self) -> int:
+        """Backward passes per step given by ``accumulation_steps=``."""
         return self._pipeline.accumulation_steps
+
+    @property
+    def loop_stats(self) -> LoopStats:
+        """What the training loop made this optimizer do (a copy): steps committed,
+        chunk updates sent speculatively during backward, redone at step() (the
+        gradients changed, or max_grad_norm clipped them), rolled back (skipped
+        steps), and the seconds the redos took."""
+        return dataclasses.replace(self._pipeline.stats)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * loss_scale`` to backpropagate (identity without loss scaling)."""
@@ -258,8 +269,16 @@ class AdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears the gradients (to None by default, as torch 2 does)."""
         with self._lock:
-            if self._pipeline is not None and not self._pipeline.in_step:
-                self._pipeline.reset_passes()
+            pipeline = self._pipeline
+            if pipeline is not None and pipeline.attached and pipeline.failed is None:
+                if pipeline.in_step:  # updates sent and no step(): the loop skipped it
+                    try:
+                        pipeline.abort(ABORT_SKIPPED_STEP)
+                    except BaseException as e:
+                        pipeline.failed = e
+                        raise
+                else:
+                    pipeline.reset_passes()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -391,43 +410,48 @@ class AdamW(torch.optim.Optimizer):
 
     def _hook_grad_scale(self) -> Optional[float]:
         """grad_scale for a chunk sent during backward; None: hooks must not send."""
-        if not self.overlap or self.max_grad_norm is not None or self._pipeline.overflow:
+        if not self.overlap or self._pipeline.overflow:
             return None
         return 1.0 / self._scaler.scale
 
-    def _clip_coefficient(self) -> float:
-        """min(1, max_norm / (norm + 1e-6)) of the unscaled gradients, computed as
-        torch.nn.utils.clip_grad_norm_ does (fp32, same reductions); nan or inf
-        when the norm is not finite."""
-        grads = [p.grad.detach() for p in self._pipeline.params if p.grad is not None]
-        if not grads:
+    def _clip_coefficient(self, squares) -> float:
+        """min(1, max_norm / (norm + 1e-6)) of the unscaled gradients as
+        torch.nn.utils.clip_grad_norm_ computes it (fp32), from the chunks' sums of
+        squares; nan or inf when the norm is not finite."""
+        if not squares:
             return 1.0
-        device = grads[0].device
-        norms = [(torch.norm(g, 2.0) if g.dtype == torch.float32 else
-                  torch.linalg.vector_norm(g, 2.0, dtype=torch.float32)).to(device)
-                 for g in grads]
-        total = torch.norm(torch.stack(norms), 2.0)
+        total = torch.tensor(list(squares), dtype=torch.float32).sum().sqrt()
         if self._scaler.enabled:
             total = total / self._scaler.scale  # a power of two: exact
         if not bool(torch.isfinite(total)):
             return float("nan")
-        clip_coef = self.max_grad_norm / (total + 1e-6)
+        clip_coef = torch.tensor(self.max_grad_norm, dtype=torch.float32) / (total + 1e-6)
         return float(torch.clamp(clip_coef, max=1.0))
 
     def _finish_step(self) -> None:
         pipeline = self._pipeline
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
-        if self.max_grad_norm is not None and not pipeline.overflow:
-            clip_coef = self._clip_coefficient()
+        if not pipeline.overflow:
+            clipping = self.max_grad_norm is not None
+            changed, squares = pipeline.validate(squares=clipping)
+            clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
             if not math.isfinite(clip_coef):
                 pipeline.mark_overflow()
             else:
                 grad_scale = clip_coef * inv_scale
+                changed_ids = {c.chunk_id for c in changed}
+                for c in pipeline.sent_chunks():
+                    if c.chunk_id in changed_ids:
+                        pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED)
+                    elif clip_coef < 1.0:
+                        pipeline.redo(c, grad_scale, REDO_CLIPPED)
+                    if pipeline.overflow:
+                        break
         if not pipeline.overflow:
             pipeline.send_unsent(grad_scale)
         if pipeline.overflow:
-            pipeline.abort()
+            pipeline.abort(ABORT_OVERFLOW)
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
             return

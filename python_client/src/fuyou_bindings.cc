@@ -322,26 +322,31 @@ PYBIND11_MODULE(_fuyou, m) {
       .def(
           "register_chunk",
           [](PySession& s, uint32_t chunk_id, uint64_t num_elements, int param_dtype,
-             int grad_dtype, const py::buffer& weights, uint64_t layout_fingerprint) {
+             int grad_dtype, const py::buffer& weights, uint64_t layout_fingerprint,
+             std::vector<uint64_t> segment_elements) {
             ChunkSpec spec;
             spec.chunk_id = chunk_id;
             spec.num_elements = num_elements;
             spec.param_dtype = ToDType(param_dtype);
             spec.grad_dtype = ToDType(grad_dtype);
             spec.layout_fingerprint = layout_fingerprint;
+            spec.segment_elements = std::move(segment_elements);
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
             Session& session = s.get();
             const RegisterResult r = Blocking<RegisterResult>(
                 [&] { return session.RegisterChunk(spec, bytes); });
-            return py::make_tuple(r.resumed, r.update_count);
+            return py::make_tuple(r.resumed, r.update_count, r.segment_update_counts);
           },
           py::arg("chunk_id"), py::arg("num_elements"), py::arg("param_dtype"),
           py::arg("grad_dtype"), py::arg("weights"), py::arg("layout_fingerprint") = 0,
+          py::arg("segment_elements") = std::vector<uint64_t>{},
           "Registers a chunk; `weights` (writable) gives a new chunk's initial weights or "
           "receives a resumed chunk's. `layout_fingerprint` (0: none) identifies the chunk's "
-          "parameter layout; a resume with another is FailedPrecondition. Returns "
-          "(resumed, update_count).")
+          "parameter layout; a resume with another is FailedPrecondition. "
+          "`segment_elements`: element counts of the chunk's segments (empty: one). Returns "
+          "(resumed, update_count, segment_update_counts); the last is empty when every "
+          "segment has update_count.")
       .def(
           "push_gradients",
           [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads, float lr,
@@ -386,14 +391,29 @@ PYBIND11_MODULE(_fuyou, m) {
       .def(
           "send_grad_ready",
           [](PySession& s, uint32_t chunk_id, uint32_t slot, int64_t step, float lr, float beta1,
-             float beta2, float eps, float weight_decay, float grad_scale) {
+             float beta2, float eps, float weight_decay, float grad_scale,
+             std::vector<uint32_t> segments_without_grad, bool speculative, int redo) {
+            if (redo < 0 || redo > static_cast<int>(RedoReason::kClipped)) {
+              throw py::value_error("redo must be 0 (none), 1 (gradients changed) or 2 (clipped)");
+            }
             Session& session = s.get();
             const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
-            BlockingStatus([&] { return session.SendGradReady(chunk_id, slot, step, hyper); });
+            GradReadyOptions options;
+            options.segments_without_grad = std::move(segments_without_grad);
+            options.speculative = speculative;
+            options.redo = static_cast<RedoReason>(redo);
+            BlockingStatus(
+                [&] { return session.SendGradReady(chunk_id, slot, step, hyper, options); });
           },
           py::arg("chunk_id"), py::arg("slot"), py::arg("step"), py::arg("lr"),
           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-          py::arg("grad_scale") = 1.0f)
+          py::arg("grad_scale") = 1.0f, py::kw_only(),
+          py::arg("segments_without_grad") = std::vector<uint32_t>{},
+          py::arg("speculative") = false, py::arg("redo") = 0,
+          "Sends GradReady for gradients written into the slot's gradient region. "
+          "`segments_without_grad`: the chunk's segments whose parameters have no gradient; "
+          "`speculative`: sent during backward; `redo` (fuyou.v1.RedoReason): replaces the "
+          "chunk's update of the step, whose parameters were taken with wait_params.")
       .def(
           "wait_params",
           [](PySession& s, uint32_t chunk_id, double timeout) {
@@ -421,11 +441,15 @@ PYBIND11_MODULE(_fuyou, m) {
           py::arg("step"), "Commits the step; returns (step, chunks_updated).")
       .def(
           "abort_step",
-          [](PySession& s, int64_t step) {
+          [](PySession& s, int64_t step, int reason) {
+            if (reason < 0 || reason > static_cast<int>(AbortReason::kOverflow)) {
+              throw py::value_error("reason must be 0 (unspecified), 1 (skipped step) or 2 (overflow)");
+            }
             Session& session = s.get();
-            BlockingStatus([&] { return session.AbortStep(step); });
+            BlockingStatus([&] { return session.AbortStep(step, static_cast<AbortReason>(reason)); });
           },
-          py::arg("step"))
+          py::arg("step"), py::arg("reason") = 0,
+          "Abandons the step; `reason` is a fuyou.v1.AbortReason (counted by the daemon).")
       .def(
           "read_state",
           [](PySession& s, uint32_t chunk_id, int which, uint64_t first, const py::buffer& out) {

@@ -31,6 +31,8 @@ class FakeSession:
         self.ready = {}
         self.backup = {}
         self.log = []  # (kind, args) of every message, for assertions
+        self.redone = []  # (chunk_id, RedoReason) of every redo
+        self.aborts = []  # (step, AbortReason) of every AbortStep
         self.closed = False
 
     @property
@@ -38,10 +40,12 @@ class FakeSession:
         return self.job["committed"]
 
     def register_chunk(self, chunk_id, num_elements, param_dtype, grad_dtype, weights,
-                       layout_fingerprint=0):
+                       layout_fingerprint=0, segment_elements=()):
         mv = memoryview(weights).cast("B")
         dt = DTYPES[param_dtype]
         chunks = self.job["chunks"]
+        segments = list(segment_elements) or [num_elements]
+        assert sum(segments) == num_elements, (segments, num_elements)
         if chunk_id in chunks:
             stored = chunks[chunk_id].get("fingerprint", 0)
             if stored not in (0, layout_fingerprint):  # as the daemon's CheckLayoutFingerprint
@@ -51,13 +55,17 @@ class FakeSession:
             chunks[chunk_id]["fingerprint"] = layout_fingerprint or stored
         self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:
-            master = chunks[chunk_id]["master"]
+            st = chunks[chunk_id]
+            master = st["master"]
             torch.frombuffer(mv, dtype=dt, count=num_elements).copy_(master.to(dt))
-            return True, chunks[chunk_id]["t"]
+            counts = st["segment_t"]
+            same = all(t == counts[0] for t in counts)
+            return True, max(counts), ([] if same else list(counts))
         w = torch.frombuffer(mv, dtype=dt, count=num_elements).float().clone()
         chunks[chunk_id] = {"master": w, "m": torch.zeros_like(w), "v": torch.zeros_like(w),
-                            "t": 0, "fingerprint": layout_fingerprint}
-        return False, 0
+                            "segments": segments, "segment_t": [0] * len(segments),
+                            "fingerprint": layout_fingerprint}
+        return False, 0, []
 
     def acquire_slot(self, timeout):
         if not self.free:
@@ -75,28 +83,46 @@ class FakeSession:
         return memoryview(self.param[slot])
 
     def send_grad_ready(self, chunk_id, slot, step, lr, beta1, beta2, eps, weight_decay,
-                        grad_scale=1.0):
+                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0):
         assert step == self.job["committed"] + 1, (step, self.job["committed"])
         self.log.append(("grad_ready", chunk_id, step, lr, weight_decay, grad_scale))
+        self.log.append(("grad_ready_flags", chunk_id, tuple(segments_without_grad),
+                         bool(speculative), int(redo)))
         n, pdt, gdt = self.specs[chunk_id]
         st = self.job["chunks"][chunk_id]
-        if chunk_id not in self.backup:
-            self.backup[chunk_id] = {k: (v.clone() if torch.is_tensor(v) else v)
+        if chunk_id in self.backup:
+            if not redo:  # as the daemon: a second update of a chunk in a step is refused
+                raise FailedPrecondition(f"chunk {chunk_id} was already updated in step {step}")
+            self.redone.append((chunk_id, int(redo)))
+            saved = self.backup[chunk_id]
+            for k, v in saved.items():
+                st[k] = v.clone() if torch.is_tensor(v) else (list(v) if isinstance(v, list) else v)
+        else:
+            self.backup[chunk_id] = {k: (v.clone() if torch.is_tensor(v) else
+                                         (list(v) if isinstance(v, list) else v))
                                      for k, v in st.items()}
         g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
         if grad_scale not in (0.0, 1.0):
             g = g * torch.tensor(grad_scale, dtype=torch.float32)
-        st["t"] += 1
-        t = st["t"]
-        p, m, v = st["master"], st["m"], st["v"]
-        p.mul_(1 - lr * weight_decay)
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        bc1 = 1 - beta1 ** t
-        bc2 = 1 - beta2 ** t
-        denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
-        p.addcdiv_(m, denom, value=-lr / bc1)
-        torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(p.to(pdt))
+        skip = set(segments_without_grad)
+        offset = 0
+        # torch.optim.AdamW's arithmetic, per segment (each has its own Adam t).
+        for i, size in enumerate(st["segments"]):
+            sl = slice(offset, offset + size)
+            offset += size
+            if i in skip:
+                continue
+            st["segment_t"][i] += 1
+            t = st["segment_t"][i]
+            p, m, v, gs = st["master"][sl], st["m"][sl], st["v"][sl], g[sl]
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(gs, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(gs, gs, value=1 - beta2)
+            bc1 = 1 - beta1 ** t
+            bc2 = 1 - beta2 ** t
+            denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
+            p.addcdiv_(m, denom, value=-lr / bc1)
+        torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(st["master"].to(pdt))
         self.ready[chunk_id] = slot
 
     def wait_params(self, chunk_id, timeout):
@@ -109,8 +135,9 @@ class FakeSession:
         self.backup.clear()
         return step, n
 
-    def abort_step(self, step):
+    def abort_step(self, step, reason=0):
         self.log.append(("abort_step", step))
+        self.aborts.append((step, int(reason)))
         for cid, saved in self.backup.items():
             self.job["chunks"][cid] = saved
         self.backup.clear()

@@ -64,6 +64,11 @@ struct ChunkSpec {
   // resume a chunk created with another (FAILED_PRECONDITION); see
   // ChunkSpec.layout_fingerprint in proto/fuyou/v1/offload.proto.
   uint64_t layout_fingerprint = 0;
+  // Element counts of the chunk's segments (the parameters or parameter pieces
+  // packed into it), in order, summing to num_elements; at most 4096. Empty: one
+  // segment. GradReadyOptions::segments_without_grad indexes them; each segment
+  // keeps its own update count (ChunkSpec.segment_elements in offload.proto).
+  std::vector<uint64_t> segment_elements{};
 
   uint64_t param_bytes() const { return num_elements * DTypeSize(param_dtype); }
   uint64_t grad_bytes() const { return num_elements * DTypeSize(grad_dtype); }
@@ -82,8 +87,39 @@ struct AdamWHyper {
 struct RegisterResult {
   // True when the job already had the chunk and its weights were copied out.
   bool resumed = false;
-  // Adam updates the chunk has received.
+  // Adam updates the chunk has received (the most any of its segments has).
   int64_t update_count = 0;
+  // Per segment, when the segments' counts differ (a parameter had no gradient
+  // in some step); empty when every segment has update_count.
+  std::vector<int64_t> segment_update_counts{};
+};
+
+// Why a GradReady replaces the chunk's update already made in the step (values
+// match fuyou.v1.RedoReason).
+enum class RedoReason : int {
+  kNone = 0,              // the chunk's first update of the step
+  kGradientsChanged = 1,  // .grad changed after it was sent (clip, unscale, accumulation)
+  kClipped = 2,           // the client's max_grad_norm clipped it (hyper.grad_scale)
+};
+
+// Why a step is abandoned (values match fuyou.v1.AbortReason).
+enum class AbortReason : int {
+  kUnspecified = 0,
+  kSkippedStep = 1,  // the loop skipped step() (zero_grad or backward came first)
+  kOverflow = 2,     // the client's loss scaler found inf or nan
+};
+
+// What a GradReady says besides the chunk, slot, step and hyper-parameters
+// (GradReady fields 5-7 in offload.proto).
+struct GradReadyOptions {
+  // Segments (ascending, no repeats) whose parameters have no gradient in this
+  // step: their weights, moments and update counts stay as they are.
+  std::vector<uint32_t> segments_without_grad{};
+  // Sent while backward may still change the gradients (validated at step()).
+  bool speculative = false;
+  // Not kNone: replaces the chunk's update of this step (which must have been
+  // taken with WaitParams/PullParams first).
+  RedoReason redo = RedoReason::kNone;
 };
 
 // One of the fp32 optimizer states the daemon keeps per chunk (values match
@@ -140,6 +176,11 @@ class Session {
   std::span<std::byte> ParamRegion(uint32_t slot);
   // Sends GradReady for gradients already written into GradRegion(slot).
   absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper);
+  // The same, with segments without gradients, the speculative flag or a redo.
+  // segments_without_grad not ascending, repeated, or past the chunk's segments
+  // is INVALID_ARGUMENT (nothing sent).
+  absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper,
+                             const GradReadyOptions& options);
   // Waits for ParamsReady of chunk_id; returns the slot holding the new weights.
   // The caller reads ParamRegion(slot), then calls ReleaseSlot(slot). When the
   // daemon refused the chunk (or the connection was lost) the error comes back
@@ -153,7 +194,8 @@ class Session {
   // resumes after `step` even if the daemon crashes.
   absl::StatusOr<StepResult> EndStep(int64_t step);
   // Abandons `step`: chunks already updated in it return to the last commit.
-  absl::Status AbortStep(int64_t step);
+  // `reason` is counted by the daemon (GetStats).
+  absl::Status AbortStep(int64_t step, AbortReason reason = AbortReason::kUnspecified);
 
   // --- export and import, between steps ------------------------------------
   // These refuse (FAILED_PRECONDITION) while a step has chunks in flight. They
