@@ -61,9 +61,23 @@ class FakeOffload final : public v1::Offload::Service {
   std::atomic<bool> silent_chunk_arrived{false};
 
   // Chunks the "job" already has: resumed by RegisterChunks.
-  void AddExistingChunk(uint32_t chunk_id, std::vector<float> weights, int64_t updates) {
+  void AddExistingChunk(uint32_t chunk_id, std::vector<float> weights, int64_t updates,
+                        std::vector<int64_t> segment_updates = {}) {
     std::lock_guard lock(mu_);
-    store_[chunk_id] = StoredChunk{std::move(weights), updates};
+    store_[chunk_id] = StoredChunk{std::move(weights), updates, std::move(segment_updates)};
+  }
+  // What the client sent last, as the daemon received it.
+  v1::ChunkSpec LastSpec() {
+    std::lock_guard lock(mu_);
+    return last_spec_;
+  }
+  v1::GradReady LastGradReady() {
+    std::lock_guard lock(mu_);
+    return last_grad_ready_;
+  }
+  v1::AbortStep LastAbortStep() {
+    std::lock_guard lock(mu_);
+    return last_abort_;
   }
   std::vector<float> StoredWeights(uint32_t chunk_id) {
     std::lock_guard lock(mu_);
@@ -95,6 +109,7 @@ class FakeOffload final : public v1::Offload::Service {
       if (spec.slot() >= layout_.num_slots) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, fmt::format("slot {} out of range", spec.slot()));
       }
+      last_spec_ = spec;
       float* region = Param(spec.slot());
       v1::RegisteredChunk* result = response->add_chunks();
       result->set_chunk_id(spec.chunk_id());
@@ -103,8 +118,9 @@ class FakeOffload final : public v1::Offload::Service {
         std::memcpy(region, it->second.weights.data(), it->second.weights.size() * sizeof(float));
         result->set_resumed(true);
         result->set_update_count(it->second.updates);
+        for (int64_t count : it->second.segment_updates) result->add_segment_update_counts(count);
       } else {
-        store_[spec.chunk_id()] = StoredChunk{std::vector<float>(region, region + spec.num_elements()), 0};
+        store_[spec.chunk_id()] = StoredChunk{std::vector<float>(region, region + spec.num_elements()), 0, {}};
       }
       registered_[spec.chunk_id()] = spec.num_elements();
     }
@@ -135,6 +151,7 @@ class FakeOffload final : public v1::Offload::Service {
           continue;
         }
         std::lock_guard lock(mu_);
+        last_grad_ready_ = ready;
         auto known = registered_.find(ready.chunk_id());
         if (ready.chunk_id() == kRefusedChunk || known == registered_.end()) {
           v1::Error* error = out.mutable_error();
@@ -171,6 +188,10 @@ class FakeOffload final : public v1::Offload::Service {
           out.mutable_step_committed()->set_chunks_updated(updated_in_step[step]);
         }
       } else if (in.has_abort_step()) {
+        {
+          std::lock_guard lock(mu_);
+          last_abort_ = in.abort_step();
+        }
         out.mutable_step_aborted()->set_step(in.abort_step().step());
       } else {
         continue;
@@ -211,6 +232,7 @@ class FakeOffload final : public v1::Offload::Service {
   struct StoredChunk {
     std::vector<float> weights;
     int64_t updates = 0;
+    std::vector<int64_t> segment_updates;
   };
 
   float* Grad(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.GradOffset(slot)); }
@@ -229,6 +251,9 @@ class FakeOffload final : public v1::Offload::Service {
   std::atomic<int64_t> committed_{0};
   std::map<uint32_t, StoredChunk> store_;
   std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
+  v1::ChunkSpec last_spec_;
+  v1::GradReady last_grad_ready_;
+  v1::AbortStep last_abort_;
 };
 
 // The segment socket of the fake: one handover at a time, on its own thread.
@@ -555,6 +580,85 @@ TEST_F(SessionTest, BadArgumentsAreRefusedLocally) {
   EXPECT_EQ(s.SendGradReady(1, /*slot=*/0, 1, AdamWHyper{}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.SendGradReady(1, /*slot=*/9, 1, AdamWHyper{}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fake_.grad_ready_seen, 0);
+}
+
+TEST_F(SessionTest, SegmentsSpeculationRedoAndAbortReasonReachTheDaemon) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(16, 0.0f);
+  ChunkSpec spec = Float32Chunk(3, 16);
+  spec.segment_elements = {10, 6};
+  ASSERT_TRUE(s.RegisterChunk(spec, Bytes(weights)).ok());
+  const v1::ChunkSpec received = fake_.LastSpec();
+  EXPECT_EQ(std::vector<uint64_t>(received.segment_elements().begin(), received.segment_elements().end()),
+            (std::vector<uint64_t>{10, 6}));
+
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_TRUE(s.SendGradReady(3, *slot, 1, AdamWHyper{},
+                              {.segments_without_grad = {1}, .speculative = true})
+                  .ok());
+  ASSERT_TRUE(s.WaitParams(3, milliseconds(5000)).ok());
+  v1::GradReady sent = fake_.LastGradReady();
+  EXPECT_EQ(sent.segments_without_grad_size(), 1);
+  EXPECT_EQ(sent.segments_without_grad(0), 1u);
+  EXPECT_TRUE(sent.speculative());
+  EXPECT_EQ(sent.redo(), v1::REDO_REASON_UNSPECIFIED);
+
+  // The redo of the same chunk in the same step, after its parameters were taken.
+  ASSERT_TRUE(s.SendGradReady(3, *slot, 1, AdamWHyper{}, {.redo = RedoReason::kClipped}).ok());
+  ASSERT_TRUE(s.WaitParams(3, milliseconds(5000)).ok());
+  sent = fake_.LastGradReady();
+  EXPECT_EQ(sent.segments_without_grad_size(), 0);
+  EXPECT_FALSE(sent.speculative());
+  EXPECT_EQ(sent.redo(), v1::REDO_REASON_CLIPPED);
+
+  // Segment indices out of order, repeated or past the chunk's segments: nothing sent.
+  const int seen = fake_.grad_ready_seen;
+  for (const std::vector<uint32_t>& bad : {std::vector<uint32_t>{1, 0}, std::vector<uint32_t>{0, 0},
+                                           std::vector<uint32_t>{2}}) {
+    absl::Status refused = s.SendGradReady(3, *slot, 1, AdamWHyper{}, {.segments_without_grad = bad});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(Contains(refused, "segments without gradients")) << refused;
+  }
+  EXPECT_EQ(fake_.grad_ready_seen, seen);
+  s.ReleaseSlot(*slot);
+
+  ASSERT_TRUE(s.AbortStep(1, AbortReason::kSkippedStep).ok());
+  EXPECT_EQ(fake_.LastAbortStep().step(), 1);
+  EXPECT_EQ(fake_.LastAbortStep().reason(), v1::ABORT_REASON_SKIPPED_STEP);
+  ASSERT_TRUE(s.AbortStep(1).ok());
+  EXPECT_EQ(fake_.LastAbortStep().reason(), v1::ABORT_REASON_UNSPECIFIED);
+}
+
+TEST_F(SessionTest, SegmentsThatDoNotAddUpAreRefusedLocally) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(16, 0.0f);
+  for (const std::vector<uint64_t>& bad :
+       {std::vector<uint64_t>{10, 5}, std::vector<uint64_t>{10, 7}, std::vector<uint64_t>{16, 0},
+        std::vector<uint64_t>(4097, 1)}) {
+    ChunkSpec spec = Float32Chunk(3, 16);
+    spec.segment_elements = bad;
+    absl::Status refused = s.RegisterChunk(spec, Bytes(weights)).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  }
+}
+
+TEST_F(SessionTest, ResumedChunkReturnsItsSegmentUpdateCounts) {
+  fake_.AddExistingChunk(5, std::vector<float>(16, 1.0f), 7, {7, 4});
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::vector<float> weights(16, 0.0f);
+  ChunkSpec spec = Float32Chunk(5, 16);
+  spec.segment_elements = {8, 8};
+  absl::StatusOr<RegisterResult> registered = (*session)->RegisterChunk(spec, Bytes(weights));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_TRUE(registered->resumed);
+  EXPECT_EQ(registered->update_count, 7);
+  EXPECT_EQ(registered->segment_update_counts, (std::vector<int64_t>{7, 4}));
 }
 
 TEST_F(SessionTest, SlotsRunOutAndComeBack) {

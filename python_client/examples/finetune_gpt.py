@@ -23,6 +23,7 @@ runs this script with everything set up.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -70,8 +71,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="linear warm-up steps (cosine after)")
     p.add_argument("--grad-clip", type=float, default=0.0,
                    help="fine-tuning: clip by global norm; 0 = off. With fuyou this is "
-                        "AdamW(max_grad_norm=...), exact but it turns off the "
-                        "backward/optimizer overlap (base training always clips at 1.0)")
+                        "AdamW(max_grad_norm=...) (see --clip-with): chunks are updated "
+                        "speculatively during backward and redone at step() when the clip "
+                        "coefficient is < 1 (base training always clips at 1.0)")
+    p.add_argument("--clip-with", choices=["optimizer", "external"], default="optimizer",
+                   help="fuyou: clip with AdamW(max_grad_norm=) or with "
+                        "torch.nn.utils.clip_grad_norm_ before step() as torch loops do "
+                        "(fuyou then redoes the chunks whose gradients it changed)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="fuyou.AdamW(overlap=False): send every chunk at step(), after "
+                        "backward (the serial path: nothing speculative, nothing redone)")
     p.add_argument("--chunk-bytes", type=int, default=1 << 20,
                    help="fuyou chunk size in bytes; small so a tiny model has several chunks")
     p.add_argument("--daemon", choices=["auto", "embedded", "external"], default="auto",
@@ -163,18 +172,20 @@ def make_optimizer(kind: str, params, lr: float, args, job: str, grad_clip: floa
     """torch.optim.AdamW or fuyou.AdamW with the same hyper-parameters.
 
     Clipping: with torch, train() calls clip_grad_norm_ before step(). fuyou.AdamW
-    sends gradients to the daemon during backward, so rewriting .grad afterwards
-    would come too late; it clips itself (max_grad_norm), exactly like
-    clip_grad_norm_, at the cost of the overlap.
+    sends gradients to the daemon during backward (speculative updates); by default
+    it clips itself (max_grad_norm, exactly like clip_grad_norm_) and redoes the
+    chunks at step() only in steps where the norm is above the limit. With
+    --clip-with external the loop calls clip_grad_norm_ as with torch; fuyou finds
+    the changed gradients at step() and redoes those chunks.
     """
     hyper = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay)
     if kind == "torch":
         return torch.optim.AdamW(params, **hyper)
     fuyou = import_fuyou()
     embedded = {"auto": None, "embedded": True, "external": False}[args.daemon]
-    extra = {"max_grad_norm": grad_clip} if grad_clip > 0 else {}
+    extra = {"max_grad_norm": grad_clip} if grad_clip > 0 and args.clip_with == "optimizer" else {}
     return fuyou.AdamW(params, job=job, chunk_bytes=args.chunk_bytes, embedded=embedded,
-                       **extra, **hyper)
+                       overlap=not args.no_overlap, **extra, **hyper)
 
 
 class StatsPoller:
@@ -252,7 +263,7 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
         x, y = data.train_batch(args.batch_size, args.seq_len, gen)
         _, loss = model(x, y)
         loss.backward()
-        if grad_clip > 0 and isinstance(opt, torch.optim.AdamW):
+        if grad_clip > 0 and (isinstance(opt, torch.optim.AdamW) or args.clip_with == "external"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -400,6 +411,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if poller is not None:
             final_stats = poller.poll(force=True)
             moved = poller.bytes_since_start()
+            loop = opt.loop_stats
+            metrics["loop_stats"] = dataclasses.asdict(loop)
             metrics.update({"committed_step": opt.committed_step, "resumed": opt.resumed,
                             "ssd_bytes_read": moved[0] if moved else None,
                             "ssd_bytes_written": moved[1] if moved else None,
@@ -432,6 +445,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"fine-tuning: {args.steps} steps in {hist['seconds']:.1f} s, "
               f"{hist['tokens_per_second']:,.0f} tokens/s ({args.optimizer} AdamW)")
         if poller is not None:
+            loop = metrics["loop_stats"]
+            steps = max(loop["steps"], 1)
+            print(f"speculation: {loop['speculative_updates']} chunk updates during backward; "
+                  f"{loop['steps_with_redo']} of {loop['steps']} steps redone "
+                  f"({100.0 * loop['steps_with_redo'] / steps:.0f}%: "
+                  f"{loop['redone_clipped']} chunks clipped, {loop['redone_changed']} changed), "
+                  f"redo {loop['redo_seconds']:.2f} s; fingerprints "
+                  f"{1e3 * loop['fingerprint_seconds'] / steps:.2f} ms per step "
+                  f"({1e3 * hist['seconds'] / args.steps:.1f} ms per step in all)")
             if metrics["ssd_bytes_read"] is not None:
                 print(f"daemon storage traffic during fine-tuning: read "
                       f"{fmt_bytes(metrics['ssd_bytes_read'])}, written "

@@ -56,8 +56,10 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
     per_param = [[torch.empty(p.numel(), dtype=torch.float32) for _ in range(3)] for p in params]
     steps: List[set] = [set() for _ in params]
     for c in pipeline.chunks:
-        states, t = pipeline.read_states(c)
-        for seg in c.segments:
+        states, _t = pipeline.read_states(c)
+        # Adam's t per segment: a parameter without a gradient in some step has
+        # fewer updates than the others of its chunk, as in torch.
+        for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
             for dst, src in zip(per_param[seg.param_index], states):
                 dst[seg.start:seg.end] = src[seg.offset:seg.offset + seg.numel]
             steps[seg.param_index].add(t)

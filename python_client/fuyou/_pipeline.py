@@ -67,7 +67,9 @@ class LoopStats:
     rolled_back_skipped: chunk updates rolled back because the step was skipped
     (zero_grad or the next backward without step(), or an inf/nan with loss
     scaling). redo_seconds: wall time step() spent on redos (from the first redo
-    sent to the last redone chunk's weights back).
+    sent to the last redone chunk's weights back). fingerprint_seconds: wall time
+    spent taking the gradients' fingerprints (at send time and at step(); on a
+    GPU, launching the reductions and the one wait for their results).
     """
 
     steps: int = 0
@@ -77,6 +79,7 @@ class LoopStats:
     steps_with_redo: int = 0
     rolled_back_skipped: int = 0
     redo_seconds: float = 0.0
+    fingerprint_seconds: float = 0.0
 
 
 @dataclass
@@ -393,6 +396,7 @@ class ChunkPipeline:
         `squares`, every chunk's current sum of squares of its gradients (chunks
         without any left out; else only the sent ones'), in one pass over the
         gradients and one wait for the device."""
+        started = time.perf_counter()
         chunks = self.chunks if squares else [
             self._chunk_by_id[cid] for cid, s in self._sent.items() if s.fingerprint is not None]
         now = self.fingerprints(chunks)
@@ -419,6 +423,7 @@ class ChunkPipeline:
                     squares[c.chunk_id] = values[1]
                 elif not _same(values[0:2], values[2:4]):
                     changed.append(c)
+        self.stats.fingerprint_seconds += time.perf_counter() - started
         return changed, squares
 
     def redo(self, c: Chunk, grad_scale: float, reason: int) -> None:
@@ -480,7 +485,11 @@ class ChunkPipeline:
                 self._overflow = True
                 session.release_slot(slot)
                 return
-            fingerprint = self._fingerprint(c) if speculative else None
+            fingerprint = None
+            if speculative:
+                started = time.perf_counter()
+                fingerprint = self._fingerprint(c)
+                self.stats.fingerprint_seconds += time.perf_counter() - started
             if len(c.segments) > MAX_CHUNK_SEGMENTS:
                 missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
             else:
@@ -519,8 +528,13 @@ class ChunkPipeline:
         if self._redo_started is not None:
             self.stats.redo_seconds += time.monotonic() - self._redo_started
             self.stats.steps_with_redo += 1
+        passes = max(self._param_passes, default=1)
         if self._accumulating:
-            self._learned_passes = max(self._learned_passes, max(self._param_passes, default=1))
+            self._learned_passes = max(self._learned_passes, passes)
+        elif 0 < passes < self._learned_passes:
+            # The loop now makes fewer passes per step: wait for fewer (a loop that
+            # accumulates again is seen again, and that step's updates redone).
+            self._learned_passes = passes
         if self._sent:
             committed, _chunks = session.end_step(self._committed + 1)
             self._committed = int(committed)

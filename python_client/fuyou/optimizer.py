@@ -67,10 +67,24 @@ class AdamW(torch.optim.Optimizer):
     backward. Each GradReady carries the group's *current* ``lr``, ``betas``,
     ``eps`` and ``weight_decay``, so LR schedulers work as with torch.
 
-    **Gradient accumulation.** With ``accumulation_steps=k``, call
-    :meth:`step` once every ``k`` backward passes; gradients go to the daemon
-    only at the k-th backward of each chunk. A :meth:`step` that comes earlier
-    sends what has accumulated.
+    **Speculate, validate, redo.** An update sent during backward is
+    *speculative*: with it goes a fingerprint of the chunk's gradients (fp32 sum
+    and sum of squares, computed on the gradients' device). :meth:`step` takes the
+    fingerprints of the sent chunks again from the current ``.grad`` (one pass,
+    one wait for the device) and redoes every chunk whose gradients changed
+    (``clip_grad_norm_``, an in-place unscale, one more backward): the daemon
+    drops its update of the step and updates again from the committed states.
+    The result is what torch.optim.AdamW computes from ``.grad`` at step(). A
+    step the loop skips (:meth:`zero_grad`, or the model's ``zero_grad`` and a new
+    backward, without :meth:`step`) is rolled back (AbortStep): nothing of it is
+    committed. ``loop_stats`` counts all of this.
+
+    **Gradient accumulation.** Nothing to do: a backward pass that reaches a
+    chunk already sent in the step (with a gradient that is not zero) tells
+    fuyou that the loop accumulates. That step's early updates are redone at
+    :meth:`step`; from then on a chunk is sent after as many passes as the loop
+    made (``accumulation_steps=k`` says so from the start). A :meth:`step` that
+    comes earlier sends what has accumulated.
 
     **Mixed precision.** bf16/fp16 parameters travel as such (weights and
     gradients in the parameter's dtype); the daemon keeps fp32 masters and
@@ -85,22 +99,22 @@ class AdamW(torch.optim.Optimizer):
     grows.
 
     **Clipping.** ``max_grad_norm`` clips by the global gradient norm exactly as
-    ``torch.nn.utils.clip_grad_norm_`` (then AdamW). Cost: the norm needs every
-    gradient, so no chunk can be sent during backward: overlap is off, all
-    updates happen in :meth:`step` after backward (the step takes
-    backward + optimizer instead of about max of the two), plus one pass over the
-    gradients for the norm. The coefficient is applied in the daemon
-    (``grad_scale = clip_coef / loss_scale``), not by rewriting ``.grad``. A
-    non-finite norm skips the step like an overflow.
+    ``torch.nn.utils.clip_grad_norm_`` (then AdamW), with overlap on: chunks are
+    updated speculatively during backward; at :meth:`step` the per-chunk sums of
+    squares give the global norm, and when the coefficient
+    ``max_norm / (norm + 1e-6)`` is below 1 every chunk is redone with
+    ``grad_scale = clip_coef / loss_scale`` (``.grad`` is not rewritten). Cost:
+    a step that clips takes backward plus one optimizer pass over all chunks (as
+    without overlap), one that does not clips nothing. A non-finite norm skips
+    the step like an overflow. ``clip_grad_norm_`` in the loop works as well
+    (every chunk it scales is redone as changed).
 
-    **Differences from torch.optim.AdamW.** A chunk in which no parameter has a
-    gradient is not updated (like torch skipping ``grad is None``); in a chunk
-    where only some have one, the missing gradients count as zeros (their weights
-    get weight decay and moment decay). Put parameters that may get no gradient
-    (unused heads, poolers) in a parameter group of their own: chunks never mix
-    groups, so they are then skipped exactly as torch skips them. ``state_dict()`` holds the
-    hyper-parameters, the loss-scale state and the step counters; the moments
-    themselves stay in the daemon under ``job``.
+    **Parameters without a gradient.** A parameter whose ``.grad`` is None in a
+    step keeps its weights, moments and Adam step count, as in torch, even when
+    its chunk holds parameters with gradients (the GradReady names the chunk's
+    segments without one). A chunk in which no parameter has a gradient is not
+    sent at all. ``state_dict()`` holds the hyper-parameters, the loss-scale state
+    and the step counters; the moments themselves stay in the daemon under ``job``.
 
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
     a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,

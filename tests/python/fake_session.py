@@ -142,6 +142,13 @@ class FakeSession:
             self.job["chunks"][cid] = saved
         self.backup.clear()
 
+    def read_state(self, chunk_id, which, first, out):
+        st = self.job["chunks"][chunk_id]
+        src = {1: st["master"], 2: st["m"], 3: st["v"]}[which]
+        dst = torch.from_numpy(out)
+        dst.copy_(src[first:first + dst.numel()])
+        return max(st["segment_t"])
+
     def close(self):
         self.closed = True
 
