@@ -88,6 +88,7 @@ class _Sent:
 
     missing: Tuple[int, ...]  # segments without a gradient
     fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
+    not_updated: Tuple[int, ...]  # segments the daemon leaves alone (segments_without_grad)
 
 # (lr, beta1, beta2, eps, weight_decay) of a chunk's parameter group, now.
 Hyper = Tuple[float, float, float, float, float]
@@ -411,7 +412,7 @@ class ChunkPipeline:
                     by_device[fp.device].append((c, torch.stack((fp, sent.fingerprint))))
             if fp is not None:
                 by_device[fp.device].append((c, fp))
-        squares: Dict[int, float] = {}
+        sums_of_squares: Dict[int, float] = {}
         for items in by_device.values():
             flat = torch.cat([t.reshape(-1) for _, t in items]).cpu().tolist()
             pos = 0
@@ -420,11 +421,11 @@ class ChunkPipeline:
                 values = flat[pos:pos + n]
                 pos += n
                 if n == 2:
-                    squares[c.chunk_id] = values[1]
+                    sums_of_squares[c.chunk_id] = values[1]
                 elif not _same(values[0:2], values[2:4]):
                     changed.append(c)
         self.stats.fingerprint_seconds += time.perf_counter() - started
-        return changed, squares
+        return changed, sums_of_squares
 
     def redo(self, c: Chunk, grad_scale: float, reason: int) -> None:
         """Sends chunk `c` again in this step with its gradients as they are now:
@@ -508,7 +509,7 @@ class ChunkPipeline:
                     pass
             raise
         self._inflight[c.chunk_id] = slot
-        self._sent[c.chunk_id] = _Sent(missing, fingerprint)
+        self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
         if speculative:
             self.stats.speculative_updates += 1
 
@@ -541,7 +542,7 @@ class ChunkPipeline:
             for cid, sent in self._sent.items():
                 counts = self._segment_counts[cid]
                 for i in range(len(counts)):
-                    if i not in sent.missing:
+                    if i not in sent.not_updated:
                         counts[i] += 1
             self.stats.steps += 1
         self._reset_step()
