@@ -112,9 +112,9 @@ v1::DaemonMessage Session::OnCommitImport() {
   auto changed = store_->CommitImport();
   if (!changed.ok()) {
     const absl::Status status = NoteCommitResult(changed.status());
-    return ErrorReply(absl::Status(status.code(),
-                                   fmt::format("CommitImport: job '{}': the import could not commit and was dropped: {}",
-                                               job_name_, status.message())));
+    return ErrorReply(absl::Status(
+        status.code(), fmt::format("CommitImport: job '{}': the import could not commit and was dropped: {}",
+                                   job_name_, status.message())));
   }
   v1::DaemonMessage reply;
   reply.mutable_import_committed()->set_chunks_changed(*changed);

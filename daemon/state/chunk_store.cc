@@ -307,10 +307,15 @@ absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
   JobEdit edit(job_);
   for (const auto& [chunk_id, staged] : staged_) {
     edit.ShadowWritten(chunk_id, staged.write->checksum);  // read after WaitForIo: no completion writes it
-    if (staged.segment_update_counts.empty()) {
-      edit.SetUpdateCount(chunk_id, Find(chunk_id)->update_count() + 1);
-    } else {
+    const v1::ChunkRecord& record = *Find(chunk_id);
+    if (!staged.segment_update_counts.empty()) {
       edit.SetSegmentUpdateCounts(chunk_id, staged.segment_update_counts);
+    } else if (record.segment_update_counts_size() != 0) {  // every segment counts one more
+      std::vector<int64_t> counts(record.segment_update_counts().begin(), record.segment_update_counts().end());
+      for (int64_t& count : counts) ++count;
+      edit.SetSegmentUpdateCounts(chunk_id, counts);
+    } else {
+      edit.SetUpdateCount(chunk_id, record.update_count() + 1);
     }
   }
   edit.SetCommittedStep(step);

@@ -112,8 +112,9 @@ class ChunkStore {
   // The write-back's result is collected by CommitStep (StepError until then);
   // its checksum is computed when it completes.
   // `segment_update_counts`: the chunk's per-segment update counts after this
-  // step (ChunkRecord.segment_update_counts); empty means every segment counts
-  // update_count + 1.
+  // step, one per segment of ChunkRecord.segment_elements (the caller computes
+  // them from the committed ones, Find(chunk_id)->segment_update_counts());
+  // empty means every segment's count goes up by one.
   // Preconditions: the chunk exists, is not staged in this step, has fewer
   // than kMaxUpdateCount updates, and no import is pending. On an error nothing
   // is staged and `update` did not run. Crash points: writeback_submitted (after
@@ -136,10 +137,10 @@ class ChunkStore {
   absl::Status RollBackChunk(uint32_t chunk_id);
   // Commits the step as `step` (== committed_step() + 1, checked by the
   // caller): waits for the write-backs, then in one manifest commit points
-  // every staged chunk at its shadow extent with its checksum, its update count
-  // + 1 (or its segments' counts) and sets the committed step; the step's
-  // arrivals become the learned order and the next step's first chunks are
-  // prefetched. Returns the number of chunks committed. On a failed write-back
+  // every staged chunk at its shadow extent with its checksum, its update
+  // count + 1 (or its segments' counts, see StageUpdate) and sets the committed
+  // step; the step's arrivals become the learned order and the next step's
+  // first chunks are prefetched. Returns the number of chunks committed. On a failed write-back
   // or commit the step is rolled back (RollBackStep) and the error returned.
   absl::StatusOr<uint32_t> CommitStep(int64_t step);
   // Drops every staged update and the step's error (waits for the write-backs).

@@ -300,6 +300,13 @@ TEST_F(ChunkStoreTest, SegmentCountsAfterAStepAreCommitted) {
   EXPECT_EQ(record.update_count(), 1);
   ASSERT_EQ(record.segment_update_counts_size(), 2);
   EXPECT_EQ(record.segment_update_counts(1), 0);
+  // A step that updates every segment counts one more in each.
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(store_->Find(0)->update_count(), 2);
+  ASSERT_EQ(store_->Find(0)->segment_update_counts_size(), 2);
+  EXPECT_EQ(store_->Find(0)->segment_update_counts(0), 2);
+  EXPECT_EQ(store_->Find(0)->segment_update_counts(1), 1);
 }
 
 TEST_F(ChunkStoreTest, CloseRollsBackAndDropsWhatIsPending) {
