@@ -233,8 +233,10 @@ TEST_F(ChunkStoreTest, StagingPrefetchesTheChunksPredictedNext) {
 
 TEST_F(ChunkStoreTest, StepsUnderATightBudgetEvictAndStayWithinIt) {
   // Room for three chunks' states; four chunks, two of them prefetched ahead.
-  StateCache small(3 * *ChunkStateBytes(kElements));
-  store_ = MakeStore(small);
+  store_.reset();
+  cache_ = std::make_unique<StateCache>(3 * *ChunkStateBytes(kElements));
+  store_ = MakeStore(*cache_);
+  StateCache& small = *cache_;
   Register(4);
   for (int64_t step = 1; step <= 3; ++step) {
     for (uint32_t chunk = 0; chunk < 4; ++chunk) {
