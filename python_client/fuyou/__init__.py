@@ -16,10 +16,12 @@ from typing import Optional
 from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, FuyouError,
                       InvalidArgument)
 from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
+from ._pipeline import LoopStats
 from .optimizer import AdamW
 
 __all__ = [
     "AdamW",
+    "LoopStats",
     "EmbeddedDaemon",
     "FuyouError",
     "DaemonUnavailable",

@@ -211,6 +211,13 @@ py::dict StatsToDict(const v1::GetStatsResponse& r) {
   d["live_sessions"] = r.live_sessions();
   d["steps_committed"] = r.steps_committed();
   d["uptime_seconds"] = r.uptime_seconds();
+  // Speculation (issue 10): updates sent during backward, redone by reason,
+  // rolled back by skipped steps, and the seconds the redos took.
+  d["chunks_speculative"] = r.chunks_speculative();
+  d["chunks_redone_changed"] = r.chunks_redone_changed();
+  d["chunks_redone_clipped"] = r.chunks_redone_clipped();
+  d["chunks_rolled_back_skipped_step"] = r.chunks_rolled_back_skipped_step();
+  d["redo_seconds"] = r.redo_seconds();
   return d;
 }
 

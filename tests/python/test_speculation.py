@@ -275,3 +275,34 @@ def test_segments_are_registered(fake_backend):
     for c in opt.pipeline.chunks:
         assert chunks[c.chunk_id]["segments"] == [s.numel for s in c.segments]
     opt.close()
+
+
+def test_daemon_counts_what_loop_stats_counts(daemon):
+    """fuyou.admin_stats() carries GetStats' speculation counters; over a loop with
+    an external clip (redone as changed), max_grad_norm is not set, and a skipped
+    step, the daemon's deltas equal the optimizer's loop_stats."""
+    import fuyou
+    model = make_model()
+    before = fuyou.admin_stats(address=daemon.address)
+    opt = fuyou.AdamW(model.parameters(), job=f"stats-{id(model)}", address=daemon.address,
+                      chunk_bytes=CHUNK_BYTES, num_slots=2, timeout=20.0)
+    for step in range(4):
+        step_loss(model, step).backward()
+        if step == 2:
+            opt.zero_grad()  # skipped
+            continue
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        opt.step()
+        opt.zero_grad()
+    loop = opt.loop_stats
+    opt.close()
+    after = fuyou.admin_stats(address=daemon.address)
+    delta = {k: after[k] - before[k] for k in (
+        "chunks_speculative", "chunks_redone_changed", "chunks_redone_clipped",
+        "chunks_rolled_back_skipped_step")}
+    assert loop.steps == 3 and loop.redone_changed == 3 * opt.num_chunks
+    assert delta == {"chunks_speculative": loop.speculative_updates,
+                     "chunks_redone_changed": loop.redone_changed,
+                     "chunks_redone_clipped": loop.redone_clipped,
+                     "chunks_rolled_back_skipped_step": loop.rolled_back_skipped}
+    assert after["redo_seconds"] > before["redo_seconds"]
