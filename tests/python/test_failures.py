@@ -15,7 +15,8 @@ from train_util import CHUNK_BYTES, step_loss
 STATS_KEYS = {"scope", "uid", "storage", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "chunk_updates", "params_updated", "chunk_updates_per_second",
               "params_updated_per_second", "dram_bytes_in_use", "dram_budget_bytes",
               "cache_hits", "cache_misses", "live_sessions", "steps_committed",
-              "uptime_seconds"}
+              "uptime_seconds", "chunks_speculative", "chunks_redone_changed",
+              "chunks_redone_clipped", "chunks_rolled_back_skipped_step", "redo_seconds"}
 STORAGE_KEYS = {"path", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "direct_io"}
 
 
