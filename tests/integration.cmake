@@ -98,3 +98,12 @@ add_dependencies(limits_test fuyoud limits_client fuyouctl)
 fuyou_add_test(NAME segment_listener_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/segment_listener_test.cc
   LIBS fuyou_daemon_core fuyou_client)
+
+# Speculate, validate, redo (issue 10), daemon side: redo, segments without
+# gradient, skipped steps, their stats and crash points, over the raw protocol.
+fuyou_add_test(NAME redo_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/redo_integration_test.cc ${FUYOU_INTEGRATION_DIR}/raw_session.cc
+  LIBS fuyou_test_support fuyou_proto fuyou_optimizer fmt::fmt
+  LABELS integration)
+target_compile_definitions(redo_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>")
+add_dependencies(redo_integration_test fuyoud fuyouctl)
