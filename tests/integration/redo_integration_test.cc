@@ -19,6 +19,7 @@
 // written for the tests (adamw_reference.h).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +28,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -602,6 +605,66 @@ TEST_F(RedoTest, ACrashDuringARedoResumesAtTheLastCommit) {
     ExpectCommittedStates(*session, 1, 1, expected1);
     EXPECT_TRUE(session->Close().ok());
   }
+}
+
+// "key=value" lines -> map.
+std::map<std::string, std::string> KeyValues(const std::string& text) {
+  std::map<std::string, std::string> values;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return values;
+}
+
+// GetStats fields 19-23 in both scopes: another user (redo_client, run as
+// nobody) sees its own speculation counters only; root sees the whole daemon's.
+TEST(RedoStatsTest, EachUserSeesTheirOwnCountersAndRootSeesTheDaemons) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to act as a second user";
+  constexpr uid_t kNobody = 65534;
+  TempDir dir;
+  ::chmod(dir.path().c_str(), 0777);  // nobody must reach the socket and write its output
+  DaemonProcess daemon(dir.path(), {"--dram-budget", "64MiB", "--socket-mode", "0666", "--drain-seconds", "0"});
+  absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << Text(started);
+  {
+    // Root: one speculative update, redone once (changed).
+    auto session = RawSession::Open(daemon.client_options(), "roots-job", 1, 4096);
+    ASSERT_TRUE(session.ok()) << Text(session.status());
+    v1::RegisterChunksResponse registered;
+    ASSERT_TRUE((*session)->Register({ChunkSpecOf(0, 100, 0)}, &registered).ok());
+    v1::GradReady grad = GradReadyOf(1, 0, 0, Hyper());
+    grad.set_speculative(true);
+    ASSERT_TRUE(IsParamsReady((*session)->SendGrad(grad, Values(1, 100, 0.1f))));
+    grad.set_redo(v1::REDO_REASON_GRADIENTS_CHANGED);
+    ASSERT_TRUE(IsParamsReady((*session)->SendGrad(grad, Values(2, 100, 0.1f))));
+    ASSERT_TRUE((*session)->EndStep(1).has_step_committed());
+    EXPECT_TRUE((*session)->Close().ok());
+  }
+  std::string output;
+  ASSERT_EQ(RunAs(kNobody, REDO_CLIENT_PATH, {daemon.socket_path().string(), "nobodys-job"},
+                  dir.path() / "client.out", &output),
+            0)
+      << output;
+  auto mine = KeyValues(output);
+  EXPECT_EQ(mine["scope"], std::to_string(v1::STATS_SCOPE_USER)) << output;
+  EXPECT_EQ(mine["chunks_speculative"], "2") << "root's speculative update must not show";
+  EXPECT_EQ(mine["chunks_redone_changed"], "1");
+  EXPECT_EQ(mine["chunks_redone_clipped"], "1");
+  EXPECT_EQ(mine["chunks_rolled_back_skipped_step"], "1");
+  EXPECT_EQ(mine["redo_positive"], "1");
+
+  auto admin = AdminClient::Connect(daemon.client_options());
+  ASSERT_TRUE(admin.ok());
+  auto all = (*admin)->GetStats();
+  ASSERT_TRUE(all.ok()) << Text(all.status());
+  EXPECT_EQ(all->scope(), v1::STATS_SCOPE_DAEMON);
+  EXPECT_EQ(all->chunks_speculative(), 3u);
+  EXPECT_EQ(all->chunks_redone_changed(), 2u);
+  EXPECT_EQ(all->chunks_redone_clipped(), 1u);
+  EXPECT_EQ(all->chunks_rolled_back_skipped_step(), 1u);
+  EXPECT_GT(all->redo_seconds(), 0.0);
 }
 
 }  // namespace
