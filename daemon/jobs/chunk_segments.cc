@@ -136,13 +136,4 @@ std::vector<int64_t> SegmentUpdateCounts(const v1::ChunkRecord& record) {
   return {record.segment_update_counts().begin(), record.segment_update_counts().end()};
 }
 
-void SetSegmentUpdateCounts(v1::ChunkRecord& record, const std::vector<int64_t>& counts) {
-  record.clear_segment_update_counts();
-  if (counts.empty()) return;
-  const int64_t largest = *std::max_element(counts.begin(), counts.end());
-  record.set_update_count(largest);
-  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == largest; })) return;
-  for (int64_t count : counts) record.add_segment_update_counts(count);
-}
-
 }  // namespace fuyou

@@ -74,8 +74,4 @@ size_t SegmentCount(const v1::ChunkRecord& record);
 // segment_update_counts, or update_count for every segment when they are empty.
 std::vector<int64_t> SegmentUpdateCounts(const v1::ChunkRecord& record);
 
-// Stores `counts` (one per segment) in `record`: update_count = the largest;
-// segment_update_counts = `counts` when they differ, else empty.
-void SetSegmentUpdateCounts(v1::ChunkRecord& record, const std::vector<int64_t>& counts);
-
 }  // namespace fuyou
