@@ -12,11 +12,11 @@
 // simulated). When the variable is unset, a point costs one load of a static bool.
 //
 // The points, in the order a job meets them:
-//   registration (Session::RegisterChunks, in daemon/session/session.cc)
+//   registration (ChunkStore::Register, in daemon/state/chunk_store.cc)
 //     registration_reserved        extents of every new chunk reserved, nothing written
 //     registration_states_written  initial states of the new chunks written, not committed
 //     registration_committed       the manifest naming them committed, before the reply
-//   a step (daemon/session/session.cc)
+//   a step (daemon/session/session.cc; writeback_* in daemon/state/chunk_store.cc)
 //     grad_received                GradReady accepted, before the states are acquired
 //     after_kernel                 new weights in the slot, before ParamsReady is sent
 //     writeback_submitted          write-back to the shadow extent queued

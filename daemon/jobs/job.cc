@@ -39,19 +39,6 @@ constexpr mode_t kDirMode = 0700;
 
 }  // namespace
 
-std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements) {
-  if (num_elements > kMaxChunkElements) return std::nullopt;
-  return CheckedMul(num_elements, 12);
-}
-
-std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements) {
-  return CheckedAlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
-}
-
-uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements) {
-  return XXH3_64bits(states, ChunkPayloadBytes(num_elements).value_or(0));
-}
-
 std::string JobNameProblem(const std::string& name) {
   if (name.empty()) return "the job name is empty";
   if (name.size() > 64) return fmt::format("the job name {} is longer than 64 characters", QuoteForError(name));
@@ -284,6 +271,11 @@ int Job::FindChunk(uint32_t chunk_id) const {
     if (manifest_.chunks(i).chunk_id() == chunk_id) return i;
   }
   return -1;
+}
+
+const v1::ChunkRecord* Job::FindRecord(uint32_t chunk_id) const {
+  const int index = FindChunk(chunk_id);
+  return index < 0 ? nullptr : &manifest_.chunks(index);
 }
 
 absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "fuyou/dtype.h"
 #include "fuyou/v1/manifest.pb.h"
+#include "jobs/chunk_layout.h"
 #include "storage/dir_fd.h"
 #include "storage/io_engine.h"
 #include "storage/striped_file.h"
@@ -40,27 +41,21 @@ namespace fuyou {
 
 class DaemonStats;
 
-// The most elements a chunk may have. Far above what any slot or DRAM budget
-// admits (a chunk must also fit its slot and half the DRAM budget), and low
-// enough that every size derived from it (12 * n, rounded up to a block, two
-// extents) fits in uint64_t. Client input is capped with it before it is
-// multiplied; so are manifests read from disk (ValidateManifest).
-inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 48;
 // The most updates (Adam's t) a chunk may count: 2^53, where t + 1 is still exact
 // in fp64 (and fp32 bias corrections have long been exactly 1). SetUpdateCount
 // above it is INVALID_ARGUMENT; a chunk at it takes no further update.
 inline constexpr int64_t kMaxUpdateCount = int64_t{1} << 53;
 
-// Bytes of one extent for a chunk of n elements: fp32 master, m, v, padded to a
-// block. nullopt when n > kMaxChunkElements (computed in checked arithmetic).
-std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements);
-// The bytes that hold data (and are checksummed): 12 * n; nullopt when
-// n > kMaxChunkElements.
-std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements);
-// The checksum an extent carries: XXH3-64 of the payload of `states`.
-// Precondition: num_elements <= kMaxChunkElements and `states` holds
-// ChunkPayloadBytes(num_elements) bytes.
-uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
+// The commit scheme's one flip: a chunk's committed extent version is
+// record.committed_version(); its shadow, where the next states are written, is
+// the other one. Nothing else computes 1 - committed_version().
+inline uint32_t ShadowVersion(const v1::ChunkRecord& record) { return 1 - record.committed_version(); }
+inline const v1::StateExtent& CommittedExtent(const v1::ChunkRecord& record) {
+  return record.extents(static_cast<int>(record.committed_version()));
+}
+inline const v1::StateExtent& ShadowExtent(const v1::ChunkRecord& record) {
+  return record.extents(static_cast<int>(ShadowVersion(record)));
+}
 
 // "" when `name` is a valid job name, else what is wrong with it (the name
 // quoted and bounded, see QuoteForError).
@@ -72,7 +67,7 @@ absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t
 // OK when every chunk record of `manifest` describes states that can exist: 1 to
 // kMaxChunkElements elements, valid dtypes, an update count in
 // [0, kMaxUpdateCount], committed_version 0 or 1, exactly two extents, each
-// block-aligned, at least 12 * n bytes long, inside state_bytes and overlapping no
+// block-aligned, at least ChunkPayloadBytes(n) long, inside state_bytes and overlapping no
 // other extent, chunk ids unique, and the per-path byte counts summing without
 // overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk
 // is checked with it before any of its sizes is used.
@@ -107,10 +102,12 @@ class Job {
   const std::string& key() const { return key_; }
   // True when Open created this job (it had no manifest before).
   bool created() const { return created_; }
-  // The committed manifest.
+  // The committed manifest. Changed only through Commit (JobEdit builds one).
   const v1::JobManifest& manifest() const { return manifest_; }
   // Index of chunk `chunk_id` in manifest().chunks(), or -1.
   int FindChunk(uint32_t chunk_id) const;
+  // The committed record of chunk `chunk_id`, or null.
+  const v1::ChunkRecord* FindRecord(uint32_t chunk_id) const;
 
   // Appends a chunk with two fresh extents to `next` (a copy of manifest() being
   // prepared for Commit), reserving their space now: RESOURCE_EXHAUSTED when the

@@ -5,7 +5,7 @@
 
 #include "fuyou/v1/admin.grpc.pb.h"
 #include "jobs/job_registry.h"
-#include "scheduler/state_cache.h"
+#include "state/state_cache.h"
 #include "server/peer_listener.h"
 #include "session/session_registry.h"
 #include "stats/daemon_stats.h"

@@ -20,7 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
-#include "scheduler/state_cache.h"
+#include "state/state_cache.h"
 #include "server/admin_service.h"
 #include "server/offload_service.h"
 #include "server/peer_listener.h"

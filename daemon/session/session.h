@@ -1,49 +1,46 @@
-// Session: one job's training stream on the daemon.
+// Session: one job's training stream on the daemon: the protocol only.
 //
 // Owns the session's shared-memory segment and its hold on the job. The segment
 // arrives after OpenSession (the client creates it and hands it over, see
 // session_segment.h): until AdoptSegment, RegisterChunks and Attach are refused
-// with FAILED_PRECONDITION, and segment() is null. Runs the
-// per-step protocol: for each GradReady it takes the chunk's states (from the
-// DRAM tier, a prefetch already in flight, or storage), runs AdamW, writes the
-// new weights into the slot, answers ParamsReady, and queues the new states for
-// write-back to the chunk's shadow extent while it prefetches the next chunks in
-// the order the previous step's gradients arrived. EndStep waits for the
-// write-backs and commits the job's manifest. AbortStep, a failed write-back or
-// the end of the session before EndStep roll the step back by dropping the
-// uncommitted states: the committed extents were never touched.
+// with FAILED_PRECONDITION, and segment() is null. For each stream message it
+// validates the request (treating every field as hostile), calls the job's
+// ChunkStore (state/chunk_store.h: states in DRAM and on storage, the step's
+// write-backs, commit, roll-back, import) and the AdamW kernel, and replies.
 //
-// Between steps, ReadState copies a committed state (master, m or v) of a chunk
-// into a slot (export), and WriteState / SetUpdateCount change a chunk's states
-// as a pending import that CommitImport makes durable in one manifest commit,
-// with the same shadow extents as a step (see session_import.cc).
+// The step: each GradReady stages the chunk's update in the store, the kernel
+// runs on the staged states and writes the new weights into the slot, and
+// ParamsReady is answered while the store writes the states back to the
+// chunk's shadow extent and prefetches the next chunks. EndStep commits the
+// step; AbortStep, a failed write-back or the end of the session before EndStep
+// roll it back. Between steps, ReadState/WriteState/SetUpdateCount/CommitImport
+// export and import states (session_import.cc). The checks of every request
+// are in session_checks.cc.
 //
 // Thread-safe: the stream handler, RegisterChunks and CloseSession may call in
 // from different threads; calls are serialised. I/O completions never take the
-// session's lock (they run on the storage engine's completion threads).
+// session's lock (they run on the storage engine's threads, inside the store).
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fuyou/dtype.h"
 #include "fuyou/v1/admin.pb.h"
 #include "fuyou/v1/offload.pb.h"
 #include "jobs/job.h"
-#include "scheduler/state_cache.h"
 #include "session/session_segment.h"
+#include "state/chunk_store.h"
+#include "state/state_cache.h"
 
 namespace fuyou {
 
@@ -120,14 +117,8 @@ class Session {
     DType param_dtype = DType::kFloat32;
     DType grad_dtype = DType::kFloat32;
   };
-  struct UpdatedChunk {
-    CacheEntryPtr entry;  // holds the uncommitted states (unpinned once written)
-    uint32_t new_version = 0;
-    // Hashed by the write-back's completion, off the path to ParamsReady; read
-    // only after WaitForIo.
-    std::shared_ptr<uint64_t> checksum;
-  };
 
+  // Request checks (session_checks.cc). Each returns OK or the error to reply.
   // Every chunk of a RegisterChunks request is well-formed and fits its slot,
   // the DRAM budget and (when resumed) the job's record of it.
   absl::Status ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const;
@@ -141,56 +132,32 @@ class Session {
   // OK when `step` is the job's next step; else FAILED_PRECONDITION "<request>
   // for step <step> is out of order: ..." naming the committed and next steps.
   absl::Status CheckStepInOrder(std::string_view request, int64_t step) const;
+  // OK when a GradReady may be applied now: in order, a registered chunk in an
+  // existing slot, valid hyperparameters, not yet updated in this step, no
+  // import pending, the step not failed, the chunk below kMaxUpdateCount.
+  absl::Status CheckGradReady(const v1::GradReady& request) const;
+  // OK when chunk, state, slot and range of a ReadState/WriteState are valid and
+  // no step is in flight.
+  absl::Status CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,
+                                 const char* verb) const;
+  // FAILED_PRECONDITION: RegisterChunks or Attach before the segment arrived.
+  absl::Status NoSegmentError() const;
+
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
-
   // Import and export (session_import.cc).
-  struct ImportedChunk {
-    bool states_written = false;  // the shadow extent holds new states
-    uint32_t new_version = 0;
-    uint64_t checksum = 0;
-    std::optional<int64_t> update_count;
-  };
   v1::DaemonMessage OnReadState(const v1::ReadState& request);
   v1::DaemonMessage OnWriteState(const v1::WriteState& request);
   v1::DaemonMessage OnSetUpdateCount(const v1::SetUpdateCount& request);
   v1::DaemonMessage OnCommitImport();
-  // OK when chunk, state, slot and range of a ReadState/WriteState are valid.
-  absl::Status CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,
-                                 const char* verb) const;
-  // The states of a chunk with pending import writes, pinned (cache or shadow extent).
-  absl::StatusOr<CacheEntryPtr> AcquireImportedStates(const v1::ChunkRecord& record, const ImportedChunk& imported);
-  // Drops a pending import: the committed states were never touched.
-  void DropImportLocked();
-
-  // The committed states of a chunk, pinned: from the cache or read and verified.
-  absl::StatusOr<CacheEntryPtr> AcquireStates(const v1::ChunkRecord& record);
-  // Starts reading the committed states of the next chunks after `position` in
-  // the predicted order, as far as the DRAM budget allows without waiting.
-  void PrefetchAfter(size_t position);
-  void Prefetch(const v1::ChunkRecord& record);
-  // The checksum of the states of a chunk of `num_elements` in `entry`
-  // (ChunkPayloadChecksum, jobs/job.h): the one the manifest stores.
-  static uint64_t PayloadChecksum(const CacheEntry& entry, uint64_t num_elements);
-  // OK when `entry` holds what `extent` was checksummed as; else DATA_LOSS naming
-  // the job, chunk, file and offset. Safe on an I/O completion thread.
-  absl::Status VerifyChecksum(const CacheEntry& entry, uint32_t chunk_id, uint64_t num_elements,
-                              const v1::StateExtent& extent) const;
-  // Waits until no read or write of this session is in flight.
-  void WaitForIo();
-  void RollBackStepLocked();
-  // job_->Commit; an ABORTED result (committed, durability unknown) breaks the
-  // session: every later request gets that error.
-  absl::Status CommitJobLocked(v1::JobManifest next);
-  absl::Status StepError() const;
-  // FAILED_PRECONDITION: RegisterChunks or Attach before the segment arrived.
-  absl::Status NoSegmentError() const;
+  // Returns `status`; an ABORTED one (a commit happened, durability unknown)
+  // breaks the session: every later request gets that error.
+  absl::Status NoteCommitResult(absl::Status status);
 
   SessionServices services_;
   const std::string id_;
   const std::string job_name_;
-  const std::string job_key_;  // Job::key(): the state cache's name of the job (per uid)
   const ClientIdentity client_;
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
@@ -198,7 +165,8 @@ class Session {
   UserCounters& user_stats_;  // the client's own counters, bumped beside services_.stats
 
   mutable std::mutex mutex_;
-  std::shared_ptr<Job> job_;
+  std::shared_ptr<Job> job_;            // released at Close
+  std::unique_ptr<ChunkStore> store_;   // the job's states; null after Close
   std::unique_ptr<SessionSegment> segment_;  // null until AdoptSegment, and after Close
   std::atomic<bool> has_segment_{false};
   bool attached_ = false;
@@ -206,16 +174,6 @@ class Session {
   absl::Status broken_;  // set when the job can no longer be used safely
   std::map<uint32_t, RegisteredChunk> registered_;
   int64_t step_ = 1;  // the step being accumulated: committed + 1
-  std::map<uint32_t, UpdatedChunk> updated_;
-  std::vector<uint32_t> arrivals_;  // this step's chunks in arrival order
-  std::vector<uint32_t> order_;     // predicted order (last step's arrivals)
-  std::map<uint32_t, ImportedChunk> imported_;  // pending import, until CommitImport
-
-  // In-flight I/O; guarded by io_mutex_, which I/O completions take.
-  mutable std::mutex io_mutex_;
-  std::condition_variable io_done_;
-  int inflight_io_ = 0;
-  absl::Status write_error_;
 };
 
 }  // namespace fuyou

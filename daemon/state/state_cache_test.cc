@@ -1,4 +1,4 @@
-#include "scheduler/state_cache.h"
+#include "state/state_cache.h"
 
 #include <gtest/gtest.h>
 
@@ -14,25 +14,26 @@ TEST(StateCache, KeepsEntriesAndCountsBytes) {
   auto entry = cache.Create("job", 1, 2 * kMiB, /*wait=*/true);
   ASSERT_TRUE(entry.ok());
   EXPECT_EQ(cache.bytes_in_use(), 2 * kMiB);
-  cache.Unpin(*entry);
+  const std::byte* bytes = entry->data();
+  entry->Reset();
   EXPECT_TRUE(cache.Contains("job", 1));
-  CacheEntryPtr again = cache.Pin("job", 1);
-  ASSERT_NE(again, nullptr);
-  EXPECT_EQ(again.get(), entry->get());
-  cache.Unpin(again);
+  StatePin again = cache.Pin("job", 1);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again.data(), bytes);  // the same entry, kept
+  again.Reset();
 }
 
 // One training step: every chunk used once, in order, as a session does.
 void ScanOnce(StateCache& cache, uint32_t chunks, uint64_t bytes, int* reads) {
   for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
-    CacheEntryPtr entry = cache.Pin("job", chunk);
-    if (entry == nullptr) {
+    StatePin entry = cache.Pin("job", chunk);
+    if (!entry) {
       ++*reads;
       auto created = cache.Create("job", chunk, bytes, /*wait=*/true);
       ASSERT_TRUE(created.ok());
-      entry = *created;
+      entry = std::move(*created);
     }
-    cache.Unpin(entry);
+    entry.Reset();
   }
 }
 
@@ -55,25 +56,25 @@ TEST(StateCache, PrefetchedEntriesOutliveUsedOnesAndClosedJobsGoFirst) {
   StateCache cache(6 * kMiB);
   auto used = cache.Create("job", 0, 2 * kMiB, true);
   ASSERT_TRUE(used.ok());
-  cache.Unpin(*used);
+  used->Reset();
   auto prefetched = cache.Create("job", 1, 2 * kMiB, true, /*loading=*/true);
   ASSERT_TRUE(prefetched.ok());
   cache.FinishLoad(*prefetched, absl::OkStatus());
-  cache.Unpin(*prefetched);
+  prefetched->Reset();
   auto closed = cache.Create("old-job", 0, 2 * kMiB, true);
   ASSERT_TRUE(closed.ok());
-  cache.Unpin(*closed);
+  closed->Reset();
   cache.Demote("old-job");
 
   auto next = cache.Create("job", 2, 2 * kMiB, true);  // evicts the closed job's entry
   ASSERT_TRUE(next.ok());
   EXPECT_FALSE(cache.Contains("old-job", 0));
   EXPECT_TRUE(cache.Contains("job", 0));
-  cache.Unpin(*next);
+  next->Reset();
   auto another = cache.Create("job", 3, 2 * kMiB, true);  // evicts a used entry, not the prefetch
   ASSERT_TRUE(another.ok());
   EXPECT_TRUE(cache.Contains("job", 1));
-  cache.Unpin(*another);
+  another->Reset();
 }
 
 TEST(StateCache, NeverExceedsTheBudgetWithPinnedEntries) {
@@ -85,14 +86,14 @@ TEST(StateCache, NeverExceedsTheBudgetWithPinnedEntries) {
   EXPECT_EQ(cache.Create("job", 2, 2 * kMiB, /*wait=*/false).status().code(), absl::StatusCode::kUnavailable);
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    cache.Unpin(*a);
+    a->Reset();
   });
   auto c = cache.Create("job", 2, 2 * kMiB, /*wait=*/true);
   releaser.join();
   ASSERT_TRUE(c.ok());
   EXPECT_LE(cache.bytes_in_use(), 4 * kMiB);
-  cache.Unpin(*b);
-  cache.Unpin(*c);
+  b->Reset();
+  c->Reset();
 }
 
 TEST(StateCache, RefusesAChunkLargerThanTheBudget) {
@@ -109,7 +110,7 @@ TEST(StateCache, DroppedPinnedEntryIsFreedAtLastUnpin) {
   cache.DropJob("job");
   EXPECT_FALSE(cache.Contains("job", 0));
   EXPECT_EQ(cache.bytes_in_use(), 2 * kMiB);
-  cache.Unpin(*entry);
+  entry->Reset();
   EXPECT_EQ(cache.bytes_in_use(), 0u);
 }
 
@@ -120,15 +121,56 @@ TEST(StateCache, PinWaitsForALoadToFinish) {
   std::thread loader([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     cache.FinishLoad(*entry, absl::DataLossError("bad checksum"));
-    cache.Unpin(*entry);
+    entry->Reset();
   });
-  CacheEntryPtr pinned = cache.Pin("job", 0);
+  StatePin pinned = cache.Pin("job", 0);
   loader.join();
-  ASSERT_NE(pinned, nullptr);
-  EXPECT_FALSE(pinned->loading);
-  EXPECT_EQ(pinned->load_status.code(), absl::StatusCode::kDataLoss);
-  cache.Unpin(pinned);
+  ASSERT_TRUE(pinned);
+  EXPECT_EQ(pinned.load_status().code(), absl::StatusCode::kDataLoss);
+  pinned.Reset();
   EXPECT_FALSE(cache.Contains("job", 0));  // a failed load is not kept
+}
+
+// The pin is RAII: leaving a scope releases it, moving hands it over without a
+// second release, and a released entry becomes evictable.
+TEST(StateCache, PinIsReleasedByItsHandleExactlyOnce) {
+  StateCache cache(4 * kMiB);
+  {
+    auto a = cache.Create("job", 0, 2 * kMiB, true);
+    ASSERT_TRUE(a.ok());
+    StatePin moved = std::move(*a);
+    EXPECT_FALSE(*a);  // NOLINT(bugprone-use-after-move): a moved-from pin is empty
+    ASSERT_TRUE(moved);
+    StatePin again = cache.Pin("job", 0);  // a second pin on the same entry
+    moved.Reset();
+    // Still pinned by `again`: neither evicted nor freed for a new entry.
+    auto b = cache.Create("job", 1, 2 * kMiB, true);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(cache.Create("job", 2, 2 * kMiB, /*wait=*/false).status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(cache.Contains("job", 0));
+  }
+  // Every pin left its scope: both entries are evictable, so two new ones fit.
+  auto c = cache.Create("job", 3, 2 * kMiB, /*wait=*/false);
+  auto d = cache.Create("job", 4, 2 * kMiB, /*wait=*/false);
+  EXPECT_TRUE(c.ok() && d.ok());
+  EXPECT_FALSE(cache.Contains("job", 0));
+  EXPECT_LE(cache.bytes_in_use(), 4 * kMiB);
+}
+
+TEST(StateCache, ContentsAreRecordedPerEntry) {
+  StateCache cache(4 * kMiB);
+  auto a = cache.Create("job", 0, kMiB, true);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->version(), 0u);
+  EXPECT_TRUE(a->committed());
+  cache.SetContents(*a, 1, /*committed=*/false);
+  a->Reset();
+  StatePin pinned = cache.Pin("job", 0);
+  ASSERT_TRUE(pinned);
+  EXPECT_EQ(pinned.version(), 1u);
+  EXPECT_FALSE(pinned.committed());
+  EXPECT_EQ(pinned.chunk_id(), 0u);
+  EXPECT_GE(pinned.size(), kMiB);
 }
 
 }  // namespace

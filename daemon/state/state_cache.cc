@@ -1,4 +1,4 @@
-#include "scheduler/state_cache.h"
+#include "state/state_cache.h"
 
 #include <chrono>
 
@@ -6,22 +6,81 @@
 
 namespace fuyou {
 
+// The cache's record of one chunk's buffer. Every field but the buffer's bytes
+// is guarded by the cache's mutex.
+struct StatePin::Entry {
+  std::string job;
+  uint32_t chunk_id = 0;
+  storage::AlignedBuffer buffer;
+  uint32_t version = 0;  // extent version the bytes hold, or will once loaded
+  bool loading = false;  // a read fills the buffer; load_status is its result afterwards
+  absl::Status load_status;
+  bool uncommitted = false;  // the bytes are an update not yet committed
+  int pins = 0;
+  bool discarded = false;  // dropped from the map; freed at the last unpin
+  // True once the entry has been used (pinned by a reader, or created with its
+  // contents); false for a prefetch not yet used.
+  bool used = true;
+  std::list<std::pair<std::string, uint32_t>>* eviction_list = nullptr;  // null while pinned
+  std::list<std::pair<std::string, uint32_t>>::iterator eviction_position;
+};
+
+StatePin::StatePin(StatePin&& other) noexcept : cache_(other.cache_), entry_(std::move(other.entry_)) {
+  other.cache_ = nullptr;
+}
+
+StatePin& StatePin::operator=(StatePin&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    cache_ = other.cache_;
+    entry_ = std::move(other.entry_);
+    other.cache_ = nullptr;
+  }
+  return *this;
+}
+
+void StatePin::Reset() {
+  if (entry_ == nullptr) return;
+  cache_->Unpin(*entry_);
+  entry_.reset();
+  cache_ = nullptr;
+}
+
+std::byte* StatePin::data() const { return entry_->buffer.data(); }
+uint64_t StatePin::size() const { return entry_->buffer.size(); }
+uint32_t StatePin::chunk_id() const { return entry_->chunk_id; }
+
+uint32_t StatePin::version() const {
+  std::lock_guard lock(cache_->mutex_);
+  return entry_->version;
+}
+
+bool StatePin::committed() const {
+  std::lock_guard lock(cache_->mutex_);
+  return !entry_->uncommitted;
+}
+
+absl::Status StatePin::load_status() const {
+  std::lock_guard lock(cache_->mutex_);
+  return entry_->load_status;
+}
+
 StateCache::StateCache(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
-CacheEntryPtr StateCache::Pin(const std::string& job, uint32_t chunk_id) {
+StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id) {
   std::unique_lock lock(mutex_);
   auto it = entries_.find({job, chunk_id});
-  if (it == entries_.end()) return nullptr;
-  CacheEntryPtr entry = it->second;
+  if (it == entries_.end()) return StatePin();
+  std::shared_ptr<Entry> entry = it->second;
   UnlistLocked(*entry);
   entry->used = true;
   ++entry->pins;
   changed_.wait(lock, [&] { return !entry->loading; });
-  return entry;
+  return StatePin(this, std::move(entry));
 }
 
-absl::StatusOr<CacheEntryPtr> StateCache::Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
-                                                 bool loading, int64_t timeout_ms) {
+absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
+                                            bool loading, int64_t timeout_ms) {
   if (bytes > budget_bytes_) {
     return absl::ResourceExhaustedError(fmt::format(
         "chunk {} of job '{}' needs {} bytes of states, more than the daemon's whole DRAM budget of {} bytes",
@@ -47,7 +106,7 @@ absl::StatusOr<CacheEntryPtr> StateCache::Create(const std::string& job, uint32_
     changed_.notify_all();
     return buffer.status();
   }
-  auto entry = std::make_shared<CacheEntry>();
+  auto entry = std::make_shared<Entry>();
   entry->job = job;
   entry->chunk_id = chunk_id;
   entry->buffer = std::move(*buffer);
@@ -58,34 +117,48 @@ absl::StatusOr<CacheEntryPtr> StateCache::Create(const std::string& job, uint32_
   bytes_in_use_ += entry->buffer.size() - bytes;
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
   entries_[{job, chunk_id}] = entry;
-  return entry;
+  return StatePin(this, std::move(entry));
 }
 
-void StateCache::FinishLoad(const CacheEntryPtr& entry, absl::Status status) {
+void StateCache::FinishLoad(const StatePin& pin, absl::Status status) {
   std::lock_guard lock(mutex_);
-  entry->loading = false;
-  entry->load_status = std::move(status);
+  pin.entry_->loading = false;
+  pin.entry_->load_status = std::move(status);
   changed_.notify_all();
 }
 
-void StateCache::Unpin(const CacheEntryPtr& entry) {
+void StateCache::SetContents(const StatePin& pin, uint32_t version, bool committed) {
   std::lock_guard lock(mutex_);
-  if (--entry->pins > 0) return;
-  if (entry->discarded || !entry->load_status.ok()) {
-    if (!entry->discarded) {
-      entries_.erase({entry->job, entry->chunk_id});
-      entry->discarded = true;
+  pin.entry_->version = version;
+  pin.entry_->uncommitted = !committed;
+}
+
+void StateCache::MarkCommitted(const std::string& job, uint32_t chunk_id, uint32_t version) {
+  std::lock_guard lock(mutex_);
+  auto it = entries_.find({job, chunk_id});
+  if (it == entries_.end()) return;
+  Entry& entry = *it->second;
+  if (!entry.loading && entry.load_status.ok() && entry.version == version) entry.uncommitted = false;
+}
+
+void StateCache::Unpin(Entry& entry) {
+  std::lock_guard lock(mutex_);
+  if (--entry.pins > 0) return;
+  if (entry.discarded || !entry.load_status.ok()) {
+    if (!entry.discarded) {
+      entries_.erase({entry.job, entry.chunk_id});
+      entry.discarded = true;
     }
-    bytes_in_use_ -= entry->buffer.size();
-    entry->buffer = storage::AlignedBuffer();
+    bytes_in_use_ -= entry.buffer.size();
+    entry.buffer = storage::AlignedBuffer();
   } else {
-    ListLocked(*entry, entry->used ? used_ : prefetched_);
+    ListLocked(entry, entry.used ? used_ : prefetched_);
   }
   changed_.notify_all();
 }
 
-void StateCache::DropLocked(std::map<Key, CacheEntryPtr>::iterator it) {
-  CacheEntryPtr entry = it->second;
+void StateCache::DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it) {
+  std::shared_ptr<Entry> entry = it->second;
   entries_.erase(it);
   entry->discarded = true;
   UnlistLocked(*entry);
@@ -96,13 +169,13 @@ void StateCache::DropLocked(std::map<Key, CacheEntryPtr>::iterator it) {
   changed_.notify_all();
 }
 
-void StateCache::UnlistLocked(CacheEntry& entry) {
+void StateCache::UnlistLocked(Entry& entry) {
   if (entry.eviction_list == nullptr) return;
   entry.eviction_list->erase(entry.eviction_position);
   entry.eviction_list = nullptr;
 }
 
-void StateCache::ListLocked(CacheEntry& entry, std::list<Key>& list) {
+void StateCache::ListLocked(Entry& entry, std::list<Key>& list) {
   UnlistLocked(entry);
   list.push_back({entry.job, entry.chunk_id});
   entry.eviction_list = &list;
@@ -141,11 +214,6 @@ void StateCache::DropJob(const std::string& job) {
   for (auto it = entries_.lower_bound({job, 0}); it != entries_.end() && it->first.first == job;) {
     DropLocked(it++);
   }
-}
-
-void StateCache::MarkCommitted(const CacheEntryPtr& entry) {
-  std::lock_guard lock(mutex_);
-  entry->uncommitted = false;
 }
 
 bool StateCache::Contains(const std::string& job, uint32_t chunk_id) const {

@@ -1,0 +1,194 @@
+// Session: the checks of every request, before anything changes. Each returns
+// OK or the error the reply carries; a refused request changes nothing.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "common/status_util.h"
+#include "fmt/format.h"
+#include "session/session.h"
+
+namespace fuyou {
+namespace {
+
+std::string HyperProblem(const v1::AdamWHyper& hyper) {
+  auto finite = [](float x) { return std::isfinite(x); };
+  if (!finite(hyper.lr()) || hyper.lr() < 0) return fmt::format("lr {} is not a finite value >= 0", hyper.lr());
+  if (!(hyper.beta1() >= 0 && hyper.beta1() < 1)) return fmt::format("beta1 {} is outside [0, 1)", hyper.beta1());
+  if (!(hyper.beta2() >= 0 && hyper.beta2() < 1)) return fmt::format("beta2 {} is outside [0, 1)", hyper.beta2());
+  if (!finite(hyper.eps()) || hyper.eps() <= 0) return fmt::format("eps {} is not a finite value > 0", hyper.eps());
+  if (!finite(hyper.weight_decay()) || hyper.weight_decay() < 0) {
+    return fmt::format("weight_decay {} is not a finite value >= 0", hyper.weight_decay());
+  }
+  if (!finite(hyper.grad_scale())) return fmt::format("grad_scale {} is not finite", hyper.grad_scale());
+  return "";
+}
+
+bool IsStateKind(int which) { return which >= v1::STATE_MASTER && which <= v1::STATE_EXP_AVG_SQ; }
+
+}  // namespace
+
+absl::Status Session::NoSegmentError() const {
+  return absl::FailedPreconditionError(fmt::format(
+      "session {} has no segment yet: send the segment first (a sealed memfd of {} bytes, on the segment socket "
+      "that OpenSession named)",
+      id_, layout_.TotalBytes()));
+}
+
+absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
+  const uint64_t stored = record.layout_fingerprint();
+  const uint64_t sent = spec.layout_fingerprint();
+  if (stored == 0 || stored == sent) return absl::OkStatus();  // a stored 0 adopts what is sent
+  if (sent == 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this client sends "
+        "no layout fingerprint, so the daemon cannot tell that its parameters (shapes, dtypes, order) are the same; "
+        "resume with a client that sends ChunkSpec.layout_fingerprint, or use a new job name",
+        record.chunk_id(), job_name_, stored));
+  }
+  return absl::FailedPreconditionError(fmt::format(
+      "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this model registers "
+      "fingerprint {:#018x}: the same number of elements, other parameter shapes, dtypes or order, so its states "
+      "would land in the wrong parameters; use a new job name or the model the job was created with",
+      record.chunk_id(), job_name_, stored, sent));
+}
+
+absl::Status Session::CheckSlotExists(uint32_t chunk_id, uint32_t slot) const {
+  if (slot < layout_.num_slots) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", chunk_id, slot, layout_.num_slots));
+}
+
+absl::Status Session::CheckStepInOrder(std::string_view request, int64_t step) const {
+  if (step == step_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fmt::format("{} for step {} is out of order: job '{}' is at committed step {}, so the next step is {}", request,
+                  step, job_name_, step_ - 1, step_));
+}
+
+absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const {
+  const SegmentLayout& layout = layout_;
+  if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
+  std::set<uint32_t> ids;
+  std::set<uint32_t> slots;
+  for (const v1::ChunkSpec& spec : request.chunks()) {
+    const uint32_t id = spec.chunk_id();
+    const auto param_dtype = static_cast<DType>(spec.param_dtype());
+    const auto grad_dtype = static_cast<DType>(spec.grad_dtype());
+    if (!IsValidDType(param_dtype) || !IsValidDType(grad_dtype)) {
+      return absl::InvalidArgumentError(
+          fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
+    }
+    if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));
+    // Cap the element count by the slot before anything is multiplied by it: a
+    // division cannot overflow, and the slot is capped by max_segment_bytes.
+    const uint64_t widest = std::max(DTypeSize(param_dtype), DTypeSize(grad_dtype));
+    if (spec.num_elements() > layout.slot_bytes / widest) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {} has {} elements of up to {} bytes, more than the {} bytes per slot region of the session hold "
+          "({} elements at most); open the session with a larger slot_bytes",
+          id, spec.num_elements(), widest, layout.slot_bytes, layout.slot_bytes / widest));
+    }
+    const std::optional<uint64_t> state_bytes = ChunkStateBytes(spec.num_elements());
+    if (!state_bytes || *state_bytes > services_.cache.budget_bytes() / 2) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {} of {} elements has {} bytes of optimizer states, more than half the daemon's DRAM budget ({} "
+          "bytes); use smaller chunks or a larger --dram-budget",
+          id, spec.num_elements(),
+          state_bytes ? fmt::format("{}", *state_bytes) : std::string("more than 2^64"),
+          services_.cache.budget_bytes()));
+    }
+    if (absl::Status slot = CheckSlotExists(id, spec.slot()); !slot.ok()) return slot;
+    if (!ids.insert(id).second) return absl::InvalidArgumentError(fmt::format("chunk {} is listed twice", id));
+    if (!slots.insert(spec.slot()).second) {
+      return absl::InvalidArgumentError(fmt::format("slot {} is used by two chunks in one request", spec.slot()));
+    }
+    if (registered_.count(id) != 0) {
+      return absl::FailedPreconditionError(fmt::format("chunk {} is already registered in this session", id));
+    }
+    if (const v1::ChunkRecord* record = store_->Find(id)) {
+      const uint64_t stored = record->num_elements();
+      if (stored != spec.num_elements()) {
+        return absl::InvalidArgumentError(fmt::format(
+            "chunk {} of job '{}' has {} elements on the daemon but the request says {}; a resumed job must "
+            "register the same chunks",
+            id, job_name_, stored, spec.num_elements()));
+      }
+      FUYOU_RETURN_IF_ERROR(CheckLayoutFingerprint(*record, spec));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
+  const uint32_t chunk_id = request.chunk_id();
+  const int64_t step = request.step();
+  FUYOU_RETURN_IF_ERROR(CheckStepInOrder("GradReady", step));
+  if (registered_.count(chunk_id) == 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, job_name_));
+  }
+  FUYOU_RETURN_IF_ERROR(CheckSlotExists(chunk_id, request.slot()));
+  if (!request.has_hyper()) return absl::InvalidArgumentError(fmt::format("chunk {}: hyper is missing", chunk_id));
+  if (std::string problem = HyperProblem(request.hyper()); !problem.empty()) {
+    return absl::InvalidArgumentError(fmt::format("chunk {}: {}", chunk_id, problem));
+  }
+  if (store_->IsStaged(chunk_id)) {
+    return absl::FailedPreconditionError(
+        fmt::format("chunk {} was already updated in step {}; each chunk is sent once per step", chunk_id, step));
+  }
+  if (store_->pending_imports() != 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step", job_name_,
+        store_->pending_imports()));
+  }
+  if (absl::Status failed = store_->StepError(); !failed.ok()) {
+    return absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message()));
+  }
+  // update_count <= kMaxUpdateCount (SetUpdateCount and ValidateManifest), so t
+  // is computed without overflow; a chunk at the maximum takes no more updates.
+  const v1::ChunkRecord& record = *store_->Find(chunk_id);
+  if (record.update_count() < 0 || record.update_count() >= kMaxUpdateCount) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update", chunk_id,
+        job_name_, record.update_count(), kMaxUpdateCount));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,
+                                        const char* verb) const {
+  auto registered = registered_.find(chunk_id);
+  if (registered == registered_.end()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: chunk {} is not registered in this session of job '{}'", verb, chunk_id, job_name_));
+  }
+  if (!IsStateKind(which)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: chunk {}: state {} is not STATE_MASTER, STATE_EXP_AVG or STATE_EXP_AVG_SQ", verb, chunk_id, which));
+  }
+  if (absl::Status exists = CheckSlotExists(chunk_id, slot); !exists.ok()) {
+    return absl::InvalidArgumentError(fmt::format("{}: {}", verb, exists.message()));
+  }
+  const uint64_t n = registered->second.num_elements;
+  // Compared without adding or multiplying client values: nothing can wrap.
+  if (count == 0 || first > n || count > n - first) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: chunk {}: {} elements from element {} are not a non-empty range of the chunk's {} elements", verb,
+        chunk_id, count, first, n));
+  }
+  if (count > layout_.slot_bytes / sizeof(float)) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: chunk {}: {} fp32 values are more than the session's slots of {} bytes hold ({})", verb,
+                    chunk_id, count, layout_.slot_bytes, layout_.slot_bytes / sizeof(float)));
+  }
+  if (store_->staged_count() != 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{}: chunk {}: step {} of job '{}' has {} chunk updates in flight; states are read and written only "
+        "between steps (after EndStep or AbortStep)",
+        verb, chunk_id, step_, job_name_, store_->staged_count()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fuyou

@@ -1,0 +1,448 @@
+#include "state/chunk_store.h"
+
+#include <cstring>
+
+#include "common/crash_point.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/trace.h"
+#include "fmt/format.h"
+#include "fuyou/checked_math.h"
+#include "jobs/job_edit.h"
+#include "optimizer/adamw_kernel.h"
+#include "stats/daemon_stats.h"
+
+namespace fuyou {
+namespace {
+
+std::vector<uint32_t> RegistrationOrder(const Job& job) {
+  std::vector<uint32_t> ids;
+  for (const v1::ChunkRecord& record : job.manifest().chunks()) ids.push_back(record.chunk_id());
+  return ids;
+}
+
+uint64_t Checksum(const StatePin& pin, uint64_t num_elements) {
+  return ChunkPayloadChecksum(pin.data(), num_elements);
+}
+
+}  // namespace
+
+ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
+    : job_(job),
+      cache_(cache),
+      counters_(counters),
+      prefetch_window_(prefetch_window),
+      job_key_(job.key()),
+      order_(RegistrationOrder(job)) {}
+
+ChunkStore::~ChunkStore() { Close(); }
+
+int64_t ChunkStore::committed_step() const { return job_.manifest().committed_step(); }
+
+uint32_t ChunkStore::chunk_count() const { return static_cast<uint32_t>(job_.manifest().chunks_size()); }
+
+const v1::ChunkRecord* ChunkStore::Find(uint32_t chunk_id) const { return job_.FindRecord(chunk_id); }
+
+// ---- I/O bookkeeping.
+
+void ChunkStore::StartIo() {
+  std::lock_guard lock(io_mutex_);
+  ++inflight_io_;
+}
+
+void ChunkStore::FinishIo() {
+  std::lock_guard lock(io_mutex_);
+  --inflight_io_;
+  io_done_.notify_all();
+}
+
+void ChunkStore::WaitForIo() {
+  std::unique_lock lock(io_mutex_);
+  io_done_.wait(lock, [&] { return inflight_io_ == 0; });
+}
+
+absl::Status ChunkStore::StepError() const {
+  std::lock_guard lock(io_mutex_);
+  return write_error_;
+}
+
+absl::Status ChunkStore::WaitForWriteBacks() {
+  WaitForIo();
+  return StepError();
+}
+
+// ---- Committed states.
+
+absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, uint64_t num_elements,
+                                const v1::StateExtent& extent) const {
+  if (Checksum(pin, num_elements) == extent.checksum()) return absl::OkStatus();
+  return absl::DataLossError(fmt::format(
+      "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
+      "nothing was returned from it",
+      job_.name(), chunk_id, job_.states().path().string(), extent.offset()));
+}
+
+absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& record) {
+  const uint32_t version = record.committed_version();
+  if (StatePin pin = cache_.Pin(job_key_, record.chunk_id())) {
+    if (pin.load_status().ok() && pin.version() == version && pin.committed()) {
+      counters_.daemon.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      counters_.user.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      return pin;
+    }
+    pin.Reset();
+    cache_.Drop(job_key_, record.chunk_id());
+  }
+  counters_.daemon.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  counters_.user.cache_misses.fetch_add(1, std::memory_order_relaxed);
+  const v1::StateExtent& extent = CommittedExtent(record);
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, cache_.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true));
+  cache_.SetContents(pin, version, /*committed=*/true);
+  const int64_t read_start = trace::NowUs();
+  absl::Status status = job_.states().Read(extent.offset(), std::span(pin.data(), extent.length()));
+  trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
+  if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
+  if (!status.ok()) {
+    status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
+                                                     job_.name(), record.chunk_id(), status.message()));
+  } else {
+    status = Verify(pin, record.chunk_id(), record.num_elements(), extent);
+  }
+  if (!status.ok()) {
+    cache_.FinishLoad(pin, status);  // not kept: freed as the pin goes
+    return status;
+  }
+  return pin;
+}
+
+void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
+  for (uint32_t chunk_id : chunk_ids) {
+    const v1::ChunkRecord* record = Find(chunk_id);
+    if (record == nullptr || IsStaged(chunk_id) || cache_.Contains(job_key_, chunk_id)) continue;
+    const v1::StateExtent& extent = CommittedExtent(*record);
+    auto created = cache_.Create(job_key_, chunk_id, extent.length(), /*wait=*/false, /*loading=*/true);
+    if (!created.ok()) continue;  // no budget free now: the update will read on demand
+    auto pin = std::make_shared<StatePin>(std::move(*created));
+    cache_.SetContents(*pin, record->committed_version(), /*committed=*/true);
+    StartIo();
+    // By value: a commit may replace the manifest `record` lives in meanwhile.
+    job_.states().ReadAsync(
+        extent.offset(), std::span(pin->data(), extent.length()),
+        [this, pin, num_elements = record->num_elements(), extent, chunk_id,
+         read_start = trace::NowUs()](absl::Status status) {
+          trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
+          if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
+          if (status.ok()) status = Verify(*pin, chunk_id, num_elements, extent);
+          cache_.FinishLoad(*pin, status);
+          pin->Reset();
+          FinishIo();
+        });
+  }
+}
+
+// ---- Registration.
+
+absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::span<const Registration> chunks,
+                                                                         uint64_t job_quota_bytes) {
+  // Reserve the extents of every new chunk before writing anything: a job that
+  // does not fit (the per-job quota, or the storage paths) is refused with
+  // nothing written and nothing committed. Each chunk's states are below half
+  // the DRAM budget (validated); the sums are checked all the same.
+  std::optional<uint64_t> new_bytes = 0;
+  for (const Registration& chunk : chunks) {
+    if (Find(chunk.chunk_id) == nullptr) {
+      new_bytes = CheckedAdd(new_bytes, CheckedMul(ChunkStateBytes(chunk.num_elements), 2));
+    }
+  }
+  if (!new_bytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job '{}': the chunks of this request need more than 2^64 bytes of states; nothing was written",
+        job_.name()));
+  }
+  if (job_quota_bytes != 0 && *new_bytes != 0) {
+    const std::optional<uint64_t> needed = CheckedAdd(job_.bytes_on_storage(), *new_bytes);
+    if (!needed || *needed > job_quota_bytes) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "job '{}' needs {} bytes on storage, over the per-job quota of {} ({} bytes already reserved, {} more for "
+          "the chunks of this request); nothing was written. Use fewer or smaller chunks, or raise [storage] "
+          "job_quota / --job-quota",
+          job_.name(), needed ? fmt::format("{}", *needed) : std::string("more than 2^64"), job_quota_bytes,
+          job_.bytes_on_storage(), *new_bytes));
+    }
+  }
+  JobEdit edit(job_);  // gives back its reservations unless committed
+  bool any_new = false;
+  for (const Registration& chunk : chunks) {
+    if (Find(chunk.chunk_id) != nullptr) continue;
+    FUYOU_RETURN_IF_ERROR(edit.AddChunk(chunk.chunk_id, chunk.num_elements, chunk.param_dtype, chunk.grad_dtype,
+                                        chunk.layout_fingerprint));
+    any_new = true;
+  }
+  if (any_new) FUYOU_CRASH_POINT("registration_reserved");
+  // On failure, forget the states of new chunks: the manifest never named them.
+  std::vector<uint32_t> cached_new;
+  auto fail = [&](absl::Status status) {
+    for (uint32_t id : cached_new) cache_.Drop(job_key_, id);
+    return status;
+  };
+
+  std::vector<Registered> results;
+  for (const Registration& chunk : chunks) {
+    const uint32_t id = chunk.chunk_id;
+    if (const v1::ChunkRecord* record = Find(id)) {
+      auto pin = AcquireCommitted(*record);
+      if (!pin.ok()) return fail(pin.status());
+      optimizer::ConvertFromFloat32(ChunkStates(pin->data(), record->num_elements()).master(),
+                                    chunk.weights.data(), chunk.param_dtype, record->num_elements());
+      edit.SetDTypes(id, chunk.param_dtype, chunk.grad_dtype);
+      edit.AdoptLayoutFingerprint(id, chunk.layout_fingerprint);  // see ChunkSpec.layout_fingerprint
+      results.push_back(Registered{.resumed = true, .update_count = record->update_count()});
+      continue;
+    }
+    const v1::StateExtent& extent = CommittedExtent(*edit.Find(id));
+    auto created = cache_.Create(job_key_, id, extent.length(), /*wait=*/true);
+    if (!created.ok()) return fail(created.status());
+    cached_new.push_back(id);
+    StatePin pin = std::move(*created);
+    const ChunkStates states(pin.data(), chunk.num_elements);
+    optimizer::ConvertToFloat32(chunk.weights.data(), chunk.param_dtype, states.master(), chunk.num_elements);
+    // m, v and the padding start at zero.
+    const uint64_t master_bytes = StateOffset(ChunkState::kExpAvg, chunk.num_elements);
+    std::memset(pin.data() + master_bytes, 0, pin.size() - master_bytes);
+    edit.InitialStatesWritten(id, Checksum(pin, chunk.num_elements));
+    cache_.SetContents(pin, edit.Find(id)->committed_version(), /*committed=*/true);
+    absl::Status written = job_.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
+    if (written.ok()) counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+    pin.Reset();
+    if (!written.ok()) {
+      return fail(absl::Status(written.code(),
+                               fmt::format("job '{}': cannot write the initial states of chunk {}: {}; nothing of "
+                                           "this registration was committed",
+                                           job_.name(), id, written.message())));
+    }
+    results.push_back(Registered{.resumed = false, .update_count = 0});
+  }
+  if (any_new) FUYOU_CRASH_POINT("registration_states_written");
+  if (edit.changed()) {
+    if (absl::Status committed = edit.Commit(); !committed.ok()) return fail(committed);
+  }
+  if (any_new) FUYOU_CRASH_POINT("registration_committed");
+  for (const Registration& chunk : chunks) order_.Registered(chunk.chunk_id);
+  return results;
+}
+
+// ---- The step.
+
+absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(const ChunkStates&)> update,
+                                     std::vector<int64_t> segment_update_counts) {
+  const v1::ChunkRecord* record = Find(chunk_id);
+  if (record == nullptr || IsStaged(chunk_id)) {
+    return absl::InternalError(fmt::format("job '{}': chunk {} cannot be staged (unknown or already staged)",
+                                           job_.name(), chunk_id));
+  }
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, AcquireCommitted(*record));
+  // From here the bytes are this step's update, not the committed states: an
+  // abandoned update is never taken for them.
+  const uint32_t shadow = ShadowVersion(*record);
+  cache_.SetContents(pin, shadow, /*committed=*/false);
+  const uint64_t n = record->num_elements();
+  update(ChunkStates(pin.data(), n));
+
+  // Write the new states to the shadow extent; the committed one stays intact.
+  // The checksum is computed when the write completes (the bytes stay pinned
+  // until then), so the caller does not wait for a pass over the states.
+  auto write = std::make_shared<WriteBack>();
+  staged_[chunk_id] = Staged{write, std::move(segment_update_counts)};
+  order_.Arrived(chunk_id);
+  const v1::StateExtent& extent = ShadowExtent(*record);
+  auto held = std::make_shared<StatePin>(std::move(pin));
+  StartIo();
+  job_.states().WriteAsync(
+      extent.offset(), std::span<const std::byte>(held->data(), extent.length()),
+      [this, held, write, chunk_id, n, length = extent.length(), write_start = trace::NowUs()](absl::Status status) {
+        trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
+        const uint64_t checksum = status.ok() ? Checksum(*held, n) : 0;
+        if (status.ok()) counters_.user.bytes_written.fetch_add(length, std::memory_order_relaxed);
+        FUYOU_CRASH_POINT("writeback_completed");
+        held->Reset();
+        std::lock_guard lock(io_mutex_);
+        write->done = true;
+        write->checksum = checksum;
+        if (!status.ok()) {
+          write->status = absl::Status(status.code(), fmt::format("job '{}': write-back of chunk {} failed: {}",
+                                                                  job_.name(), chunk_id, status.message()));
+          if (write_error_.ok()) write_error_ = write->status;
+        }
+        --inflight_io_;
+        io_done_.notify_all();
+      });
+  FUYOU_CRASH_POINT("writeback_submitted");
+  // Read ahead: the chunks that followed this one in the last step.
+  Prefetch(order_.After(chunk_id, prefetch_window_));
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::RollBackChunk(uint32_t chunk_id) {
+  auto staged = staged_.find(chunk_id);
+  if (staged == staged_.end()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job '{}': chunk {} has no update staged in step {}; there is nothing to roll back", job_.name(), chunk_id,
+        committed_step() + 1));
+  }
+  {
+    std::unique_lock lock(io_mutex_);
+    io_done_.wait(lock, [&] { return staged->second.write->done; });
+  }
+  cache_.Drop(job_key_, chunk_id);
+  staged_.erase(staged);
+  order_.Forget(chunk_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
+  if (absl::Status failed = WaitForWriteBacks(); !failed.ok()) {
+    RollBackStep();
+    return failed;
+  }
+  JobEdit edit(job_);
+  for (const auto& [chunk_id, staged] : staged_) {
+    edit.ShadowWritten(chunk_id, staged.write->checksum);  // read after WaitForIo: no completion writes it
+    const v1::ChunkRecord& record = *Find(chunk_id);
+    if (!staged.segment_update_counts.empty()) {
+      edit.SetSegmentUpdateCounts(chunk_id, staged.segment_update_counts);
+    } else if (record.segment_update_counts_size() != 0) {  // every segment counts one more
+      std::vector<int64_t> counts(record.segment_update_counts().begin(), record.segment_update_counts().end());
+      for (int64_t& count : counts) ++count;
+      edit.SetSegmentUpdateCounts(chunk_id, counts);
+    } else {
+      edit.SetUpdateCount(chunk_id, record.update_count() + 1);
+    }
+  }
+  edit.SetCommittedStep(step);
+  if (absl::Status committed = edit.Commit(); !committed.ok()) {
+    RollBackStep();
+    return committed;
+  }
+  for (const auto& [chunk_id, staged] : staged_) {
+    cache_.MarkCommitted(job_key_, chunk_id, job_.FindRecord(chunk_id)->committed_version());
+  }
+  const auto committed = static_cast<uint32_t>(staged_.size());
+  order_.StepCommitted();
+  staged_.clear();
+  Prefetch(order_.First(prefetch_window_));
+  return committed;
+}
+
+void ChunkStore::RollBackStep() {
+  WaitForIo();
+  for (const auto& [chunk_id, staged] : staged_) cache_.Drop(job_key_, chunk_id);
+  staged_.clear();
+  order_.StepRolledBack();
+  std::lock_guard lock(io_mutex_);
+  write_error_ = absl::OkStatus();
+}
+
+// ---- Export and import.
+
+absl::Status ChunkStore::ExportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<float> out) {
+  const v1::ChunkRecord* record = Find(chunk_id);
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, AcquireCommitted(*record));
+  const float* source = ChunkStates(pin.data(), record->num_elements()).state(which) + first;
+  std::memcpy(out.data(), source, out.size_bytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StatePin> ChunkStore::AcquireImported(const v1::ChunkRecord& record, const Imported& imported) {
+  const uint32_t shadow = ShadowVersion(record);
+  if (StatePin pin = cache_.Pin(job_key_, record.chunk_id())) {
+    if (pin.load_status().ok() && pin.version() == shadow && !pin.committed()) return pin;
+    pin.Reset();
+    cache_.Drop(job_key_, record.chunk_id());
+  }
+  // Evicted: the shadow extent holds what the earlier ImportState calls wrote.
+  const v1::StateExtent& extent = ShadowExtent(record);
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, cache_.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true));
+  cache_.SetContents(pin, shadow, /*committed=*/false);
+  absl::Status status = job_.states().Read(extent.offset(), std::span(pin.data(), extent.length()));
+  if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
+  if (status.ok() && Checksum(pin, record.num_elements()) != imported.checksum) {
+    status = absl::DataLossError(fmt::format(
+        "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum", job_.name(),
+        record.chunk_id()));
+  }
+  if (!status.ok()) {
+    cache_.FinishLoad(pin, status);
+    return status;
+  }
+  return pin;
+}
+
+absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64_t first,
+                                     std::span<const float> values) {
+  const v1::ChunkRecord* record = Find(chunk_id);
+  const uint64_t n = record->num_elements();
+  auto pending = imported_.find(chunk_id);
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, pending != imported_.end() && pending->second.states_written
+                                           ? AcquireImported(*record, pending->second)
+                                           : AcquireCommitted(*record));
+  std::memcpy(ChunkStates(pin.data(), n).state(which) + first, values.data(), values.size_bytes());
+  // The new states go to the shadow extent; the committed one stays intact.
+  cache_.SetContents(pin, ShadowVersion(*record), /*committed=*/false);
+  const uint64_t checksum = Checksum(pin, n);
+  const v1::StateExtent& extent = ShadowExtent(*record);
+  absl::Status written = job_.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
+  if (written.ok()) counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+  pin.Reset();
+  if (!written.ok()) {
+    cache_.Drop(job_key_, chunk_id);
+    DropImport();
+    return absl::Status(written.code(), fmt::format("job '{}' chunk {}: cannot write the imported states; the whole "
+                                                    "pending import was dropped: {}",
+                                                    job_.name(), chunk_id, written.message()));
+  }
+  Imported& imported = imported_[chunk_id];
+  imported.states_written = true;
+  imported.checksum = checksum;
+  return absl::OkStatus();
+}
+
+void ChunkStore::ImportUpdateCount(uint32_t chunk_id, int64_t update_count) {
+  imported_[chunk_id].update_count = update_count;
+}
+
+absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
+  const auto changed = static_cast<uint32_t>(imported_.size());
+  if (imported_.empty()) return changed;
+  JobEdit edit(job_);
+  for (const auto& [chunk_id, imported] : imported_) {
+    if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksum);
+    if (imported.update_count) edit.SetUpdateCount(chunk_id, *imported.update_count);
+  }
+  if (absl::Status committed = edit.Commit(); !committed.ok()) {
+    DropImport();
+    return committed;
+  }
+  for (const auto& [chunk_id, imported] : imported_) {
+    if (imported.states_written) cache_.MarkCommitted(job_key_, chunk_id, Find(chunk_id)->committed_version());
+  }
+  imported_.clear();
+  return changed;
+}
+
+void ChunkStore::DropImport() {
+  for (const auto& [chunk_id, imported] : imported_) {
+    if (imported.states_written) cache_.Drop(job_key_, chunk_id);
+  }
+  imported_.clear();
+}
+
+void ChunkStore::Close() {
+  if (closed_) return;
+  closed_ = true;
+  WaitForIo();
+  RollBackStep();
+  DropImport();
+  cache_.Demote(job_key_);
+}
+
+}  // namespace fuyou

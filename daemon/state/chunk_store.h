@@ -1,0 +1,225 @@
+// ChunkStore: one job's chunk states across DRAM and storage, for one session.
+//
+// The layer between the stream protocol (session/) and the job's files
+// (jobs/). It owns:
+//   - acquiring a chunk's committed states: from the DRAM tier (StateCache), a
+//     prefetch already in flight, or read from the committed extent and
+//     verified against its checksum;
+//   - prefetching the next chunks in the learned order (LearnedOrder);
+//   - the step: StageUpdate runs the caller's update (the kernel) on a chunk's
+//     committed states in DRAM, then writes the result to the chunk's shadow
+//     extent asynchronously; the store owns that in-flight I/O, its checksums
+//     (computed when the write completes) and its errors. CommitStep makes
+//     every staged chunk's shadow the committed extent in one manifest commit
+//     (JobEdit); RollBackStep and RollBackChunk drop staged updates. The
+//     committed extents are never written during a step, so a roll-back needs
+//     no I/O: the committed states are read again when next needed;
+//   - registration of chunks (new chunks' initial states, adopted dtypes and
+//     fingerprints) and import (pending state writes and update counts, made
+//     durable by one CommitImport).
+//
+// The byte layout of a chunk's states is ChunkStates (jobs/chunk_layout.h).
+//
+// Errors are returned, never thrown; a call that fails changes nothing unless
+// its contract says what it dropped. ABORTED from a commit (CommitStep,
+// CommitImport, Register) means the manifest was replaced but is not known to
+// be durable: the caller must stop using the job.
+//
+// Threading: calls are serialised by the caller (Session holds its lock); I/O
+// completions run on the storage engine's threads and touch only the store's
+// in-flight bookkeeping, under its own mutex. The Job, cache and counters
+// outlive the store; Close (or the destructor) waits for all I/O.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "fuyou/dtype.h"
+#include "jobs/chunk_layout.h"
+#include "jobs/job.h"
+#include "state/learned_order.h"
+#include "state/state_cache.h"
+
+namespace fuyou {
+
+class DaemonStats;
+struct UserCounters;
+
+// What the store counts into: the daemon's counters and the job owner's.
+struct StoreCounters {
+  DaemonStats& daemon;
+  UserCounters& user;
+};
+
+class ChunkStore {
+ public:
+  // `prefetch_window`: how many chunks after the one being updated are read ahead.
+  ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window);
+  // Close().
+  ~ChunkStore();
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
+
+  // ---- The committed job.
+  int64_t committed_step() const;
+  // Chunks the job has on storage (registered in any session).
+  uint32_t chunk_count() const;
+  // The committed record of `chunk_id` (sizes, dtypes, update count, extents), or null.
+  const v1::ChunkRecord* Find(uint32_t chunk_id) const;
+
+  // ---- Registration.
+  struct Registration {
+    uint32_t chunk_id = 0;
+    uint64_t num_elements = 0;
+    DType param_dtype = DType::kFloat32;
+    DType grad_dtype = DType::kFloat32;
+    uint64_t layout_fingerprint = 0;
+    // The chunk's parameters in param_dtype: read for a new chunk (its initial
+    // master weights), overwritten with the committed master for a resumed one.
+    std::span<std::byte> weights;
+  };
+  struct Registered {
+    bool resumed = false;
+    int64_t update_count = 0;
+  };
+  // Registers `chunks` (validated by the caller: sizes, dtypes, fingerprints,
+  // no duplicates; a resumed chunk has the stored element count). New chunks
+  // get extents reserved, then their initial states (master from `weights`,
+  // m = v = 0) written to their committed extents; resumed chunks' committed
+  // master is converted into `weights`, and their dtypes and a missing
+  // fingerprint are adopted. One manifest commit when anything changed. All or
+  // nothing: RESOURCE_EXHAUSTED (over `job_quota_bytes`, 0 = unlimited, or the
+  // storage full) or an I/O error leaves the job as committed, nothing reserved.
+  // Results are in the order of `chunks`. Crash points: registration_reserved,
+  // registration_states_written, registration_committed.
+  absl::StatusOr<std::vector<Registered>> Register(std::span<const Registration> chunks, uint64_t job_quota_bytes);
+
+  // ---- The step (committed_step() + 1).
+  // Stages chunk `chunk_id`'s update: pins its committed states (cache hit,
+  // prefetch, or read and verify: DATA_LOSS on a checksum mismatch), runs
+  // `update` on them in this thread (the kernel changes them in place), then
+  // submits their write-back to the chunk's shadow extent and returns without
+  // waiting for it, after starting prefetches of the chunks predicted next.
+  // The write-back's result is collected by CommitStep (StepError until then);
+  // its checksum is computed when it completes.
+  // `segment_update_counts`: the chunk's per-segment update counts after this
+  // step, one per segment of ChunkRecord.segment_elements (the caller computes
+  // them from the committed ones, Find(chunk_id)->segment_update_counts());
+  // empty means every segment's count goes up by one.
+  // Preconditions: the chunk exists, is not staged in this step, has fewer
+  // than kMaxUpdateCount updates, and no import is pending. On an error nothing
+  // is staged and `update` did not run. Crash points: writeback_submitted (after
+  // the submission), writeback_completed (in the completion).
+  absl::Status StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(const ChunkStates&)> update,
+                           std::vector<int64_t> segment_update_counts = {});
+  bool IsStaged(uint32_t chunk_id) const { return staged_.count(chunk_id) != 0; }
+  size_t staged_count() const { return staged_.size(); }
+  // The first failed write-back of this step, or OK. It stays until the step
+  // rolls back (RollBackChunk does not clear it).
+  absl::Status StepError() const;
+  // Waits until every write-back of this step completed; returns StepError().
+  absl::Status WaitForWriteBacks();
+  // Drops chunk `chunk_id`'s staged update of this step (a redo): waits for
+  // its write-back to the shadow extent to finish first, so a later write to
+  // that extent is never reordered with it, then forgets it. Staging the chunk
+  // again starts from its committed states (read again from the committed
+  // extent, which was never touched). FAILED_PRECONDITION when the chunk is
+  // not staged in this step; nothing changes then.
+  absl::Status RollBackChunk(uint32_t chunk_id);
+  // Commits the step as `step` (== committed_step() + 1, checked by the
+  // caller): waits for the write-backs, then in one manifest commit points
+  // every staged chunk at its shadow extent with its checksum, its update
+  // count + 1 (or its segments' counts, see StageUpdate) and sets the committed
+  // step; the step's arrivals become the learned order and the next step's
+  // first chunks are prefetched. Returns the number of chunks committed. On a failed write-back
+  // or commit the step is rolled back (RollBackStep) and the error returned.
+  absl::StatusOr<uint32_t> CommitStep(int64_t step);
+  // Drops every staged update and the step's error (waits for the write-backs).
+  void RollBackStep();
+
+  // ---- Export and import, between steps (no chunk staged).
+  // Copies `out.size()` fp32 values of state `which` of chunk `chunk_id` from
+  // element `first` of its committed states into `out`. Precondition: the range
+  // lies in the chunk and the chunk has no pending import.
+  absl::Status ExportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<float> out);
+  // Copies `values` into state `which` of chunk `chunk_id` from element `first`
+  // (the chunk's pending import if it has one, else its committed states), and
+  // writes the chunk's whole new states to its shadow extent synchronously.
+  // Precondition: the range lies in the chunk. On a failed write the whole
+  // pending import is dropped and the error returned.
+  absl::Status ImportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<const float> values);
+  // Sets chunk `chunk_id`'s update count as part of the pending import.
+  // Precondition: count in [0, kMaxUpdateCount].
+  void ImportUpdateCount(uint32_t chunk_id, int64_t update_count);
+  bool HasPendingImport(uint32_t chunk_id) const { return imported_.count(chunk_id) != 0; }
+  size_t pending_imports() const { return imported_.size(); }
+  // Makes the pending import durable in one manifest commit that keeps the
+  // committed step; returns the number of chunks changed (0 when none is
+  // pending, and then nothing is written). On an error the import is dropped.
+  absl::StatusOr<uint32_t> CommitImport();
+  // Forgets the pending import: the committed states were never touched.
+  void DropImport();
+
+  // Waits for every read and write in flight, rolls the step back, drops a
+  // pending import and demotes the job's cached states (evicted first, kept for
+  // a quick resume). Idempotent; the store is unusable afterwards.
+  void Close();
+
+ private:
+  // A staged chunk's write-back; guarded by io_mutex_.
+  struct WriteBack {
+    bool done = false;
+    absl::Status status;
+    uint64_t checksum = 0;  // of the states written, once done and OK
+  };
+  struct Staged {
+    std::shared_ptr<WriteBack> write;
+    std::vector<int64_t> segment_update_counts;
+  };
+  struct Imported {
+    bool states_written = false;  // the shadow extent holds new states
+    uint64_t checksum = 0;
+    std::optional<int64_t> update_count;
+  };
+
+  // The committed states of `record`, pinned.
+  absl::StatusOr<StatePin> AcquireCommitted(const v1::ChunkRecord& record);
+  // The states of a chunk with pending import writes, pinned (cache or shadow extent).
+  absl::StatusOr<StatePin> AcquireImported(const v1::ChunkRecord& record, const Imported& imported);
+  // OK when `pin` holds states of a chunk of `num_elements` that hash to
+  // `checksum`; else DATA_LOSS naming the job, chunk, file and offset. Safe on
+  // an I/O completion thread.
+  absl::Status Verify(const StatePin& pin, uint32_t chunk_id, uint64_t num_elements,
+                      const v1::StateExtent& extent) const;
+  void Prefetch(const std::vector<uint32_t>& chunk_ids);
+  void StartIo();
+  void FinishIo();
+  void WaitForIo();
+
+  Job& job_;
+  StateCache& cache_;
+  StoreCounters counters_;
+  const unsigned prefetch_window_;
+  const std::string job_key_;  // Job::key(): the cache's name of the job
+  bool closed_ = false;
+  LearnedOrder order_;
+  std::map<uint32_t, Staged> staged_;       // this step's updates
+  std::map<uint32_t, Imported> imported_;   // the pending import, until CommitImport
+
+  // In-flight I/O; guarded by io_mutex_, which I/O completions take.
+  mutable std::mutex io_mutex_;
+  std::condition_variable io_done_;
+  int inflight_io_ = 0;
+  absl::Status write_error_;
+};
+
+}  // namespace fuyou

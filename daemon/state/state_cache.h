@@ -1,0 +1,144 @@
+// StateCache: the DRAM tier of optimizer states, bounded by the daemon's budget.
+//
+// Every chunk state buffer the daemon holds (being read, updated, written back,
+// or just kept for the next step) is an Entry here, so the budget bounds all of
+// them together. A pinned entry is in use (by a read, an update or a write-back)
+// and is never evicted; unpinned entries are the cache. Entries are keyed by
+// (job, chunk); an entry records which extent version its bytes equal.
+//
+// Eviction follows the access pattern of training, where every chunk is used
+// once a step in (nearly) the same order, a cyclic scan that defeats LRU:
+//   1. first, entries of jobs that no session has open (Demote), oldest first;
+//   2. then used entries, most recently released first: in a cyclic scan the
+//      chunk just updated is the one needed furthest in the future, so the
+//      chunks that fit in the budget beyond the pipeline window stay resident
+//      step after step instead of being flushed by the scan;
+//   3. last, prefetched entries not used yet, oldest first.
+//
+// Callers hold entries only through StatePin (RAII, move-only); the entry's
+// bookkeeping (pins, eviction lists, the dropped flag) is private to the cache.
+//
+// Thread-safe. An entry's version, committed flag and load status are guarded
+// by the cache's mutex; the bytes belong to whoever holds the pin that loads or
+// updates them.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/aligned_buffer.h"
+
+namespace fuyou {
+
+class StateCache;
+
+// One pin on a cache entry: while held, the entry's bytes stay in DRAM and are
+// not evicted, and they belong to the holder (who loads or updates them).
+// Move-only; destroying or Reset() releases the pin (an entry dropped or whose
+// load failed is freed at its last release). An empty StatePin holds nothing.
+// Must not outlive its cache.
+class StatePin {
+ public:
+  StatePin() = default;
+  ~StatePin() { Reset(); }
+  StatePin(StatePin&& other) noexcept;
+  StatePin& operator=(StatePin&& other) noexcept;
+  StatePin(const StatePin&) = delete;
+  StatePin& operator=(const StatePin&) = delete;
+
+  explicit operator bool() const { return entry_ != nullptr; }
+  // Releases the pin now; the StatePin is then empty.
+  void Reset();
+
+  // The entry's buffer (at least the bytes it was created with). Non-empty pins only.
+  std::byte* data() const;
+  uint64_t size() const;
+  uint32_t chunk_id() const;
+  // The extent version (0/1) whose contents the bytes hold, or will once loaded.
+  uint32_t version() const;
+  // False while the bytes are an update not yet committed (the step may abort).
+  bool committed() const;
+  // The result of the load that filled the bytes (OK for an entry made with its contents).
+  absl::Status load_status() const;
+
+ private:
+  friend class StateCache;
+  struct Entry;
+  StatePin(StateCache* cache, std::shared_ptr<Entry> entry) : cache_(cache), entry_(std::move(entry)) {}
+
+  StateCache* cache_ = nullptr;
+  std::shared_ptr<Entry> entry_;
+};
+
+class StateCache {
+ public:
+  explicit StateCache(uint64_t budget_bytes);
+  StateCache(const StateCache&) = delete;
+  StateCache& operator=(const StateCache&) = delete;
+
+  // The entry for (job, chunk) pinned, waiting while it is loading; an empty
+  // pin when absent. The caller checks version(), committed() and load_status().
+  StatePin Pin(const std::string& job, uint32_t chunk_id);
+
+  // A new pinned entry of `bytes` for (job, chunk), replacing an unpinned one;
+  // it holds version 0, committed, until SetContents. Evicts unpinned entries to
+  // make room. When `wait`, waits (up to `timeout_ms`) for pinned entries to be
+  // released; otherwise returns UNAVAILABLE at once. RESOURCE_EXHAUSTED when
+  // `bytes` exceeds the budget. `loading` marks the entry as being filled by
+  // this pin's holder (see FinishLoad); a loading entry counts as a prefetch.
+  absl::StatusOr<StatePin> Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
+                                  bool loading = false, int64_t timeout_ms = 600000);
+  // True when (job, chunk) has an entry (loaded or loading); never waits.
+  bool Contains(const std::string& job, uint32_t chunk_id) const;
+
+  // Marks the load of a pinned entry finished (wakes those waiting in Pin). A
+  // failed load is not kept: the entry is freed at its last release.
+  void FinishLoad(const StatePin& pin, absl::Status status);
+  // Records what the pinned entry's bytes now are: extent `version`, and
+  // whether that is committed.
+  void SetContents(const StatePin& pin, uint32_t version, bool committed);
+  // The update in the entry of (job, chunk) was committed as extent `version`:
+  // if the entry holds that version, loaded, it is marked committed. Takes no
+  // pin and leaves the eviction order as it is.
+  void MarkCommitted(const std::string& job, uint32_t chunk_id, uint32_t version);
+  // Drops the entry of (job, chunk); its memory is freed at its last release.
+  void Drop(const std::string& job, uint32_t chunk_id);
+  // Drops every entry of `job`.
+  void DropJob(const std::string& job);
+  // The job has no session any more: its entries are evicted before any other.
+  void Demote(const std::string& job);
+
+  uint64_t bytes_in_use() const;
+  uint64_t budget_bytes() const { return budget_bytes_; }
+
+ private:
+  friend class StatePin;
+  using Entry = StatePin::Entry;
+  using Key = std::pair<std::string, uint32_t>;
+  // Releases one pin. Unpinned entries become evictable.
+  void Unpin(Entry& entry);
+  void DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it);
+  bool EvictOneLocked();
+  void UnlistLocked(Entry& entry);
+  void ListLocked(Entry& entry, std::list<Key>& list);
+
+  const uint64_t budget_bytes_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<Key, std::shared_ptr<Entry>> entries_;
+  // Unpinned entries, in the order they were released (see eviction above).
+  std::list<Key> cold_;
+  std::list<Key> used_;
+  std::list<Key> prefetched_;
+  uint64_t bytes_in_use_ = 0;  // every live buffer, dropped-but-pinned included
+};
+
+}  // namespace fuyou
