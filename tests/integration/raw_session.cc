@@ -121,15 +121,17 @@ v1::DaemonMessage RawSession::AbortStep(int64_t step, v1::AbortReason reason) {
 grpc::Status RawSession::Close() {
   if (closed_) return grpc::Status::OK;
   closed_ = true;
-  stream_->WritesDone();
-  grpc::Status finished = stream_->Finish();
+  // CloseSession first: a stream that ends before it closes the session itself
+  // (the daemon takes it for a client gone), and CloseSession would not find it.
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::CloseSessionRequest request;
   request.set_session_id(opened_.session_id());
   v1::CloseSessionResponse response;
   grpc::Status closed = stub_->CloseSession(&context, request, &response);
-  return finished.ok() ? closed : finished;
+  stream_->WritesDone();
+  stream_->Finish();  // the daemon ends the stream of a closed session: its status says nothing more
+  return closed;
 }
 
 v1::ChunkSpec ChunkSpecOf(uint32_t chunk_id, uint64_t n, uint32_t slot, std::vector<uint64_t> segments) {

@@ -637,6 +637,7 @@ TEST(RedoStatsTest, EachUserSeesTheirOwnCountersAndRootSeesTheDaemons) {
     v1::GradReady grad = GradReadyOf(1, 0, 0, Hyper());
     grad.set_speculative(true);
     ASSERT_TRUE(IsParamsReady((*session)->SendGrad(grad, Values(1, 100, 0.1f))));
+    grad.set_speculative(false);
     grad.set_redo(v1::REDO_REASON_GRADIENTS_CHANGED);
     ASSERT_TRUE(IsParamsReady((*session)->SendGrad(grad, Values(2, 100, 0.1f))));
     ASSERT_TRUE((*session)->EndStep(1).has_step_committed());
