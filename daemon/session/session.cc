@@ -207,7 +207,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.n = n;
     const int64_t update_start = trace::NowUs();
     optimizer::SegmentedUpdate(services_.kernel, params, buffers, update);
-    trace::Record(redo ? "redo" : "update", chunk_id, update_start, trace::NowUs());
+    trace::Record("update", chunk_id, update_start, trace::NowUs());
     services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
     services_.stats.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
     user_stats_.chunk_updates.fetch_add(1, std::memory_order_relaxed);
