@@ -222,6 +222,14 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   std::vector<int64_t> counts_after;
   if (!without.empty() || record.segment_update_counts_size() != 0) counts_after = CountsAfterUpdate(update);
   if (absl::Status staged = store_->StageUpdate(chunk_id, run_kernel, std::move(counts_after)); !staged.ok()) {
+    if (redo) {
+      // The chunk's update of the step is gone and no new one was made: the step
+      // cannot commit (EndStep rolls it back), and no later GradReady fixes it.
+      failed_redo_ = absl::Status(staged.code(), fmt::format("the redo of chunk {} failed after its update of the "
+                                                             "step was dropped: {}",
+                                                             chunk_id, staged.message()));
+      return ErrorReply(failed_redo_, chunk_id, step);
+    }
     return ErrorReply(staged, chunk_id, step);
   }
   if (redo) {
@@ -251,8 +259,9 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
-  if (absl::Status failed = store_->WaitForWriteBacks(); !failed.ok()) {
+  if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
+    failed_redo_ = absl::OkStatus();
     return ErrorReply(absl::Status(failed.code(), fmt::format("step {} was rolled back to step {}: {}", step, step - 1,
                                                               failed.message())),
                       {}, step);
@@ -281,6 +290,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   FUYOU_CRASH_POINT("abort_step_received");
   const uint64_t rolled_back = store_->staged_count();
   store_->RollBackStep();  // waits for the step's write-backs first
+  failed_redo_ = absl::OkStatus();
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.
   if (request.reason() == v1::ABORT_REASON_SKIPPED_STEP || request.reason() == v1::ABORT_REASON_OVERFLOW) {

@@ -159,7 +159,7 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         "job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step", job_name_,
         store_->pending_imports()));
   }
-  if (absl::Status failed = store_->StepError(); !failed.ok()) {
+  if (absl::Status failed = failed_redo_.ok() ? store_->StepError() : failed_redo_; !failed.ok()) {
     return absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message()));
   }
   // update_count <= kMaxUpdateCount (SetUpdateCount and ValidateManifest), so t

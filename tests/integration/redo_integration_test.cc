@@ -320,6 +320,42 @@ TEST_F(RedoTest, ARedoOfAChunkNotUpdatedInTheStepIsRefused) {
   EXPECT_EQ(stats.chunks_redone_changed() + stats.chunks_redone_clipped(), 0u) << "refused redos are not counted";
 }
 
+// A redo that fails after it dropped the chunk's update (here: the committed
+// states cannot be read again) leaves the step without that update: the step
+// is refused and rolled back at EndStep, never committed without the chunk.
+TEST_F(RedoTest, ARedoThatFailsMakesTheStepRollBack) {
+  constexpr size_t kN = 400;
+  daemon_->Stop();
+  StartDaemon({"FUYOU_TEST_FAULTS=read:EIO:job=redo-fails"});  // the DRAM tier serves every other read
+  auto session = Open("redo-fails");
+  ASSERT_NE(session, nullptr);
+  const std::vector<float> w = Values(1, kN);
+  Register(*session, {ChunkSpecOf(0, kN, 0), ChunkSpecOf(1, kN, 1)}, {w, w});
+  const std::vector<float> g = Values(2, kN, 0.1f);
+  ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(1, 0, 0, Hyper()), g)));
+  ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(1, 1, 1, Hyper()), g)));
+  ASSERT_TRUE(session->EndStep(1).has_step_committed());
+  ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(2, 0, 0, Hyper()), g)));
+  ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(2, 1, 1, Hyper()), g)));
+  v1::GradReady redo = GradReadyOf(2, 0, 0, Hyper(0.5f));
+  redo.set_redo(v1::REDO_REASON_CLIPPED);
+  v1::DaemonMessage reply = session->SendGrad(redo, g);
+  ASSERT_TRUE(reply.has_error()) << Describe(reply);
+  EXPECT_NE(reply.error().message().find("redo of chunk 0 failed"), std::string::npos) << reply.error().message();
+  // Nothing can mend the step now, and it does not commit.
+  reply = session->SendGrad(GradReadyOf(2, 0, 0, Hyper()), g);
+  ASSERT_TRUE(reply.has_error()) << Describe(reply);
+  EXPECT_NE(reply.error().message().find("already failed"), std::string::npos) << reply.error().message();
+  reply = session->EndStep(2);
+  ASSERT_TRUE(reply.has_error()) << Describe(reply);
+  EXPECT_NE(reply.error().message().find("rolled back to step 1"), std::string::npos) << reply.error().message();
+  EXPECT_TRUE(session->Close().ok());
+  session = Open("redo-fails");
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->committed_step(), 1);
+  EXPECT_TRUE(session->Close().ok());
+}
+
 // Item 5: `grad is None` inside a chunk. Segments 1 of {100, 300, 600} has no
 // gradient in step 2 (its gradient bytes are NaN, to show they are not read):
 // its weights, m, v and count stay; step 3 updates it with its own t (2, the
