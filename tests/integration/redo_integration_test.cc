@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -641,6 +642,58 @@ TEST_F(RedoTest, ACrashDuringARedoResumesAtTheLastCommit) {
     ExpectCommittedStates(*session, 1, 1, expected1);
     EXPECT_TRUE(session->Close().ok());
   }
+}
+
+// What a redo costs, printed (never asserted: the machine is noisy): steps of
+// 4 chunks of 512 Ki fp32 elements (6 MiB of states each, all in the DRAM
+// tier), plain, and with every chunk updated speculatively and then redone (a
+// clip coefficient < 1 on every step, the worst case). A redo reads the
+// committed states again from storage: the speculative update changed the
+// cached copy in place.
+TEST_F(RedoTest, TheCostOfRedoingEveryChunkIsPrinted) {
+  constexpr size_t kN = 512 * 1024;
+  constexpr uint32_t kChunks = 4;
+  constexpr int kSteps = 4;
+  auto opened = RawSession::Open(daemon_->client_options(), "cost", kChunks, kN * 4);
+  ASSERT_TRUE(opened.ok()) << Text(opened.status());
+  RawSession& session = **opened;
+  std::vector<v1::ChunkSpec> specs;
+  std::vector<std::vector<float>> weights;
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    specs.push_back(ChunkSpecOf(c, kN, c));
+    weights.push_back(Values(c, kN));
+  }
+  Register(session, specs, weights);
+  const std::vector<float> g = Values(99, kN, 0.1f);
+  int64_t step = 1;
+  auto run = [&](bool redo) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kSteps; ++i, ++step) {
+      for (uint32_t c = 0; c < kChunks; ++c) {
+        v1::GradReady grad = GradReadyOf(step, c, c, Hyper());
+        grad.set_speculative(redo);
+        EXPECT_TRUE(IsParamsReady(session.SendGrad(grad, g)));
+      }
+      for (uint32_t c = 0; redo && c < kChunks; ++c) {
+        v1::GradReady grad = GradReadyOf(step, c, c, Hyper(0.5f));
+        grad.set_redo(v1::REDO_REASON_CLIPPED);
+        EXPECT_TRUE(IsParamsReady(session.SendGrad(grad, g)));
+      }
+      EXPECT_TRUE(session.EndStep(step).has_step_committed());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kSteps;
+  };
+  run(false);  // warm-up: first reads, page faults
+  const double plain = run(false);
+  const double redone = run(true);
+  const double plain_again = run(false);
+  const v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.chunks_redone_clipped(), uint64_t{kChunks} * kSteps);
+  std::printf("[redo cost] %u chunks of %zu fp32 elements: plain step %.1f / %.1f ms, every chunk redone %.1f ms "
+              "(x%.2f); %.2f ms a redo (GetStats redo_seconds / redos)\n",
+              kChunks, kN, plain * 1e3, plain_again * 1e3, redone * 1e3, redone / ((plain + plain_again) / 2),
+              stats.redo_seconds() * 1e3 / static_cast<double>(stats.chunks_redone_clipped()));
+  EXPECT_TRUE(session.Close().ok());
 }
 
 // "key=value" lines -> map.
