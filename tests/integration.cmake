@@ -98,3 +98,17 @@ add_dependencies(limits_test fuyoud limits_client fuyouctl)
 fuyou_add_test(NAME segment_listener_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/segment_listener_test.cc
   LIBS fuyou_daemon_core fuyou_client)
+
+# Speculate, validate, redo (issue 10), daemon side: redo, segments without
+# gradient, skipped steps, their stats and crash points, over the raw protocol.
+add_library(fuyou_raw_session STATIC ${FUYOU_INTEGRATION_DIR}/raw_session.cc)
+target_link_libraries(fuyou_raw_session PUBLIC fuyou_test_support fuyou_proto fmt::fmt)
+add_executable(redo_client ${FUYOU_INTEGRATION_DIR}/redo_client.cc)
+target_link_libraries(redo_client PRIVATE fuyou_raw_session)
+fuyou_add_test(NAME redo_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/redo_integration_test.cc
+  LIBS fuyou_raw_session fuyou_optimizer
+  LABELS integration)
+target_compile_definitions(redo_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>"
+  REDO_CLIENT_PATH="$<TARGET_FILE:redo_client>")
+add_dependencies(redo_integration_test fuyoud fuyouctl redo_client)

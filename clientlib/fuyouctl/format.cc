@@ -72,6 +72,14 @@ std::string FormatPercent(double part, double whole) {
   return fmt::format("{:.1f}%", 100.0 * part / whole);
 }
 
+std::string FormatRedoLine(uint64_t speculative, uint64_t redone_changed, uint64_t redone_clipped,
+                           uint64_t rolled_back_skipped_step, double redo_seconds) {
+  return fmt::format(
+      "speculative updates {}, redone {} (changed {}, clipped {}), rolled back (skipped steps) {}, redo time {} s",
+      speculative, redone_changed + redone_clipped, redone_changed, redone_clipped, rolled_back_skipped_step,
+      redo_seconds > 0 ? ThreeDigits(redo_seconds) : std::string("0"));
+}
+
 std::string Printable(std::string_view text) { return PrintableText(text, Unprintable::kHexEscape); }
 
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}

@@ -20,6 +20,12 @@ std::string FormatDuration(double seconds);
 // A percentage of part in whole: "37.5%", or "-" when whole is 0.
 std::string FormatPercent(double part, double whole);
 
+// What speculation cost (GetStatsResponse fields 19-23), on one line:
+// "speculative updates 40, redone 6 (changed 2, clipped 4), rolled back (skipped
+// steps) 8, redo time 0.13 s".
+std::string FormatRedoLine(uint64_t speculative, uint64_t redone_changed, uint64_t redone_clipped,
+                           uint64_t rolled_back_skipped_step, double redo_seconds);
+
 // Text from the daemon made safe for the terminal: every control byte (ESC, CR,
 // LF, DEL, C1, bidirectional overrides) and invalid UTF-8 becomes "\xHH"
 // (fuyou/printable_text.h). Applied to everything fuyouctl prints that the

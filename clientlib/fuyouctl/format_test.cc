@@ -41,6 +41,15 @@ TEST(FormatPercentTest, HandlesZeroWhole) {
   EXPECT_EQ(FormatPercent(1, 0), "-");
 }
 
+TEST(FormatRedoLineTest, NamesEveryCounter) {
+  EXPECT_EQ(FormatRedoLine(40, 2, 4, 8, 0.126),
+            "speculative updates 40, redone 6 (changed 2, clipped 4), rolled back (skipped steps) 8, redo time 0.13 s");
+  EXPECT_EQ(FormatRedoLine(0, 0, 0, 0, 0),
+            "speculative updates 0, redone 0 (changed 0, clipped 0), rolled back (skipped steps) 0, redo time 0 s");
+  EXPECT_EQ(FormatRedoLine(1, 0, 1, 0, 12.5),
+            "speculative updates 1, redone 1 (changed 0, clipped 1), rolled back (skipped steps) 0, redo time 12.5 s");
+}
+
 TEST(TableTest, PadsColumnsToTheWidestCell) {
   Table table({"NAME", "SIZE"});
   table.AddRow({"a-long-name", "1 B"});

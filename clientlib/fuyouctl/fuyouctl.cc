@@ -95,6 +95,11 @@ std::string DramLine(const v1::GetStatsResponse& stats) {
                                    static_cast<double>(stats.dram_budget_bytes())));
 }
 
+std::string SpeculationLine(const v1::GetStatsResponse& stats) {
+  return FormatRedoLine(stats.chunks_speculative(), stats.chunks_redone_changed(), stats.chunks_redone_clipped(),
+                        stats.chunks_rolled_back_skipped_step(), stats.redo_seconds());
+}
+
 bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
 
 std::string RenderStats(const v1::GetStatsResponse& stats) {
@@ -109,6 +114,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
     out += traffic.ToString() + "\n";
     Table summary({"", ""});
     summary.AddRow({"optimizer", OptimizerLine(stats)});
+    summary.AddRow({"speculation", SpeculationLine(stats)});
     summary.AddRow({"cache", CacheLine(stats)});
     std::string rows = summary.ToString();
     out += rows.substr(rows.find('\n') + 1);
@@ -139,6 +145,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
 
   Table summary({"", ""});
   summary.AddRow({"optimizer", OptimizerLine(stats)});
+  summary.AddRow({"speculation", SpeculationLine(stats)});
   summary.AddRow({"DRAM", DramLine(stats)});
   summary.AddRow({"cache", CacheLine(stats)});
   std::string rows = summary.ToString();

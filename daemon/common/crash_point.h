@@ -21,6 +21,10 @@
 //     after_kernel                 new weights in the slot, before ParamsReady is sent
 //     writeback_submitted          write-back to the shadow extent queued
 //     writeback_completed          a write-back finished (on an I/O completion thread)
+//   a redo (GradReady.redo: the chunk's update of the step done again)
+//     redo_received                redo accepted, the step's update of the chunk not yet dropped
+//     redo_after_kernel            the chunk updated again from its committed states, before ParamsReady
+//     redo_writeback_submitted     the redone states' write-back to the shadow extent queued
 //     end_step_received            EndStep accepted, before waiting for the write-backs
 //     abort_step_received          AbortStep accepted, before the rollback
 //     session_close                a session is closing, before the rollback of its step

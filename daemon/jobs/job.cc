@@ -17,6 +17,7 @@
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "fuyou/checked_math.h"
+#include "jobs/chunk_segments.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {
@@ -88,6 +89,7 @@ absl::Status ValidateManifest(const v1::JobManifest& manifest) {
     if (record.update_count() < 0 || record.update_count() > kMaxUpdateCount) {
       return corrupt(id, fmt::format("has update count {}, outside 0..{}", record.update_count(), kMaxUpdateCount));
     }
+    if (std::string problem = SegmentRecordProblem(record); !problem.empty()) return corrupt(id, problem);
     if (record.committed_version() > 1) {
       return corrupt(id, fmt::format("names committed version {}, not 0 or 1", record.committed_version()));
     }

@@ -54,6 +54,12 @@ void JobEdit::AdoptLayoutFingerprint(uint32_t chunk_id, uint64_t fingerprint) {
   Mutable(chunk_id)->set_layout_fingerprint(fingerprint);
 }
 
+void JobEdit::AdoptSegments(uint32_t chunk_id, std::span<const uint64_t> segments) {
+  if (segments.empty() || !Find(chunk_id)->segment_elements().empty()) return;
+  v1::ChunkRecord* record = Mutable(chunk_id);
+  for (uint64_t elements : segments) record->add_segment_elements(elements);
+}
+
 void JobEdit::ShadowWritten(uint32_t chunk_id, uint64_t checksum) {
   v1::ChunkRecord* record = Mutable(chunk_id);
   const uint32_t shadow = ShadowVersion(*record);

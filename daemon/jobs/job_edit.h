@@ -48,6 +48,11 @@ class JobEdit {
   // A stored fingerprint of 0 adopts `fingerprint` (ChunkSpec.layout_fingerprint);
   // a stored non-zero one is kept.
   void AdoptLayoutFingerprint(uint32_t chunk_id, uint64_t fingerprint);
+  // A chunk stored without segments (ChunkRecord.segment_elements empty: a new
+  // chunk, or one created before segments) takes `segments` (validated by the
+  // caller, jobs/chunk_segments.h); one stored with segments keeps them. An
+  // empty `segments` changes nothing.
+  void AdoptSegments(uint32_t chunk_id, std::span<const uint64_t> segments);
 
   // The chunk's new states were written to its shadow extent and hash to
   // `checksum`: after Commit the shadow is the committed extent and the old

@@ -36,6 +36,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     response->set_cache_misses(mine.cache_misses.load());
     response->set_live_sessions(sessions_.UsageOf(caller).sessions);
     response->set_steps_committed(mine.steps_committed.load());
+    mine.redo.Fill(*response);
     return grpc::Status::OK;
   }
   StatsRates rates = stats_.Rates();
@@ -70,6 +71,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
   response->set_cache_misses(stats_.cache_misses.load());
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
   response->set_steps_committed(stats_.steps_committed.load());
+  stats_.redo.Fill(*response);
   return grpc::Status::OK;
 }
 

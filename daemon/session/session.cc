@@ -5,8 +5,10 @@
 #include "common/status_util.h"
 #include "common/trace.h"
 #include "fmt/format.h"
+#include "jobs/chunk_segments.h"
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
+#include "optimizer/segmented_update.h"
 #include "session/stream_replies.h"
 #include "stats/daemon_stats.h"
 
@@ -118,6 +120,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
         .param_dtype = static_cast<DType>(spec.param_dtype()),
         .grad_dtype = static_cast<DType>(spec.grad_dtype()),
         .layout_fingerprint = spec.layout_fingerprint(),
+        .segment_elements = SegmentsToStore(spec),
         .weights = segment_->ParamRegion(spec.slot()),
     });
   }
@@ -130,6 +133,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     result->set_chunk_id(chunk.chunk_id);
     result->set_resumed((*registered)[i].resumed);
     result->set_update_count((*registered)[i].update_count);
+    for (int64_t count : (*registered)[i].segment_update_counts) result->add_segment_update_counts(count);
     registered_[chunk.chunk_id] = RegisteredChunk{chunk.num_elements, chunk.param_dtype, chunk.grad_dtype};
   }
   return response;
@@ -159,17 +163,37 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   const uint32_t chunk_id = request.chunk_id();
   const int64_t step = request.step();
   if (absl::Status bad = CheckGradReady(request); !bad.ok()) return ErrorReply(bad, chunk_id, step);
-  FUYOU_CRASH_POINT("grad_received");
+  // A redo replaces the chunk's update of this step: its staged states are
+  // dropped and the update runs again from the committed states, which the
+  // step never touched (a crash from here on resumes at the last commit).
+  const bool redo = request.redo() != v1::REDO_REASON_UNSPECIFIED;
+  const auto started = std::chrono::steady_clock::now();
+  if (redo) {
+    FUYOU_CRASH_POINT("redo_received");
+    if (absl::Status dropped = store_->RollBackChunk(chunk_id); !dropped.ok()) {
+      return ErrorReply(dropped, chunk_id, step);
+    }
+  } else {
+    FUYOU_CRASH_POINT("grad_received");
+  }
   const RegisteredChunk& registered = registered_.at(chunk_id);
   const v1::AdamWHyper& hyper = request.hyper();
-  optimizer::AdamWStepParams params;
+  optimizer::AdamWStepParams params;  // params.step: per segment (SegmentedUpdate)
   params.lr = hyper.lr();
   params.beta1 = hyper.beta1();
   params.beta2 = hyper.beta2();
   params.eps = hyper.eps();
   params.weight_decay = hyper.weight_decay();
   params.grad_scale = hyper.grad_scale() == 0 ? 1.0f : hyper.grad_scale();
-  params.step = store_->Find(chunk_id)->update_count() + 1;
+  // Each segment at its own t; segments without gradient keep their states and
+  // count (validated by CheckGradReady against the chunk's segments).
+  const v1::ChunkRecord& record = *store_->Find(chunk_id);
+  const std::vector<uint64_t> segments(record.segment_elements().begin(), record.segment_elements().end());
+  const std::vector<int64_t> counts = SegmentUpdateCounts(record);
+  const std::vector<uint32_t> without(request.segments_without_grad().begin(), request.segments_without_grad().end());
+  const optimizer::SegmentedUpdateSpec update{segments, counts, 0, without};
+  uint64_t skipped = 0;  // elements without gradient
+  for (uint32_t s : without) skipped += segments.empty() ? record.num_elements() : segments[s];
   auto run_kernel = [&](const ChunkStates& states) {
     const uint64_t n = states.num_elements();
     optimizer::AdamWBuffers buffers;
@@ -182,16 +206,46 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.weight_dtype = registered.param_dtype;
     buffers.n = n;
     const int64_t update_start = trace::NowUs();
-    services_.kernel.Update(params, buffers);
+    optimizer::SegmentedUpdate(services_.kernel, params, buffers, update);
     trace::Record("update", chunk_id, update_start, trace::NowUs());
     services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
-    services_.stats.params_updated.fetch_add(n, std::memory_order_relaxed);
+    services_.stats.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
     user_stats_.chunk_updates.fetch_add(1, std::memory_order_relaxed);
-    user_stats_.params_updated.fetch_add(n, std::memory_order_relaxed);
-    FUYOU_CRASH_POINT("after_kernel");
+    user_stats_.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
+    if (redo) {
+      FUYOU_CRASH_POINT("redo_after_kernel");
+    } else {
+      FUYOU_CRASH_POINT("after_kernel");
+    }
   };
-  if (absl::Status staged = store_->StageUpdate(chunk_id, run_kernel); !staged.ok()) {
+  // The per-segment counts after the step, when they are not all update_count + 1.
+  std::vector<int64_t> counts_after;
+  if (!without.empty() || record.segment_update_counts_size() != 0) counts_after = CountsAfterUpdate(update);
+  if (absl::Status staged = store_->StageUpdate(chunk_id, run_kernel, std::move(counts_after)); !staged.ok()) {
+    if (redo) {
+      // The chunk's update of the step is gone and no new one was made: the step
+      // cannot commit (EndStep rolls it back), and no later GradReady fixes it.
+      failed_redo_ = absl::Status(staged.code(), fmt::format("the redo of chunk {} failed after its update of the "
+                                                             "step was dropped: {}",
+                                                             chunk_id, staged.message()));
+      return ErrorReply(failed_redo_, chunk_id, step);
+    }
     return ErrorReply(staged, chunk_id, step);
+  }
+  if (redo) {
+    FUYOU_CRASH_POINT("redo_writeback_submitted");
+    const bool clipped = request.redo() == v1::REDO_REASON_CLIPPED;
+    const auto nanoseconds = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
+    for (RedoCounters* counters : {&services_.stats.redo, &user_stats_.redo}) {
+      (clipped ? counters->chunks_redone_clipped : counters->chunks_redone_changed)
+          .fetch_add(1, std::memory_order_relaxed);
+      counters->redo_nanoseconds.fetch_add(nanoseconds, std::memory_order_relaxed);
+    }
+  }
+  if (request.speculative()) {
+    services_.stats.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
+    user_stats_.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
   }
   v1::DaemonMessage reply;
   v1::ParamsReady* ready = reply.mutable_params_ready();
@@ -205,8 +259,9 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
-  if (absl::Status failed = store_->WaitForWriteBacks(); !failed.ok()) {
+  if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
+    failed_redo_ = absl::OkStatus();
     return ErrorReply(absl::Status(failed.code(), fmt::format("step {} was rolled back to step {}: {}", step, step - 1,
                                                               failed.message())),
                       {}, step);
@@ -233,7 +288,15 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
     return ErrorReply(in_order, {}, step);
   }
   FUYOU_CRASH_POINT("abort_step_received");
+  const uint64_t rolled_back = store_->staged_count();
   store_->RollBackStep();  // waits for the step's write-backs first
+  failed_redo_ = absl::OkStatus();
+  // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
+  // choice): its speculative updates were wasted work, counted.
+  if (request.reason() == v1::ABORT_REASON_SKIPPED_STEP || request.reason() == v1::ABORT_REASON_OVERFLOW) {
+    services_.stats.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
+    user_stats_.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
+  }
   v1::DaemonMessage reply;
   reply.mutable_step_aborted()->set_step(step);
   return reply;

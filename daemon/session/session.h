@@ -133,8 +133,9 @@ class Session {
   // for step <step> is out of order: ..." naming the committed and next steps.
   absl::Status CheckStepInOrder(std::string_view request, int64_t step) const;
   // OK when a GradReady may be applied now: in order, a registered chunk in an
-  // existing slot, valid hyperparameters, not yet updated in this step, no
-  // import pending, the step not failed, the chunk below kMaxUpdateCount.
+  // existing slot, valid hyperparameters, not yet updated in this step (or, for
+  // a redo, updated in it), no import pending, the step not failed, the chunk
+  // below kMaxUpdateCount, segments without gradient that the chunk has.
   absl::Status CheckGradReady(const v1::GradReady& request) const;
   // OK when chunk, state, slot and range of a ReadState/WriteState are valid and
   // no step is in flight.
@@ -174,6 +175,10 @@ class Session {
   absl::Status broken_;  // set when the job can no longer be used safely
   std::map<uint32_t, RegisteredChunk> registered_;
   int64_t step_ = 1;  // the step being accumulated: committed + 1
+  // Set when a redo failed after it dropped the chunk's update of the step: the
+  // step has lost an update, so it cannot commit (EndStep rolls it back and
+  // returns this error); cleared when the step ends.
+  absl::Status failed_redo_;
 };
 
 }  // namespace fuyou

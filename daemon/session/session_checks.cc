@@ -6,6 +6,7 @@
 
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "jobs/chunk_segments.h"
 #include "session/session.h"
 
 namespace fuyou {
@@ -80,6 +81,7 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
           fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
     }
     if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));
+    FUYOU_RETURN_IF_ERROR(CheckSegmentElements(spec));
     // Cap the element count by the slot before anything is multiplied by it: a
     // division cannot overflow, and the slot is capped by max_segment_bytes.
     const uint64_t widest = std::max(DTypeSize(param_dtype), DTypeSize(grad_dtype));
@@ -115,6 +117,7 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
             id, job_name_, stored, spec.num_elements()));
       }
       FUYOU_RETURN_IF_ERROR(CheckLayoutFingerprint(*record, spec));
+      FUYOU_RETURN_IF_ERROR(CheckResumedSegments(job_name_, *record, spec));
     }
   }
   return absl::OkStatus();
@@ -133,16 +136,30 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
   if (std::string problem = HyperProblem(request.hyper()); !problem.empty()) {
     return absl::InvalidArgumentError(fmt::format("chunk {}: {}", chunk_id, problem));
   }
-  if (store_->IsStaged(chunk_id)) {
-    return absl::FailedPreconditionError(
-        fmt::format("chunk {} was already updated in step {}; each chunk is sent once per step", chunk_id, step));
+  if (!v1::RedoReason_IsValid(request.redo())) {
+    return absl::InvalidArgumentError(fmt::format(
+        "chunk {}: redo {} is not a RedoReason (REDO_REASON_GRADIENTS_CHANGED or REDO_REASON_CLIPPED, or unset)",
+        chunk_id, static_cast<int>(request.redo())));
+  }
+  const bool redo = request.redo() != v1::REDO_REASON_UNSPECIFIED;
+  if (!redo && store_->IsStaged(chunk_id)) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} was already updated in step {}; each chunk is sent once per step (to replace its update, send "
+        "it again with GradReady.redo set)",
+        chunk_id, step));
+  }
+  if (redo && !store_->IsStaged(chunk_id)) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {}: a redo ({}) replaces the chunk's update of step {}, but the chunk has not been updated in this "
+        "step; send it without redo",
+        chunk_id, v1::RedoReason_Name(request.redo()), step));
   }
   if (store_->pending_imports() != 0) {
     return absl::FailedPreconditionError(fmt::format(
         "job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step", job_name_,
         store_->pending_imports()));
   }
-  if (absl::Status failed = store_->StepError(); !failed.ok()) {
+  if (absl::Status failed = failed_redo_.ok() ? store_->StepError() : failed_redo_; !failed.ok()) {
     return absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message()));
   }
   // update_count <= kMaxUpdateCount (SetUpdateCount and ValidateManifest), so t
@@ -153,7 +170,7 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         "chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update", chunk_id,
         job_name_, record.update_count(), kMaxUpdateCount));
   }
-  return absl::OkStatus();
+  return CheckSegmentsWithoutGrad(request, SegmentCount(record));
 }
 
 absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,

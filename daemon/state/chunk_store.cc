@@ -176,6 +176,7 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
     if (Find(chunk.chunk_id) != nullptr) continue;
     FUYOU_RETURN_IF_ERROR(edit.AddChunk(chunk.chunk_id, chunk.num_elements, chunk.param_dtype, chunk.grad_dtype,
                                         chunk.layout_fingerprint));
+    edit.AdoptSegments(chunk.chunk_id, chunk.segment_elements);
     any_new = true;
   }
   if (any_new) FUYOU_CRASH_POINT("registration_reserved");
@@ -196,7 +197,11 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
                                     chunk.weights.data(), chunk.param_dtype, record->num_elements());
       edit.SetDTypes(id, chunk.param_dtype, chunk.grad_dtype);
       edit.AdoptLayoutFingerprint(id, chunk.layout_fingerprint);  // see ChunkSpec.layout_fingerprint
-      results.push_back(Registered{.resumed = true, .update_count = record->update_count()});
+      edit.AdoptSegments(id, chunk.segment_elements);               // see ChunkSpec.segment_elements
+      results.push_back(Registered{.resumed = true,
+                                   .update_count = record->update_count(),
+                                   .segment_update_counts = {record->segment_update_counts().begin(),
+                                                             record->segment_update_counts().end()}});
       continue;
     }
     const v1::StateExtent& extent = CommittedExtent(*edit.Find(id));

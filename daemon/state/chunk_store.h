@@ -83,6 +83,10 @@ class ChunkStore {
     DType param_dtype = DType::kFloat32;
     DType grad_dtype = DType::kFloat32;
     uint64_t layout_fingerprint = 0;
+    // ChunkSpec.segment_elements as stored (jobs/chunk_segments.h,
+    // SegmentsToStore): empty for one segment. A new chunk stores them; a
+    // resumed chunk stored without segments adopts them.
+    std::vector<uint64_t> segment_elements{};  // {}: may be left out of a designated initializer
     // The chunk's parameters in param_dtype: read for a new chunk (its initial
     // master weights), overwritten with the committed master for a resumed one.
     std::span<std::byte> weights;
@@ -90,13 +94,15 @@ class ChunkStore {
   struct Registered {
     bool resumed = false;
     int64_t update_count = 0;
+    // ChunkRecord.segment_update_counts: per segment when they differ, else empty.
+    std::vector<int64_t> segment_update_counts{};
   };
   // Registers `chunks` (validated by the caller: sizes, dtypes, fingerprints,
   // no duplicates; a resumed chunk has the stored element count). New chunks
   // get extents reserved, then their initial states (master from `weights`,
   // m = v = 0) written to their committed extents; resumed chunks' committed
-  // master is converted into `weights`, and their dtypes and a missing
-  // fingerprint are adopted. One manifest commit when anything changed. All or
+  // master is converted into `weights`, and their dtypes, a missing
+  // fingerprint and missing segments are adopted. One manifest commit when anything changed. All or
   // nothing: RESOURCE_EXHAUSTED (over `job_quota_bytes`, 0 = unlimited, or the
   // storage full) or an I/O error leaves the job as committed, nothing reserved.
   // Results are in the order of `chunks`. Crash points: registration_reserved,
@@ -183,7 +189,7 @@ class ChunkStore {
   };
   struct Staged {
     std::shared_ptr<WriteBack> write;
-    std::vector<int64_t> segment_update_counts;
+    std::vector<int64_t> segment_update_counts{};
   };
   struct Imported {
     bool states_written = false;  // the shadow extent holds new states

@@ -320,5 +320,44 @@ TEST_F(ChunkStoreTest, CloseRollsBackAndDropsWhatIsPending) {
   EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
 }
 
+// Segments (ChunkSpec.segment_elements): a new chunk stores them, a chunk stored
+// without adopts the first ones a resume sends, a chunk stored with keeps them;
+// per-segment counts staged with an update are committed, and returned on resume.
+TEST_F(ChunkStoreTest, SegmentsAreStoredAdoptedAndTheirCountsCommitted) {
+  std::vector<float> weights(kElements, 1.0f);
+  const auto bytes = std::as_writable_bytes(std::span(weights));
+  ChunkStore::Registration with{.chunk_id = 0, .num_elements = kElements, .segment_elements = {400, 600},
+                                .weights = bytes};
+  ChunkStore::Registration without{.chunk_id = 1, .num_elements = kElements, .weights = bytes};
+  ASSERT_TRUE(store_->Register(std::vector{with, without}, 0).ok());
+  EXPECT_EQ(std::vector<uint64_t>(store_->Find(0)->segment_elements().begin(), store_->Find(0)->segment_elements().end()),
+            (std::vector<uint64_t>{400, 600}));
+  EXPECT_TRUE(store_->Find(1)->segment_elements().empty());
+
+  // Step 1: chunk 0's second segment had no gradient.
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f), {1, 0}).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  EXPECT_EQ(store_->Find(0)->update_count(), 1);
+  EXPECT_EQ(std::vector<int64_t>(store_->Find(0)->segment_update_counts().begin(),
+                                 store_->Find(0)->segment_update_counts().end()),
+            (std::vector<int64_t>{1, 0}));
+
+  // A resume: chunk 1 adopts the segments sent; chunk 0 keeps its own.
+  store_.reset();
+  store_ = MakeStore(*cache_);
+  with.segment_elements = {999, 1};
+  without.segment_elements = {10, 990};
+  auto resumed = store_->Register(std::vector{with, without}, 0);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)[0].update_count, 1);
+  EXPECT_EQ((*resumed)[0].segment_update_counts, (std::vector<int64_t>{1, 0}));
+  EXPECT_TRUE((*resumed)[1].segment_update_counts.empty());
+  EXPECT_EQ(std::vector<uint64_t>(store_->Find(0)->segment_elements().begin(), store_->Find(0)->segment_elements().end()),
+            (std::vector<uint64_t>{400, 600}))
+      << "stored segments are kept (the caller refuses others before Register)";
+  EXPECT_EQ(std::vector<uint64_t>(store_->Find(1)->segment_elements().begin(), store_->Find(1)->segment_elements().end()),
+            (std::vector<uint64_t>{10, 990}));
+}
+
 }  // namespace
 }  // namespace fuyou

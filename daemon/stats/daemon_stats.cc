@@ -2,6 +2,14 @@
 
 namespace fuyou {
 
+void RedoCounters::Fill(v1::GetStatsResponse& response) const {
+  response.set_chunks_speculative(chunks_speculative.load());
+  response.set_chunks_redone_changed(chunks_redone_changed.load());
+  response.set_chunks_redone_clipped(chunks_redone_clipped.load());
+  response.set_chunks_rolled_back_skipped_step(chunks_rolled_back_skipped_step.load());
+  response.set_redo_seconds(static_cast<double>(redo_nanoseconds.load()) / 1e9);
+}
+
 RateWindow::RateWindow(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now)
     : when_(now), totals_(std::move(totals)), rates_(totals_.size(), 0.0) {}
 

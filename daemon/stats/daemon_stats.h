@@ -19,9 +19,27 @@
 #include <mutex>
 #include <vector>
 
+#include "fuyou/v1/admin.pb.h"
 #include "storage/io_engine.h"
 
 namespace fuyou {
+
+// Speculative updates and what undoing them cost (GetStatsResponse fields
+// 19-23): chunk updates sent while backward ran, updates done again in the same
+// step (GradReady.redo) by reason, updates rolled back because the loop skipped
+// the step (AbortStep.reason SKIPPED_STEP or OVERFLOW), and the time the redos
+// took (reading the committed states again, the kernel, the write-back's
+// submission).
+struct RedoCounters {
+  std::atomic<uint64_t> chunks_speculative{0};
+  std::atomic<uint64_t> chunks_redone_changed{0};
+  std::atomic<uint64_t> chunks_redone_clipped{0};
+  std::atomic<uint64_t> chunks_rolled_back_skipped_step{0};
+  std::atomic<uint64_t> redo_nanoseconds{0};
+
+  // Sets fields 19-23 of `response` from these counters.
+  void Fill(v1::GetStatsResponse& response) const;
+};
 
 // Per-second rates of a fixed list of monotonic counters, between the newest
 // sample at least `min_window` old and the sample before it, so that a burst of
@@ -50,6 +68,7 @@ struct UserCounters {
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
+  RedoCounters redo;
 };
 
 struct StatsRates {
@@ -73,6 +92,7 @@ class DaemonStats {
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
+  RedoCounters redo;
 
   // The counters of `uid`, created (zero) at first use. The reference stays valid
   // as long as this object. Thread-safe.

@@ -38,5 +38,26 @@ TEST(DaemonStatsTest, EachUserHasCountersOfTheirOwn) {
   EXPECT_EQ(daemon.read_gbps.size(), 2u);
 }
 
+TEST(RedoCountersTest, FillSetsTheIssue10Fields) {
+  DaemonStats stats({"/a"});
+  RedoCounters& mine = stats.ForUser(1000).redo;
+  mine.chunks_speculative += 7;
+  mine.chunks_redone_changed += 2;
+  mine.chunks_redone_clipped += 3;
+  mine.chunks_rolled_back_skipped_step += 4;
+  mine.redo_nanoseconds += 1'500'000'000;
+  v1::GetStatsResponse response;
+  mine.Fill(response);
+  EXPECT_EQ(response.chunks_speculative(), 7u);
+  EXPECT_EQ(response.chunks_redone_changed(), 2u);
+  EXPECT_EQ(response.chunks_redone_clipped(), 3u);
+  EXPECT_EQ(response.chunks_rolled_back_skipped_step(), 4u);
+  EXPECT_DOUBLE_EQ(response.redo_seconds(), 1.5);
+  v1::GetStatsResponse daemon;
+  stats.redo.Fill(daemon);
+  EXPECT_EQ(daemon.chunks_speculative(), 0u) << "user counters are not the daemon's";
+  EXPECT_EQ(daemon.redo_seconds(), 0.0);
+}
+
 }  // namespace
 }  // namespace fuyou
