@@ -43,10 +43,6 @@ import torch.nn.functional as F
 
 import fuyou
 
-# Until the issue-10 fix lands (speculate, validate, redo), these loops give wrong
-# weights; the lead removes this mark when the client and daemon parts are merged.
-pytestmark = pytest.mark.xfail(reason="issue 10: speculate/validate/redo not merged yet", strict=False)
-
 RTOL = 1e-5
 ATOL = 1e-6
 STEPS = 6
