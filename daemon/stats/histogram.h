@@ -28,7 +28,7 @@ class Histogram {
   void Observe(double seconds);
   HistogramSnapshot Snapshot() const;
 
-  // Bounds for one chunk update's kernel time: 50 us .. 10 s.
+  // Bounds for one chunk update's kernel time: 10 us .. 10 s.
   static std::vector<double> ChunkUpdateBounds();
   // Bounds for one training step: 10 ms .. 10 min.
   static std::vector<double> StepBounds();
