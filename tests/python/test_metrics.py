@@ -49,6 +49,7 @@ def metrics_daemon():
 
 def test_metrics_parse_and_show_the_figures_of_get_stats(metrics_daemon):
     daemon, port = metrics_daemon
+    assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in daemon.log_tail(100000)
     model, opt = open_optimizer(daemon, "metrics-job")
     train(model, opt, steps=4)
     admin = fuyou.admin_client(daemon.address)
