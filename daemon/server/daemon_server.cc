@@ -262,6 +262,10 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     });
     if (!metrics.ok()) return metrics.status();
     impl->metrics = std::move(*metrics);
+    // Logged before the control socket accepts: whoever waits for the socket
+    // finds the address in the log.
+    log::Info("Prometheus metrics on http://{}:{}/metrics",
+              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), impl->metrics->port());
   }
   // Two sockets side by side, prepared alike: gRPC, and the segment socket
   // where each client passes its segment's memfd (fuyou/segment_handover.h).
@@ -319,10 +323,6 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
             config.idle_session_timeout_seconds > 0 ? fmt::format("{} s", config.idle_session_timeout_seconds)
                                                     : std::string("never"),
             open_files);
-  if (impl->metrics) {
-    log::Info("Prometheus metrics on http://{}:{}/metrics", config.metrics_listen.substr(0, config.metrics_listen.rfind(':')),
-              impl->metrics->port());
-  }
   return std::unique_ptr<DaemonServer>(new DaemonServer(std::move(impl)));
 }
 

@@ -107,6 +107,17 @@ def test_only_get_metrics_is_served(metrics_daemon):
     assert refused.value.code in (405, 413)
 
 
+def test_a_metrics_address_in_use_stops_the_daemon_with_a_message(tmp_path):
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(fuyou.DaemonUnavailable) as refused:
+            start_metrics_daemon(tmp_path, port)
+    assert f"cannot bind the metrics address 127.0.0.1:{port}" in str(refused.value)
+
+
 def test_metrics_are_off_unless_configured(daemon):
     """The default daemon (conftest's) has no metrics listener: the log says
     nothing about it and no HTTP port is opened."""
