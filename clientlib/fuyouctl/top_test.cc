@@ -7,7 +7,8 @@ namespace {
 
 TopSample Sample(double at_seconds, uint64_t updates, double update_s, double wait_s) {
   TopSample sample;
-  sample.when = std::chrono::steady_clock::time_point{} + std::chrono::milliseconds(static_cast<int>(at_seconds * 1000));
+  sample.when =
+      std::chrono::steady_clock::time_point{} + std::chrono::milliseconds(static_cast<int>(at_seconds * 1000));
   v1::GetStatsResponse& stats = sample.stats;
   stats.set_scope(v1::STATS_SCOPE_DAEMON);
   stats.set_uptime_seconds(65);

@@ -90,7 +90,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     response_.result(status);
     response_.version(11);
     response_.set(http::field::server, "fuyoud");
-    if (!content_type.empty()) response_.set(http::field::content_type, beast::string_view(content_type.data(), content_type.size()));
+    if (!content_type.empty()) {
+      response_.set(http::field::content_type, beast::string_view(content_type.data(), content_type.size()));
+    }
     response_.keep_alive(false);
     response_.body() = std::move(body);
     response_.prepare_payload();

@@ -120,7 +120,8 @@ std::string RenderMetrics(const MetricsInput& input) {
   w.Sample("fuyou_redo_seconds_total", "", stats.redo_seconds());
 
   w.Histogram("fuyou_chunk_update_seconds", "AdamW kernel time of one chunk update.", input.chunk_update_seconds);
-  w.Histogram("fuyou_step_seconds", "Time from one committed step to the next of the same session (EndStep to EndStep).",
+  w.Histogram("fuyou_step_seconds",
+              "Time from one committed step to the next of the same session (EndStep to EndStep).",
               input.step_seconds);
   return w.Take();
 }

@@ -35,7 +35,8 @@ HistogramSnapshot Histogram::Snapshot() const {
 }
 
 std::vector<double> Histogram::ChunkUpdateBounds() {
-  return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10};
 }
 
 std::vector<double> Histogram::StepBounds() {
