@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   std::string max_segment_bytes_per_user;
   std::string max_client_info_bytes;
   double idle_session_timeout = -1;
+  std::optional<std::string> metrics_listen;
   app.add_option("--config", config_file, "TOML config file (see deploy/fuyoud.toml)")->check(CLI::ExistingFile);
   app.add_option("--socket", socket, "Unix socket to serve on (default: $FUYOU_SOCKET, /run/fuyou/fuyoud.sock for "
                                      "root, else $XDG_RUNTIME_DIR/fuyou/fuyoud.sock)");
@@ -71,6 +73,9 @@ int main(int argc, char** argv) {
   app.add_option("--idle-session-timeout", idle_session_timeout,
                  "seconds an attached session may go without a message before it is closed; 0 = never "
                  "(default 14400)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port to serve Prometheus metrics on (GET /metrics), e.g. 127.0.0.1:9464; \"\" = off "
+                 "(default off)");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::DaemonConfig config = fuyou::DefaultDaemonConfig();
@@ -127,6 +132,7 @@ int main(int argc, char** argv) {
     config.max_client_info_bytes = *bytes;
   }
   if (idle_session_timeout != -1) config.idle_session_timeout_seconds = idle_session_timeout;
+  if (metrics_listen) config.metrics_listen = *metrics_listen;
   if (!log_level.empty()) config.log_level = log_level;
   fuyou::log::Level level;
   if (!fuyou::log::ParseLevel(config.log_level, &level)) {

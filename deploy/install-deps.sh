@@ -23,6 +23,9 @@ PACKAGES=(
   python3-pytest python3-tqdm python3-matplotlib python3-grpcio python3-protobuf
   # the RPC fuzz test (tests/fuzz)
   python3-hypothesis
+  # the Prometheus endpoint's tests: the exposition parser, and a real server
+  # that scrapes fuyoud (tests/python/test_metrics.py)
+  python3-prometheus-client prometheus
   # An optimized BLAS for Debian's torch. Without it torch falls back to the
   # reference libblas3 and a matmul runs ~20x slower (6 vs 140 GFLOPS on 2 cores),
   # which makes the example and the torch.optim baselines crawl.

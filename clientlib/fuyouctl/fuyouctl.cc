@@ -2,6 +2,7 @@
 //
 //   fuyouctl status                 health and a one-screen summary
 //   fuyouctl stats [--watch] [--json]
+//   fuyouctl top [--once | --iterations N] [--interval S]   live view, one frame a second
 //   fuyouctl sessions | jobs        live sessions, jobs on the storage tier
 //   fuyouctl delete-job NAME
 //
@@ -23,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "fmt/format.h"
 #include "format.h"
+#include "top.h"
 #include "fuyou/admin_client.h"
 #include "fuyou/defaults.h"
 #include "google/protobuf/message.h"
@@ -209,6 +211,49 @@ absl::Status RunStats(AdminClient& admin, bool watch, double interval_s, bool js
   return absl::OkStatus();
 }
 
+absl::StatusOr<TopSample> SampleTop(AdminClient& admin) {
+  TopSample sample;
+  absl::StatusOr<v1::GetStatsResponse> stats = admin.GetStats();
+  if (!stats.ok()) return stats.status();
+  absl::StatusOr<v1::ListSessionsResponse> sessions = admin.ListSessions();
+  if (!sessions.ok()) return sessions.status();
+  sample.stats = std::move(*stats);
+  sample.sessions = std::move(*sessions);
+  sample.when = std::chrono::steady_clock::now();
+  return sample;
+}
+
+// Sleeps `seconds` unless interrupted; false when interrupted.
+bool Pause(double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!g_interrupted && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return !g_interrupted;
+}
+
+// Each frame's rates cover the interval before it: the first frame comes one
+// interval after the start. `iterations` 0: until interrupted.
+absl::Status RunTop(AdminClient& admin, double interval_s, int64_t iterations) {
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  std::signal(SIGINT, OnSigint);
+  absl::StatusOr<TopSample> previous = SampleTop(admin);
+  if (!previous.ok()) return previous.status();
+  for (int64_t frame = 0; iterations == 0 || frame < iterations; ++frame) {
+    if (!Pause(interval_s)) break;
+    absl::StatusOr<TopSample> now = SampleTop(admin);
+    if (!now.ok()) return now.status();
+    // On a terminal each frame replaces the last; into a pipe, frames follow
+    // each other, separated by a blank line.
+    if (tty) fmt::print("\033[H\033[2J");
+    else if (frame > 0) fmt::print("\n");
+    fmt::print("{}", RenderTop(*previous, *now, UserName));
+    std::fflush(stdout);
+    previous = std::move(now);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunSessions(AdminClient& admin, bool json) {
   absl::StatusOr<v1::ListSessionsResponse> sessions = admin.ListSessions();
   if (!sessions.ok()) return sessions.status();
@@ -281,6 +326,17 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   stats->add_flag("--json", json, "Print the GetStats response as JSON (one line per refresh under --watch)");
 
+  bool once = false;
+  int64_t iterations = 0;
+  double top_interval_s = 1.0;
+  CLI::App* top = app.add_subcommand("top", "Live view: storage GB/s, sessions' updates/s and latency, DRAM, cache");
+  top->add_flag("--once", once, "Print one frame (its rates cover one interval) and exit");
+  top->add_option("--iterations", iterations, "Print N frames and exit (default: until interrupted)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000}));
+  top->add_option("--interval,-n", top_interval_s, "Seconds between frames")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+
   CLI::App* sessions = app.add_subcommand("sessions", "Live sessions");
   sessions->add_flag("--json", json, "Print as JSON");
   CLI::App* jobs = app.add_subcommand("jobs", "Your jobs on the storage tier");
@@ -302,6 +358,7 @@ int Main(int argc, char** argv) {
   if (result.ok()) {
     if (status->parsed()) result = RunStatus(**admin, socket, json);
     else if (stats->parsed()) result = RunStats(**admin, watch, interval_s, json);
+    else if (top->parsed()) result = RunTop(**admin, top_interval_s, once ? 1 : iterations);
     else if (sessions->parsed()) result = RunSessions(**admin, json);
     else if (jobs->parsed()) result = RunJobs(**admin, json, all_users);
     else if (delete_job->parsed()) result = RunDeleteJob(**admin, job_name);

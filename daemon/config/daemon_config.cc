@@ -144,7 +144,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     return absl::InvalidArgumentError(
         fmt::format("{}: TOML syntax error at {}: {}", origin, where.str(), error.description()));
   }
-  if (auto status = CheckKnownKeys(root, "", {"daemon", "storage", "memory", "limits", "optimizer", "durability"}, origin);
+  if (auto status = CheckKnownKeys(root, "", {"daemon", "storage", "memory", "limits", "optimizer", "durability", "metrics"}, origin);
       !status.ok()) {
     return status;
   }
@@ -241,6 +241,14 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     }
   }
   if (const toml::table* limits = table_of("limits")) FUYOU_RETURN_IF_ERROR(ApplyLimitsTable(*limits, origin, config));
+  if (const toml::table* metrics = table_of("metrics")) {
+    FUYOU_RETURN_IF_ERROR(CheckKnownKeys(*metrics, "metrics", {"listen"}, origin));
+    if (const auto* node = metrics->get("listen")) {
+      auto value = node->value<std::string>();
+      if (!value) return KeyError(origin, "metrics.listen", "expected \"host:port\" such as \"127.0.0.1:9464\", or \"\" (off)");
+      config->metrics_listen = *value;
+    }
+  }
   return absl::OkStatus();
 }
 

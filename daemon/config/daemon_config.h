@@ -45,6 +45,11 @@ struct DaemonConfig {
   // An attached session with no stream message for this long is closed (its
   // uncommitted step rolls back, as when the client disconnects); 0 = never.
   double idle_session_timeout_seconds = 4 * 3600;
+  // [metrics] listen: "host:port" where GET /metrics serves the Prometheus text
+  // format (metrics/metrics_http.h); empty = off, the default. The figures are
+  // every user's activity: keep it on a loopback address unless the network
+  // in between is trusted.
+  std::string metrics_listen;
   // TEST-ONLY: storage faults to inject (FUYOU_TEST_FAULTS; see storage/fault_spec.h).
   std::string test_faults;
 };

@@ -54,6 +54,17 @@ mode = "step-atomic"
   EXPECT_TRUE(ValidateConfig(config).ok());
 }
 
+TEST(ApplyTomlText, MetricsAreOffByDefaultAndListenWhereTold) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.metrics_listen, "") << "the Prometheus endpoint is off unless configured";
+  ASSERT_TRUE(ApplyTomlText("[metrics]\nlisten = \"127.0.0.1:9464\"\n", "test", &config).ok());
+  EXPECT_EQ(config.metrics_listen, "127.0.0.1:9464");
+  auto wrong_type = ApplyTomlText("[metrics]\nlisten = 9464\n", "test", &config);
+  EXPECT_NE(wrong_type.message().find("metrics.listen"), std::string::npos) << wrong_type;
+  auto unknown = ApplyTomlText("[metrics]\nport = 9464\n", "test", &config);
+  EXPECT_NE(unknown.message().find("metrics.port"), std::string::npos) << unknown;
+}
+
 TEST(ApplyTomlText, UnknownKeyIsNamed) {
   DaemonConfig config = DefaultDaemonConfig();
   absl::Status status = ApplyTomlText("[memory]\ndram_budgte = \"1GiB\"\n", "cfg.toml", &config);

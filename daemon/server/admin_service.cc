@@ -39,39 +39,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     mine.redo.Fill(*response);
     return grpc::Status::OK;
   }
-  StatsRates rates = stats_.Rates();
-  response->set_scope(v1::STATS_SCOPE_DAEMON);
-  uint64_t bytes_read = 0, bytes_written = 0;
-  double read_gbps = 0, write_gbps = 0;
-  for (size_t i = 0; i < stats_.storage_paths().size(); ++i) {
-    v1::StoragePathStats* path = response->add_storage();
-    storage::IoCounters* counters = stats_.path_counters(i);
-    path->set_path(stats_.storage_paths()[i].string());
-    path->set_bytes_read(counters->bytes_read.load());
-    path->set_bytes_written(counters->bytes_written.load());
-    path->set_read_gbps(rates.read_gbps[i]);
-    path->set_write_gbps(rates.write_gbps[i]);
-    path->set_direct_io(i < direct_io_.size() && direct_io_[i]);
-    bytes_read += path->bytes_read();
-    bytes_written += path->bytes_written();
-    read_gbps += path->read_gbps();
-    write_gbps += path->write_gbps();
-  }
-  response->set_bytes_read(bytes_read);
-  response->set_bytes_written(bytes_written);
-  response->set_read_gbps(read_gbps);
-  response->set_write_gbps(write_gbps);
-  response->set_chunk_updates(stats_.chunk_updates.load());
-  response->set_params_updated(stats_.params_updated.load());
-  response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
-  response->set_params_updated_per_second(rates.params_updated_per_second);
-  response->set_dram_bytes_in_use(cache_.bytes_in_use());
-  response->set_dram_budget_bytes(cache_.budget_bytes());
-  response->set_cache_hits(stats_.cache_hits.load());
-  response->set_cache_misses(stats_.cache_misses.load());
-  response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
-  response->set_steps_committed(stats_.steps_committed.load());
-  stats_.redo.Fill(*response);
+  report_.FillDaemonScope(/*rates=*/true, response);
   return grpc::Status::OK;
 }
 

@@ -7,6 +7,7 @@
 #include "jobs/job_registry.h"
 #include "state/state_cache.h"
 #include "server/peer_listener.h"
+#include "server/stats_report.h"
 #include "session/session_registry.h"
 #include "stats/daemon_stats.h"
 
@@ -16,15 +17,16 @@ class AdminService final : public v1::Admin::Service {
  public:
   // `listener` (may be null) tells who calls: a user other than root and the
   // daemon's own sees only their own sessions and jobs.
-  AdminService(const PeerListener* listener, DaemonStats& stats, SessionRegistry& sessions, JobRegistry& jobs,
-               StateCache& cache, std::string kernel_isa, std::vector<bool> direct_io)
+  // `report` fills the daemon-wide answer of GetStats (shared with /metrics).
+  AdminService(const PeerListener* listener, const StatsReport& report, SessionRegistry& sessions,
+               JobRegistry& jobs, StateCache& cache, std::string kernel_isa)
       : listener_(listener),
-        stats_(stats),
+        report_(report),
+        stats_(report.stats()),
         sessions_(sessions),
         jobs_(jobs),
         cache_(cache),
-        kernel_isa_(std::move(kernel_isa)),
-        direct_io_(std::move(direct_io)) {}
+        kernel_isa_(std::move(kernel_isa)) {}
 
   grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* response) override;
   // The whole daemon for an administrator (root, the daemon's uid); the caller's
@@ -40,12 +42,12 @@ class AdminService final : public v1::Admin::Service {
 
  private:
   const PeerListener* listener_;
+  const StatsReport& report_;
   DaemonStats& stats_;
   SessionRegistry& sessions_;
   JobRegistry& jobs_;
   StateCache& cache_;
   const std::string kernel_isa_;
-  const std::vector<bool> direct_io_;  // per storage path
 };
 
 }  // namespace fuyou

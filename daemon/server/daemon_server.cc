@@ -19,12 +19,15 @@
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
 #include "jobs/job_registry.h"
+#include "metrics/metrics_http.h"
+#include "metrics/metrics_text.h"
 #include "optimizer/adamw_kernel.h"
 #include "state/state_cache.h"
 #include "server/admin_service.h"
 #include "server/offload_service.h"
 #include "server/peer_listener.h"
 #include "server/socket_path.h"
+#include "server/stats_report.h"
 #include "session/session_registry.h"
 #include "server/segment_listener.h"
 #include "fuyou/segment_handover.h"
@@ -172,7 +175,9 @@ class DaemonServer::Impl {
   std::unique_ptr<JobRegistry> jobs;
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<OffloadService> offload;
+  std::unique_ptr<StatsReport> report;  // GetStats' daemon-wide figures, for admin and metrics
   std::unique_ptr<AdminService> admin;
+  std::unique_ptr<metrics::MetricsHttpServer> metrics;  // null when [metrics] listen is off
   std::unique_ptr<PeerListener> listener;
   // Where clients hand over their segments; stopped before `sessions` goes.
   fs::path segment_socket;
@@ -245,6 +250,23 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   limits.max_segment_bytes_per_user = config.max_segment_bytes_per_user;
   limits.max_client_info_bytes = config.max_client_info_bytes;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes, limits);
+  impl->report = std::make_unique<StatsReport>(*impl->stats, *impl->sessions, *impl->cache, direct_io);
+  // The Prometheus endpoint, when configured, on a thread of its own; it reads
+  // what GetStats reads.
+  if (!config.metrics_listen.empty()) {
+    auto metrics = metrics::MetricsHttpServer::Start(config.metrics_listen, [raw = impl.get()] {
+      v1::GetStatsResponse stats;
+      raw->report->FillDaemonScope(/*rates=*/false, &stats);
+      return metrics::RenderMetrics({stats, raw->stats->chunk_update_seconds.Snapshot(),
+                                     raw->stats->step_seconds.Snapshot(), FUYOU_VERSION});
+    });
+    if (!metrics.ok()) return metrics.status();
+    impl->metrics = std::move(*metrics);
+    // Logged before the control socket accepts: whoever waits for the socket
+    // finds the address in the log.
+    log::Info("Prometheus metrics on http://{}:{}/metrics",
+              config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), impl->metrics->port());
+  }
   // Two sockets side by side, prepared alike: gRPC, and the segment socket
   // where each client passes its segment's memfd (fuyou/segment_handover.h).
   // The daemon needs no privilege for either: it never creates a segment.
@@ -266,9 +288,8 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   }
   impl->segment_listener = std::move(*segment_listener);
   impl->offload = std::make_unique<OffloadService>(*impl->sessions, impl->listener.get(), impl->segment_socket);
-  impl->admin = std::make_unique<AdminService>(impl->listener.get(), *impl->stats, *impl->sessions, *impl->jobs,
-                                               *impl->cache,
-                                               std::string(optimizer::IsaName(impl->kernel->isa())), direct_io);
+  impl->admin = std::make_unique<AdminService>(impl->listener.get(), *impl->report, *impl->sessions, *impl->jobs,
+                                               *impl->cache, std::string(optimizer::IsaName(impl->kernel->isa())));
 
   // The daemon accepts connections itself (to learn each peer's uid) and hands
   // them to a gRPC server that has no listening port of its own.
@@ -319,6 +340,7 @@ void DaemonServer::Shutdown() {
   }
   impl.stop_requested.notify_all();
   if (impl.reaper.joinable()) impl.reaper.join();
+  if (impl.metrics) impl.metrics->Stop();
   impl.sessions->StartDraining();
   const auto drain_deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(impl.config.drain_seconds);

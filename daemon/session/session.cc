@@ -1,5 +1,7 @@
 #include "session/session.h"
 
+#include <algorithm>
+
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -194,6 +196,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   const optimizer::SegmentedUpdateSpec update{segments, counts, 0, without};
   uint64_t skipped = 0;  // elements without gradient
   for (uint32_t s : without) skipped += segments.empty() ? record.num_elements() : segments[s];
+  double kernel_seconds = 0;  // set by run_kernel
   auto run_kernel = [&](const ChunkStates& states) {
     const uint64_t n = states.num_elements();
     optimizer::AdamWBuffers buffers;
@@ -206,8 +209,11 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.weight_dtype = registered.param_dtype;
     buffers.n = n;
     const int64_t update_start = trace::NowUs();
+    const auto kernel_started = std::chrono::steady_clock::now();
     optimizer::SegmentedUpdate(services_.kernel, params, buffers, update);
+    kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - kernel_started).count();
     trace::Record("update", chunk_id, update_start, trace::NowUs());
+    services_.stats.chunk_update_seconds.Observe(kernel_seconds);
     services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
     services_.stats.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
     user_stats_.chunk_updates.fetch_add(1, std::memory_order_relaxed);
@@ -232,6 +238,14 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     }
     return ErrorReply(staged, chunk_id, step);
   }
+  // The session's own figures (SessionInfo, fuyouctl top): the kernel, and the
+  // rest of the request (waiting for the states, submitting the write-back).
+  const double request_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ++activity_.chunk_updates;
+  activity_.update_seconds += kernel_seconds;
+  activity_.state_wait_seconds += std::max(0.0, request_seconds - kernel_seconds);
+  if (redo) ++activity_.chunks_redone;
+  if (request.speculative()) ++activity_.chunks_speculative;
   if (redo) {
     FUYOU_CRASH_POINT("redo_writeback_submitted");
     const bool clipped = request.redo() == v1::REDO_REASON_CLIPPED;
@@ -275,6 +289,10 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   }
   services_.stats.steps_committed.fetch_add(1, std::memory_order_relaxed);
   user_stats_.steps_committed.fetch_add(1, std::memory_order_relaxed);
+  // fuyou_step_seconds: from the session's previous commit to this one.
+  const auto now = std::chrono::steady_clock::now();
+  if (last_commit_) services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *last_commit_).count());
+  last_commit_ = now;
   ++step_;
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
@@ -296,6 +314,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   if (request.reason() == v1::ABORT_REASON_SKIPPED_STEP || request.reason() == v1::ABORT_REASON_OVERFLOW) {
     services_.stats.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
     user_stats_.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
+    activity_.chunks_rolled_back += rolled_back;
   }
   v1::DaemonMessage reply;
   reply.mutable_step_aborted()->set_step(step);
@@ -314,6 +333,12 @@ v1::SessionInfo Session::Info() const {
   info.set_committed_step(step_ - 1);
   info.set_segment_bytes(layout_.TotalBytes());
   info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
+  info.set_chunk_updates(activity_.chunk_updates);
+  info.set_update_seconds(activity_.update_seconds);
+  info.set_state_wait_seconds(activity_.state_wait_seconds);
+  info.set_chunks_speculative(activity_.chunks_speculative);
+  info.set_chunks_redone(activity_.chunks_redone);
+  info.set_chunks_rolled_back(activity_.chunks_rolled_back);
   return info;
 }
 

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -179,6 +180,16 @@ class Session {
   // step has lost an update, so it cannot commit (EndStep rolls it back and
   // returns this error); cleared when the step ends.
   absl::Status failed_redo_;
+  // What this session did (SessionInfo fields 10-15).
+  struct Activity {
+    uint64_t chunk_updates = 0;
+    double update_seconds = 0;      // in the AdamW kernel
+    double state_wait_seconds = 0;  // the rest of each GradReady: states read, write-back submitted
+    uint64_t chunks_speculative = 0;
+    uint64_t chunks_redone = 0;
+    uint64_t chunks_rolled_back = 0;  // by AbortStep of a skipped step
+  } activity_;
+  std::optional<std::chrono::steady_clock::time_point> last_commit_;  // for DaemonStats::step_seconds
 };
 
 }  // namespace fuyou

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fuyou/v1/admin.pb.h"
+#include "stats/histogram.h"
 #include "storage/io_engine.h"
 
 namespace fuyou {
@@ -93,6 +94,12 @@ class DaemonStats {
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
   RedoCounters redo;
+  // The kernel time of each chunk update (SegmentedUpdate of one GradReady, a
+  // redo's included), and the time from one committed step to the next of the
+  // same session (EndStep to EndStep; a session's first step is not observed).
+  // Served as Prometheus histograms (metrics/metrics_text.h).
+  Histogram chunk_update_seconds{Histogram::ChunkUpdateBounds()};
+  Histogram step_seconds{Histogram::StepBounds()};
 
   // The counters of `uid`, created (zero) at first use. The reference stays valid
   // as long as this object. Thread-safe.

@@ -27,6 +27,12 @@ import fake_session  # noqa: E402
 _job_counter = itertools.count()
 
 
+def pytest_configure(config):
+    # Selectable with -m: e.g. -m "not slow" for a quick pass.
+    config.addinivalue_line("markers", "slow: takes more than a few seconds (a real Prometheus server, ...)")
+    config.addinivalue_line("markers", "integration: drives real external programs besides fuyoud")
+
+
 def daemon_binary():
     env = os.environ.get("FUYOU_DAEMON")
     if env:

@@ -1,0 +1,128 @@
+#include "metrics/metrics_text.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <vector>
+
+namespace fuyou::metrics {
+namespace {
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool Has(const std::vector<std::string>& lines, const std::string& line) {
+  return std::find(lines.begin(), lines.end(), line) != lines.end();
+}
+
+v1::GetStatsResponse KnownStats() {
+  v1::GetStatsResponse stats;
+  stats.set_scope(v1::STATS_SCOPE_DAEMON);
+  stats.set_uptime_seconds(12.5);
+  v1::StoragePathStats* a = stats.add_storage();
+  a->set_path("/srv/nvme0");
+  a->set_bytes_read(4096);
+  a->set_bytes_written(8192);
+  v1::StoragePathStats* b = stats.add_storage();
+  b->set_path("/srv/odd\"name\\");
+  b->set_bytes_read(1);
+  b->set_bytes_written(2);
+  stats.set_chunk_updates(40);
+  stats.set_params_updated(123456789012);
+  stats.set_steps_committed(7);
+  stats.set_cache_hits(30);
+  stats.set_cache_misses(10);
+  stats.set_dram_budget_bytes(uint64_t{2} << 30);
+  stats.set_dram_bytes_in_use(1048576);
+  stats.set_live_sessions(2);
+  stats.set_chunks_speculative(11);
+  stats.set_chunks_redone_changed(3);
+  stats.set_chunks_redone_clipped(4);
+  stats.set_chunks_rolled_back_skipped_step(5);
+  stats.set_redo_seconds(0.25);
+  return stats;
+}
+
+TEST(MetricsTextTest, RendersEveryFigureOfGetStatsWithItsTypeAndHelp) {
+  const v1::GetStatsResponse stats = KnownStats();
+  Histogram update({0.001, 0.01});
+  update.Observe(0.0005);
+  update.Observe(0.005);
+  update.Observe(0.5);
+  Histogram step({1});
+  const std::vector<std::string> lines =
+      Lines(RenderMetrics({stats, update.Snapshot(), step.Snapshot(), "1.2.3"}));
+  for (const char* expected : {
+           "# TYPE fuyou_build_info gauge",
+           "fuyou_build_info{version=\"1.2.3\"} 1",
+           "fuyou_uptime_seconds 12.5",
+           "# TYPE fuyou_storage_read_bytes_total counter",
+           "fuyou_storage_read_bytes_total{path=\"/srv/nvme0\"} 4096",
+           "fuyou_storage_read_bytes_total{path=\"/srv/odd\\\"name\\\\\"} 1",
+           "fuyou_storage_written_bytes_total{path=\"/srv/nvme0\"} 8192",
+           "fuyou_storage_written_bytes_total{path=\"/srv/odd\\\"name\\\\\"} 2",
+           "# TYPE fuyou_chunk_updates_total counter",
+           "fuyou_chunk_updates_total 40",
+           "fuyou_params_updated_total 123456789012",
+           "fuyou_steps_committed_total 7",
+           "fuyou_cache_hits_total 30",
+           "fuyou_cache_misses_total 10",
+           "# TYPE fuyou_dram_budget_bytes gauge",
+           "fuyou_dram_budget_bytes 2147483648",
+           "fuyou_dram_bytes_in_use 1048576",
+           "# TYPE fuyou_sessions gauge",
+           "fuyou_sessions 2",
+           "fuyou_chunks_speculative_total 11",
+           "fuyou_chunks_redone_total{reason=\"changed\"} 3",
+           "fuyou_chunks_redone_total{reason=\"clipped\"} 4",
+           "fuyou_chunks_rolled_back_total{reason=\"skipped_step\"} 5",
+           "fuyou_redo_seconds_total 0.25",
+           "# TYPE fuyou_chunk_update_seconds histogram",
+           "fuyou_chunk_update_seconds_bucket{le=\"0.001\"} 1",
+           "fuyou_chunk_update_seconds_bucket{le=\"0.01\"} 2",
+           "fuyou_chunk_update_seconds_bucket{le=\"+Inf\"} 3",
+           "fuyou_chunk_update_seconds_sum 0.5055",
+           "fuyou_chunk_update_seconds_count 3",
+           "# TYPE fuyou_step_seconds histogram",
+           "fuyou_step_seconds_bucket{le=\"1\"} 0",
+           "fuyou_step_seconds_bucket{le=\"+Inf\"} 0",
+           "fuyou_step_seconds_sum 0",
+           "fuyou_step_seconds_count 0",
+       }) {
+    EXPECT_TRUE(Has(lines, expected)) << "missing line: " << expected;
+  }
+}
+
+TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
+  const v1::GetStatsResponse stats = KnownStats();
+  Histogram update({0.001});
+  const std::vector<std::string> lines = Lines(RenderMetrics({stats, update.Snapshot(), update.Snapshot(), "x"}));
+  std::string family;
+  int families = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.rfind("# HELP ", 0) == 0) {
+      family = line.substr(7, line.find(' ', 7) - 7);
+      ASSERT_LT(i + 1, lines.size());
+      EXPECT_EQ(lines[i + 1].rfind("# TYPE " + family + " ", 0), 0u) << line;
+      ++families;
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) continue;
+    ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
+    EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
+  }
+  EXPECT_EQ(families, 18);
+}
+
+TEST(MetricsTextTest, EscapesLabelValues) {
+  EXPECT_EQ(EscapeLabelValue("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+  EXPECT_EQ(EscapeLabelValue("/srv/nvme0"), "/srv/nvme0");
+}
+
+}  // namespace
+}  // namespace fuyou::metrics
