@@ -407,3 +407,25 @@ def test_copy_job_is_refused_across_users():
         jobs = fuyou.admin_client(daemon.address).list_jobs(all_users=True)
         assert [j["name"] for j in jobs] == ["roots-job"], jobs
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_segment_update_counts_that_do_not_fit_are_refused(fuyou_adamw):
+    """SetUpdateCount.segment_update_counts: one per segment, each in range, the
+    largest equal to update_count; anything else is INVALID_ARGUMENT and the
+    session goes on."""
+    model, _ = make_pair()
+    opt = fuyou_adamw(model.parameters())
+    c = opt.pipeline.chunks[0]
+    n = len(c.segments)
+    assert n == 3
+    session = opt.pipeline._session
+    with pytest.raises(fuyou.InvalidArgument, match="3 segments"):
+        session.set_update_count(c.chunk_id, 5, [5] * (n - 1))
+    with pytest.raises(fuyou.InvalidArgument, match="not the largest"):
+        session.set_update_count(c.chunk_id, 5, [3] * n)
+    with pytest.raises(fuyou.InvalidArgument, match="outside"):
+        session.set_update_count(c.chunk_id, 5, [5, -1, 5])
+    loss_of(model, 0).backward()
+    opt.step()
+    assert opt.committed_step == 1
+    assert opt.pipeline.segment_update_counts(c) == [1, 1, 1]
