@@ -477,9 +477,13 @@ class AdamW(torch.optim.Optimizer):
         self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
 
     def __repr__(self) -> str:
-        return (f"fuyou.AdamW(job={self.job!r}, {len(self._pipeline.chunks)} chunks, "
+        """The job, then each parameter group's settings as torch prints them."""
+        chunks = len(self._pipeline.chunks) if self._pipeline is not None else 0
+        head = (f"fuyou.AdamW(job={self.job!r}, {chunks} chunks, "
                 f"{len(self.param_groups)} groups, committed_step={self.committed_step}, "
-                f"address={self._address!r})")
+                f"address={getattr(self, '_address', None)!r})")
+        groups = super().__repr__().split("\n", 1)  # "AdamW (" then torch's group lines
+        return head + (" (\n" + groups[1] if len(groups) > 1 else "")
 
     # ------------------------------------------------------------------ internals
     def _connect(self):

@@ -429,3 +429,129 @@ def test_segment_update_counts_that_do_not_fit_are_refused(fuyou_adamw):
     opt.step()
     assert opt.committed_step == 1
     assert opt.pipeline.segment_update_counts(c) == [1, 1, 1]
+
+
+# ------------------------------------------- the patterns of torch's optimizer tests
+def test_step_with_a_closure_that_zeroes_and_backpropagates(fuyou_adamw):
+    model, ref = make_pair()
+    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    for step in range(4):
+        losses = []
+        for m, o in ((ref, ref_opt), (model, opt)):
+            def closure(m=m, o=o):
+                o.zero_grad()
+                loss = loss_of(m, step)
+                loss.backward()
+                return loss
+            losses.append(o.step(closure))
+        assert float(losses[1]) == float(losses[0])
+        assert_matches(model, ref, step, "step(closure)")
+
+
+class NonContiguous(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(10, 5).t())  # a transposed view
+        self.bias = nn.Parameter(torch.randn(20)[::2])  # a strided view
+
+    def forward(self, x):
+        return (x @ self.weight + self.bias).pow(2).mean()
+
+
+def test_non_contiguous_parameters(daemon):
+    torch.manual_seed(5)
+    model = NonContiguous()
+    ref = copy.deepcopy(model)
+    assert not model.weight.is_contiguous() and not model.bias.is_contiguous()
+    ref_opt = torch_adamw(ref.parameters())
+    with fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                     job=f"dropin-noncontig-{os.getpid()}", address=daemon.address) as opt:
+        for step in range(5):
+            x = torch.randn(4, 5, generator=torch.Generator().manual_seed(step))
+            for m, o in ((ref, ref_opt), (model, opt)):
+                m(x).backward()
+                o.step()
+                o.zero_grad()
+            assert_matches(model, ref, step, "non-contiguous parameters")
+
+
+def test_parameter_groups_with_their_own_lr(daemon):
+    model, ref = make_pair()
+
+    def groups(m):
+        return [{"params": list(m.head.parameters()), "lr": LR / 3, "weight_decay": 0.0},
+                {"params": [p for n, p in m.named_parameters() if not n.startswith("head.")]}]
+
+    ref_opt = torch_adamw(groups(ref))
+    with fuyou.AdamW(groups(model), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+                     job=f"dropin-lrs-{os.getpid()}", address=daemon.address,
+                     chunk_bytes=CHUNK_BYTES, num_slots=NUM_SLOTS) as opt:
+        assert opt.param_groups[0]["lr"] == LR / 3
+        _train_alike(model, ref, opt, ref_opt, 4, "groups with their own lr")
+
+
+S = torch.optim.lr_scheduler
+SCHEDULERS = {
+    "StepLR": lambda o: S.StepLR(o, step_size=2, gamma=0.5),
+    "MultiStepLR": lambda o: S.MultiStepLR(o, milestones=[1, 3], gamma=0.3),
+    "ConstantLR": lambda o: S.ConstantLR(o, factor=0.5, total_iters=3),
+    "LinearLR": lambda o: S.LinearLR(o, start_factor=0.2, total_iters=4),
+    "ExponentialLR": lambda o: S.ExponentialLR(o, gamma=0.7),
+    "PolynomialLR": lambda o: S.PolynomialLR(o, total_iters=5, power=2.0),
+    "CosineAnnealingLR": lambda o: S.CosineAnnealingLR(o, T_max=4),
+    "CosineAnnealingWarmRestarts": lambda o: S.CosineAnnealingWarmRestarts(o, T_0=2),
+    "LambdaLR": lambda o: S.LambdaLR(o, lambda s: 1.0 / (s + 1)),
+    "MultiplicativeLR": lambda o: S.MultiplicativeLR(o, lambda s: 0.8),
+    "CyclicLR": lambda o: S.CyclicLR(o, base_lr=LR / 10, max_lr=LR, step_size_up=2,
+                                     cycle_momentum=False),
+    "OneCycleLR": lambda o: S.OneCycleLR(o, max_lr=LR, total_steps=8),  # cycles beta1 too
+    "SequentialLR": lambda o: S.SequentialLR(o, [S.ConstantLR(o, factor=0.3, total_iters=2),
+                                                 S.ExponentialLR(o, gamma=0.8)], milestones=[2]),
+    "ChainedScheduler": lambda o: S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=2),
+                                                      S.ExponentialLR(o, gamma=0.9)]),
+    "ReduceLROnPlateau": lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_lr_scheduler(fuyou_adamw, name):
+    model, ref = make_pair()
+    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    scheds = [SCHEDULERS[name](ref_opt), SCHEDULERS[name](opt)]
+    for step in range(6):
+        for m, o, s in ((ref, ref_opt, scheds[0]), (model, opt, scheds[1])):
+            loss = loss_of(m, step)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            if name == "ReduceLROnPlateau":
+                s.step(1.0)  # never better: the lr halves every step
+            else:
+                s.step()
+        assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+        assert opt.param_groups[0]["betas"] == ref_opt.param_groups[0]["betas"]
+        assert_matches(model, ref, step, name)
+
+
+def test_state_dict_is_deterministic_across_equal_optimizers(fuyou_adamw):
+    a, b = make_pair()
+    opt_a, opt_b = fuyou_adamw(a.parameters()), fuyou_adamw(b.parameters())
+    for step in range(2):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            loss_of(m, step).backward()
+            o.step()
+            o.zero_grad()
+    sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
+    assert sd_a == opt_a.state_dict()
+    assert sd_a["param_groups"] == sd_b["param_groups"]
+    assert sd_a["state"] == sd_b["state"]
+    assert ({k: v for k, v in sd_a["fuyou"].items() if k != "job"}
+            == {k: v for k, v in sd_b["fuyou"].items() if k != "job"})
+
+
+def test_repr_names_the_job_and_the_groups(fuyou_adamw):
+    model, _ = make_pair()
+    opt = fuyou_adamw(model.parameters(), job=f"dropin-repr-{os.getpid()}")
+    text = repr(opt)
+    assert text.startswith("fuyou.AdamW(job='dropin-repr-")
+    assert "Parameter Group 0" in text and f"lr: {LR}" in text and "maximize: False" in text
