@@ -5,6 +5,7 @@
 //   fuyouctl top [--once | --iterations N] [--interval S]   live view, one frame a second
 //   fuyouctl sessions | jobs        live sessions, jobs on the storage tier
 //   fuyouctl delete-job NAME
+//   fuyouctl copy-job SRC DST
 //
 // Exit status 0 on success, 1 with a message on stderr on any error (for example
 // when the daemon is not running).
@@ -294,6 +295,14 @@ absl::Status RunJobs(AdminClient& admin, bool json, bool all_users) {
   return absl::OkStatus();
 }
 
+absl::Status RunCopyJob(AdminClient& admin, const std::string& src, const std::string& dst) {
+  absl::StatusOr<v1::CopyJobResponse> copied = admin.CopyJob(src, dst);
+  if (!copied.ok()) return copied.status();
+  fmt::print("copied job '{}' into '{}': {} of states, committed step {}\n", Printable(src), Printable(dst),
+             FormatBytes(copied->bytes_copied()), copied->committed_step());
+  return absl::OkStatus();
+}
+
 absl::Status RunDeleteJob(AdminClient& admin, const std::string& name) {
   absl::StatusOr<v1::DeleteJobResponse> deleted = admin.DeleteJob(name);
   if (!deleted.ok()) return deleted.status();
@@ -346,6 +355,11 @@ int Main(int argc, char** argv) {
   std::string job_name;
   CLI::App* delete_job = app.add_subcommand("delete-job", "Delete a job and free its space");
   delete_job->add_option("NAME", job_name, "Job to delete")->required();
+  std::string copy_src, copy_dst;
+  CLI::App* copy_job =
+      app.add_subcommand("copy-job", "Fork a job: a new job DST gets SRC's committed states, copied in the daemon");
+  copy_job->add_option("SRC", copy_src, "Job to copy (not open in a session)")->required();
+  copy_job->add_option("DST", copy_dst, "New job's name (must not exist)")->required();
 
   CLI11_PARSE(app, argc, argv);
 
@@ -362,6 +376,7 @@ int Main(int argc, char** argv) {
     else if (sessions->parsed()) result = RunSessions(**admin, json);
     else if (jobs->parsed()) result = RunJobs(**admin, json, all_users);
     else if (delete_job->parsed()) result = RunDeleteJob(**admin, job_name);
+    else if (copy_job->parsed()) result = RunCopyJob(**admin, copy_src, copy_dst);
   }
   if (!result.ok()) {
     std::cerr << "fuyouctl: " << Printable(std::string(result.message())) << "\n";

@@ -68,4 +68,12 @@ absl::StatusOr<v1::DeleteJobResponse> AdminClient::DeleteJob(const std::string& 
       &v1::Admin::Stub::DeleteJob, request, fmt::format("DeleteJob of job '{}'", name));
 }
 
+absl::StatusOr<v1::CopyJobResponse> AdminClient::CopyJob(const std::string& src, const std::string& dst) {
+  v1::CopyJobRequest request;
+  request.set_src(src);
+  request.set_dst(dst);
+  return impl_->Call<v1::CopyJobRequest, v1::CopyJobResponse>(
+      &v1::Admin::Stub::CopyJob, request, fmt::format("CopyJob of job '{}' into '{}'", src, dst));
+}
+
 }  // namespace fuyou

@@ -748,8 +748,9 @@ absl::Status Session::WriteState(uint32_t chunk_id, StateKind which, uint64_t fi
                                  std::span<const float> values) {
   return impl_->WriteState(chunk_id, which, first, values);
 }
-absl::Status Session::SetUpdateCount(uint32_t chunk_id, int64_t update_count) {
-  return impl_->SetUpdateCount(chunk_id, update_count);
+absl::Status Session::SetUpdateCount(uint32_t chunk_id, int64_t update_count,
+                                     std::span<const int64_t> segment_update_counts) {
+  return impl_->SetUpdateCount(chunk_id, update_count, segment_update_counts);
 }
 absl::StatusOr<uint32_t> Session::CommitImport() { return impl_->CommitImport(); }
 absl::Status Session::Close() { return impl_->Close(); }

@@ -126,11 +126,13 @@ absl::Status Session::Impl::WriteState(uint32_t chunk_id, StateKind which, uint6
   return absl::OkStatus();
 }
 
-absl::Status Session::Impl::SetUpdateCount(uint32_t chunk_id, int64_t update_count) {
+absl::Status Session::Impl::SetUpdateCount(uint32_t chunk_id, int64_t update_count,
+                                           std::span<const int64_t> segment_update_counts) {
   std::lock_guard control(control_mu_);
   v1::ClientMessage message;
   message.mutable_set_update_count()->set_chunk_id(chunk_id);
   message.mutable_set_update_count()->set_update_count(update_count);
+  for (int64_t count : segment_update_counts) message.mutable_set_update_count()->add_segment_update_counts(count);
   absl::StatusOr<v1::DaemonMessage> reply = Control(message, fmt::format("SetUpdateCount of chunk {}", chunk_id));
   if (!reply.ok()) return reply.status();
   if (!reply->has_update_count_set() || reply->update_count_set().chunk_id() != chunk_id) {

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "jobs/job_copy.h"
 
 namespace fuyou {
 namespace fs = std::filesystem;
@@ -210,6 +211,47 @@ absl::StatusOr<uint64_t> JobRegistry::Delete(const std::string& name, uid_t uid)
     return absl::FailedPreconditionError(fmt::format("job '{}' is open in a session; close it before deleting", name));
   }
   return RemoveLocked(name, uid);
+}
+
+absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::string& dst, uid_t uid) {
+  if (std::string problem = JobNameProblem(src); !problem.empty()) return absl::InvalidArgumentError(problem);
+  if (std::string problem = JobNameProblem(dst); !problem.empty()) return absl::InvalidArgumentError(problem);
+  if (src == dst) return absl::InvalidArgumentError(fmt::format("cannot copy job '{}' onto itself", src));
+  std::lock_guard lock(mutex_);
+  if (open_.count(Job::Key(uid, src)) != 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "cannot copy job '{}': it is open in a session, whose steps change its committed states; close its "
+        "optimizer (or let its session end) and copy again",
+        src));
+  }
+  if (open_.count(Job::Key(uid, dst)) != 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("cannot copy job '{}' into job '{}': '{}' is open in a session", src, dst, dst));
+  }
+  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> source, Job::Open(roots_, src, uid, /*create=*/false, io_, stats_));
+  if (auto existing = Job::Open(roots_, dst, uid, /*create=*/false, io_, stats_); !absl::IsNotFound(existing.status())) {
+    if (!existing.ok()) return existing.status();
+    return absl::AlreadyExistsError(fmt::format(
+        "cannot copy job '{}' into job '{}': '{}' already exists; delete it first (fuyouctl jobs delete) or choose "
+        "another name",
+        src, dst, dst));
+  }
+  if (const uint32_t limit = options_.max_jobs_per_user; limit != 0 && CountJobs(uid) >= limit) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "cannot copy job '{}' into job '{}': uid {} already has {} jobs, the limit of max_jobs_per_user ({}); delete "
+        "a job (fuyouctl jobs delete) or raise [limits] max_jobs_per_user / --max-jobs-per-user",
+        src, dst, uid, CountJobs(uid), limit));
+  }
+  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> target, Job::Open(roots_, dst, uid, /*create=*/true, io_, stats_));
+  absl::StatusOr<uint64_t> copied = CopyJobStates(*source, *target);
+  if (!copied.ok()) {
+    target.reset();
+    if (absl::StatusOr<uint64_t> removed = RemoveLocked(dst, uid); !removed.ok()) {
+      log::Warn("job '{}' of uid {}: cannot remove what a failed copy left: {}", dst, uid,
+                removed.status().message());
+    }
+  }
+  return copied;
 }
 
 absl::StatusOr<uint64_t> JobRegistry::RemoveLocked(const std::string& name, uid_t uid) {

@@ -62,6 +62,13 @@ class JobRegistry {
   // has no such job, FAILED_PRECONDITION while it is open. A job whose manifest
   // is damaged can be deleted (it is in the caller's own namespace).
   absl::StatusOr<uint64_t> Delete(const std::string& name, uid_t uid);
+  // Forks job `src` of `uid` into a new job `dst` of the same uid (jobs/job_copy.h):
+  // returns the bytes of states copied. NOT_FOUND when src does not exist;
+  // ALREADY_EXISTS when dst does; FAILED_PRECONDITION while src or dst is open
+  // in a session (src's committed states change with its steps);
+  // RESOURCE_EXHAUSTED past max_jobs_per_user or when storage is full. A failed
+  // copy leaves no dst behind.
+  absl::StatusOr<uint64_t> Copy(const std::string& src, const std::string& dst, uid_t uid);
 
   const std::vector<std::filesystem::path>& roots() const { return roots_; }
 

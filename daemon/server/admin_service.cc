@@ -79,4 +79,21 @@ grpc::Status AdminService::DeleteJob(grpc::ServerContext* context, const v1::Del
   return grpc::Status::OK;
 }
 
+grpc::Status AdminService::CopyJob(grpc::ServerContext* context, const v1::CopyJobRequest* request,
+                                   v1::CopyJobResponse* response) {
+  // Both jobs in the caller's namespace: another user's job is never read.
+  const uid_t caller = Caller(listener_, context->peer()).uid;
+  auto copied = jobs_.Copy(request->src(), request->dst(), caller);
+  if (!copied.ok()) return ToGrpcStatus(copied.status());
+  cache_.DropJob(Job::Key(caller, request->dst()));  // nothing cached of a job of that name
+  response->set_bytes_copied(*copied);
+  auto listed = jobs_.List(caller);
+  if (listed.ok()) {
+    for (const v1::JobInfo& info : *listed) {
+      if (info.name() == request->dst()) response->set_committed_step(info.committed_step());
+    }
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace fuyou

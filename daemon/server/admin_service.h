@@ -39,6 +39,9 @@ class AdminService final : public v1::Admin::Service {
                         v1::ListJobsResponse* response) override;
   grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override;
+  // Forks a job of the caller into a new job of the caller (JobRegistry::Copy).
+  grpc::Status CopyJob(grpc::ServerContext* context, const v1::CopyJobRequest* request,
+                       v1::CopyJobResponse* response) override;
 
  private:
   const PeerListener* listener_;

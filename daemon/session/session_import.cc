@@ -8,8 +8,12 @@
 // the manifest at the shadow extents and sets the update counts in one atomic
 // commit that keeps the committed step; until then the committed extents are
 // untouched and the end of the session drops the import (ChunkStore's import).
+#include <algorithm>
+#include <vector>
+
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "jobs/chunk_segments.h"
 #include "session/session.h"
 #include "session/stream_replies.h"
 
@@ -89,6 +93,34 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
                           chunk_id, request.update_count(), kMaxUpdateCount)),
                       chunk_id);
   }
+  std::vector<int64_t> segment_counts(request.segment_update_counts().begin(), request.segment_update_counts().end());
+  if (!segment_counts.empty()) {
+    const size_t segments = SegmentCount(*store_->Find(chunk_id));
+    if (segment_counts.size() != segments) {
+      return ErrorReply(absl::InvalidArgumentError(fmt::format(
+                            "SetUpdateCount: chunk {} of job '{}' has {} segments, but {} segment_update_counts "
+                            "were sent; send one per segment, or none",
+                            chunk_id, job_name_, segments, segment_counts.size())),
+                        chunk_id);
+    }
+    int64_t largest = 0;
+    for (size_t i = 0; i < segment_counts.size(); ++i) {
+      if (segment_counts[i] < 0 || segment_counts[i] > kMaxUpdateCount) {
+        return ErrorReply(absl::InvalidArgumentError(fmt::format(
+                              "SetUpdateCount: chunk {}: segment_update_counts[{}] = {} is outside 0..{}", chunk_id,
+                              i, segment_counts[i], kMaxUpdateCount)),
+                          chunk_id);
+      }
+      largest = std::max(largest, segment_counts[i]);
+    }
+    if (largest != request.update_count()) {
+      return ErrorReply(absl::InvalidArgumentError(fmt::format(
+                            "SetUpdateCount: chunk {}: update_count {} is not the largest of its "
+                            "segment_update_counts ({}); send their maximum",
+                            chunk_id, request.update_count(), largest)),
+                        chunk_id);
+    }
+  }
   if (store_->staged_count() != 0) {
     return ErrorReply(absl::FailedPreconditionError(fmt::format(
                           "SetUpdateCount: chunk {}: step {} of job '{}' has chunk updates in flight; update counts "
@@ -96,7 +128,7 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
                           chunk_id, step_, job_name_)),
                       chunk_id);
   }
-  store_->ImportUpdateCount(chunk_id, request.update_count());
+  store_->ImportUpdateCount(chunk_id, request.update_count(), std::move(segment_counts));
   v1::DaemonMessage reply;
   reply.mutable_update_count_set()->set_chunk_id(chunk_id);
   reply.mutable_update_count_set()->set_update_count(request.update_count());

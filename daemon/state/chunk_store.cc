@@ -411,8 +411,11 @@ absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64
   return absl::OkStatus();
 }
 
-void ChunkStore::ImportUpdateCount(uint32_t chunk_id, int64_t update_count) {
-  imported_[chunk_id].update_count = update_count;
+void ChunkStore::ImportUpdateCount(uint32_t chunk_id, int64_t update_count,
+                                   std::vector<int64_t> segment_update_counts) {
+  Imported& imported = imported_[chunk_id];
+  imported.update_count = update_count;
+  imported.segment_update_counts = std::move(segment_update_counts);
 }
 
 absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
@@ -421,7 +424,9 @@ absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
   JobEdit edit(job_);
   for (const auto& [chunk_id, imported] : imported_) {
     if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksum);
-    if (imported.update_count) edit.SetUpdateCount(chunk_id, *imported.update_count);
+    if (!imported.update_count) continue;
+    edit.SetUpdateCount(chunk_id, *imported.update_count);
+    if (!imported.segment_update_counts.empty()) edit.SetSegmentUpdateCounts(chunk_id, imported.segment_update_counts);
   }
   if (absl::Status committed = edit.Commit(); !committed.ok()) {
     DropImport();

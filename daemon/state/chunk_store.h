@@ -163,9 +163,12 @@ class ChunkStore {
   // Precondition: the range lies in the chunk. On a failed write the whole
   // pending import is dropped and the error returned.
   absl::Status ImportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<const float> values);
-  // Sets chunk `chunk_id`'s update count as part of the pending import.
-  // Precondition: count in [0, kMaxUpdateCount].
-  void ImportUpdateCount(uint32_t chunk_id, int64_t update_count);
+  // Sets chunk `chunk_id`'s update count as part of the pending import, and its
+  // per-segment counts when `segment_update_counts` is not empty (then one per
+  // segment, the largest equal to update_count).
+  // Precondition: counts in [0, kMaxUpdateCount], checked by the caller.
+  void ImportUpdateCount(uint32_t chunk_id, int64_t update_count,
+                         std::vector<int64_t> segment_update_counts = {});
   bool HasPendingImport(uint32_t chunk_id) const { return imported_.count(chunk_id) != 0; }
   size_t pending_imports() const { return imported_.size(); }
   // Makes the pending import durable in one manifest commit that keeps the
@@ -195,6 +198,7 @@ class ChunkStore {
     bool states_written = false;  // the shadow extent holds new states
     uint64_t checksum = 0;
     std::optional<int64_t> update_count;
+    std::vector<int64_t> segment_update_counts{};  // empty: every segment at update_count
   };
 
   // The committed states of `record`, pinned.

@@ -32,7 +32,7 @@ __all__ = ["export_state", "plan_import", "apply_import", "STATE_MASTER", "STATE
 # lr, betas, eps, weight_decay and params; fuyou implements exactly these values.
 _TORCH_GROUP_DEFAULTS = {"amsgrad": False, "foreach": None, "maximize": False,
                          "capturable": False}
-_HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
+_HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr", "maximize")
 
 
 def _torch_indices(param_groups) -> Dict[int, int]:
@@ -82,7 +82,11 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
     groups = []
     for g in opt.param_groups:
         saved = {k: v for k, v in g.items() if k != "params"}
-        saved.update(_TORCH_GROUP_DEFAULTS)
+        for key, value in _TORCH_GROUP_DEFAULTS.items():
+            saved.setdefault(key, value)
+        for key in ("fused", "differentiable"):  # not in torch 1.13's AdamW groups
+            if saved.get(key) in (None, False):
+                saved.pop(key, None)
         saved["params"] = [index[id(p)] for p in g["params"]]
         groups.append(saved)
 
@@ -111,7 +115,7 @@ class ChunkImport:
     master: Optional[torch.Tensor]  # fp32, or None: the weights registered from the model
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
-    step: int
+    steps: List[int]  # per segment of the chunk
 
 
 @dataclass
@@ -158,7 +162,7 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
         if len(sg["params"]) != len(g["params"]):
             raise InvalidArgument(f"checkpoint group {gi} has {len(sg['params'])} parameters, "
                                   f"the optimizer's {len(g['params'])}")
-        for key in ("amsgrad", "maximize"):
+        for key in ("amsgrad",):
             if sg.get(key):
                 raise InvalidArgument(f"checkpoint group {gi} has {key}=True, which fuyou.AdamW "
                                       "does not implement")
@@ -186,13 +190,9 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
 
     chunks = []
     for c in pipeline.chunks:
-        steps = {per_param[seg.param_index][3] for seg in c.segments}
-        if len(steps) != 1:
-            names = sorted({saved_index[id(seg.param)] for seg in c.segments})
-            raise InvalidArgument(
-                f"checkpoint: parameters {names} share chunk {c.chunk_id:#x} but have different "
-                f"steps {sorted(steps)}; a chunk has one Adam step count (put parameters that "
-                "were not always updated in a parameter group of their own)")
+        # Adam's t per segment: parameters of one chunk may have different steps
+        # (one without a gradient in some steps), as torch keeps them.
+        steps = [per_param[seg.param_index][3] for seg in c.segments]
         has_master = any(per_param[seg.param_index][0] is not None for seg in c.segments)
         master = torch.empty(c.num_elements, dtype=torch.float32) if has_master else None
         m = torch.empty(c.num_elements, dtype=torch.float32)
@@ -205,7 +205,7 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
             if master is not None:
                 master[dst] = (pm if pm is not None else
                                seg.param.detach().float().reshape(-1))[seg.start:seg.end]
-        chunks.append(ChunkImport(c, master, m, v, steps.pop()))
+        chunks.append(ChunkImport(c, master, m, v, steps))
     hyper = [{k: sg[k] for k in _HYPER_KEYS if k in sg} for sg in groups]
     return ImportPlan(chunks, hyper)
 
@@ -222,10 +222,10 @@ def apply_import(opt, pipeline: ChunkPipeline, plan: ImportPlan) -> None:
     for ci in plan.chunks:
         if ci.master is not None:
             pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
-        if ci.step != 0:  # a new chunk's moments are already zero
+        if any(ci.steps):  # a new chunk's moments and counts are already zero
             pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
             pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
-            pipeline.set_update_count(ci.chunk, ci.step)
+            pipeline.set_update_count(ci.chunk, ci.steps)
     pipeline.commit_import()
     with torch.no_grad():
         for ci in plan.chunks:

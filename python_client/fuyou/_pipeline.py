@@ -6,7 +6,8 @@ backward passes per chunk, the session's shared-memory slots, the chunks in
 flight, the per-chunk staging copies of new weights that arrive while backward
 still runs, and the install of new weights into the parameters. It knows
 nothing of torch.optim: the optimizer tells it which hyper-parameters a chunk's
-group has now (``hyper``), with which ``grad_scale`` a hook may send a chunk
+group has now (``hyper``: lr, beta1, beta2, eps, weight_decay, maximize; maximize
+negates ``grad_scale``), with which ``grad_scale`` a hook may send a chunk
 (``hook_grad_scale``, None: hooks must not send), and when to commit or abandon
 a step.
 
@@ -252,10 +253,17 @@ class ChunkPipeline:
         """Replaces one fp32 state of the chunk, as part of the pending import."""
         self._session.write_state(c.chunk_id, kind, 0, values.numpy())
 
-    def set_update_count(self, c: Chunk, count: int) -> None:
-        """Sets the chunk's Adam step count, as part of the pending import."""
-        self._session.set_update_count(c.chunk_id, count)
-        self._segment_counts[c.chunk_id] = [int(count)] * len(c.segments)
+    def set_update_count(self, c: Chunk, counts: List[int]) -> None:
+        """Sets the Adam step count of each of the chunk's segments, as part of the
+        pending import (a chunk registered as one segment takes the largest)."""
+        counts = [int(t) for t in counts]
+        largest = max(counts)
+        if len(set(counts)) == 1 or len(c.segments) > MAX_CHUNK_SEGMENTS:
+            self._session.set_update_count(c.chunk_id, largest)
+            counts = [largest] * len(c.segments)
+        else:
+            self._session.set_update_count(c.chunk_id, largest, segment_update_counts=counts)
+        self._segment_counts[c.chunk_id] = counts
 
     def commit_import(self) -> None:
         """Makes the pending import durable (one atomic commit)."""
@@ -495,7 +503,9 @@ class ChunkPipeline:
                 missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
             else:
                 missing_sent = missing
-            lr, beta1, beta2, eps, weight_decay = self._hyper(c.group_index)
+            lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
+            if maximize:  # torch's maximize: Adam on -grad
+                grad_scale = -grad_scale
             session.send_grad_ready(c.chunk_id, slot, self._committed + 1, float(lr),
                                     float(beta1), float(beta2), float(eps),
                                     float(weight_decay), float(grad_scale),

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -28,6 +29,8 @@ from ._errors import DaemonUnavailable
 
 __all__ = [
     "EmbeddedDaemon",
+    "acquire_shared_embedded",
+    "release_shared_embedded",
     "default_socket_path",
     "find_daemon_binary",
     "socket_path_of",
@@ -269,7 +272,9 @@ def resolve_address(address: Optional[str], embedded: Optional[bool],
     - `address` given: used as is; DaemonUnavailable when its socket does not accept.
     - else the default socket (FUYOU_SOCKET / system / per-user) when it accepts,
       unless embedded is True;
-    - else, unless embedded is False or $FUYOU_EMBEDDED=0, a new EmbeddedDaemon.
+    - else, unless embedded is False or $FUYOU_EMBEDDED=0, the process's shared
+      EmbeddedDaemon (started on first use; give it back with
+      release_shared_embedded).
     """
     if address:
         address = to_address(address)
@@ -289,8 +294,43 @@ def resolve_address(address: Optional[str], embedded: Optional[bool],
         _require_listening(path, "unix:" + path, probe_timeout,
                            hint=f" An embedded daemon was not started because {why}.")
         return "unix:" + path, None
-    daemon = EmbeddedDaemon()
+    daemon = acquire_shared_embedded()
     return daemon.address, daemon
+
+
+# The embedded daemon the optimizers of this process share, with how many use it.
+_SHARED_LOCK = threading.Lock()
+_SHARED: Optional[EmbeddedDaemon] = None
+_SHARED_USERS = 0
+
+
+def acquire_shared_embedded() -> EmbeddedDaemon:
+    """The process's shared embedded daemon, started on first use: every optimizer
+    that needs an embedded fuyoud opens its own job on this one (one fuyoud per
+    data directory; a second would find the storage in use). Pair each call with
+    :func:`release_shared_embedded`."""
+    global _SHARED, _SHARED_USERS
+    with _SHARED_LOCK:
+        if _SHARED is None or not _SHARED.running():
+            _SHARED, _SHARED_USERS = EmbeddedDaemon(), 0
+        _SHARED_USERS += 1
+        return _SHARED
+
+
+def release_shared_embedded(daemon: EmbeddedDaemon) -> None:
+    """One user less of `daemon`; the last one stops it. A daemon that is not the
+    shared one (started by hand) is stopped at once."""
+    global _SHARED, _SHARED_USERS
+    with _SHARED_LOCK:
+        if daemon is not _SHARED:
+            stop = True
+        else:
+            _SHARED_USERS -= 1
+            stop = _SHARED_USERS <= 0
+            if stop:
+                _SHARED, _SHARED_USERS = None, 0
+    if stop:
+        daemon.stop()
 
 
 def resolve_admin_address() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import os
@@ -9,6 +10,7 @@ import socket
 import sys
 import threading
 import warnings
+import weakref
 from typing import Optional, Union
 
 import torch
@@ -19,7 +21,7 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
-from .daemon import EmbeddedDaemon, resolve_address
+from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
 
 __all__ = ["AdamW"]
 
@@ -34,6 +36,32 @@ def _open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, a
     return _native.module().Session.open(
         job=job, num_slots=num_slots, slot_bytes=slot_bytes, client_info=client_info,
         address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout)
+
+
+_OPEN: "weakref.WeakSet[AdamW]" = weakref.WeakSet()  # this process's open optimizers
+
+
+def _find_open(job: str, address: str) -> Optional["AdamW"]:
+    """The open optimizer of this process on `job` of the daemon at `address`."""
+    for opt in list(_OPEN):
+        if opt.job == job and opt.address == address and not opt._closed:
+            return opt
+    return None
+
+
+class _CloseAtExit:
+    """atexit handler of one optimizer (weakly held): closes it if still open."""
+
+    def __init__(self, opt: "AdamW"):
+        self._ref = weakref.ref(opt)
+
+    def __call__(self) -> None:
+        opt = self._ref()
+        if opt is not None:
+            try:
+                opt.close()
+            except Exception as e:  # at exit: say it, never raise
+                print(f"fuyou: closing job {opt.job!r} at exit failed: {e}", file=sys.stderr)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -116,6 +144,18 @@ class AdamW(torch.optim.Optimizer):
     sent at all. ``state_dict()`` holds the hyper-parameters, the loss-scale state
     and the step counters; the moments themselves stay in the daemon under ``job``.
 
+    **load_state_dict from another job.** A state dict that :meth:`state_dict`
+    took from an optimizer on another job *forks* that job into this one, as
+    torch's copy of the moments does, when this optimizer's job has nothing
+    trained yet (a new job): its weights, moments and step counts become those of
+    the other job at its last commit, and the parameters get its weights. The
+    states are copied inside the daemon (admin ``CopyJob``, as ``fuyouctl
+    copy-job``) when no session has the other job open, or read through the two
+    sessions when an optimizer of this process has it open. Both optimizers then
+    train identically. The layouts must match (same model, groups and
+    ``chunk_bytes``); a job that already has trained states keeps them (a warning
+    says so).
+
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
     a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,
     ``exp_avg_sq`` per parameter) to a PyTorch checkpoint. ``init_from`` (a
@@ -134,17 +174,38 @@ class AdamW(torch.optim.Optimizer):
             the default socket (``$FUYOU_SOCKET``, ``/run/fuyou/fuyoud.sock``, or
             the per-user one); when nothing answers there and ``embedded`` is not
             False (nor ``$FUYOU_EMBEDDED=0``) a private fuyoud is started for this
-            process (see :class:`fuyou.EmbeddedDaemon`). ``embedded=True`` always
-            starts a private one.
+            process (see :class:`fuyou.EmbeddedDaemon`); ``embedded=True`` uses
+            it even when a fuyoud answers on the default socket. The optimizers of
+            one process share that embedded fuyoud (reference-counted: the last
+            one closed stops it), each on its own job.
+
+    **Exit without close().** At interpreter exit every optimizer still open is
+    closed as :meth:`close` does (the steps that :meth:`step` returned from are
+    committed; a step in progress, i.e. backward done without :meth:`step`, is
+    abandoned), before the embedded daemon is stopped, so the daemon stops at once
+    (no drain of an open session). A job reopened later resumes at the last step
+    that :meth:`step` returned from.
         chunk_bytes: most bytes of weights in one chunk (slot size).
         num_slots: shared-memory slots, i.e. chunks in flight at once (1-64).
+        amsgrad: must be False (NotImplementedError otherwise: the daemon keeps
+            no running maximum of ``exp_avg_sq``).
+        maximize: as torch: maximizes the objective (Adam on ``-grad``; sent to the
+            daemon as a negative ``grad_scale``). Per parameter group.
+        foreach, capturable, differentiable, fused: accepted for compatibility
+            with torch.optim.AdamW and kept in the parameter groups; they choose
+            torch's implementation of the update and have no effect here (the
+            daemon runs its own CPU kernel; gradients are not differentiated
+            through the step).
         timeout: seconds any wait on the daemon may take before
             :class:`fuyou.FuyouError` is raised (a dead daemon never hangs a job).
         init_from: checkpoint to start a new job from (see above).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, job: str, address: Optional[str] = None,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 job: str, address: Optional[str] = None,
                  chunk_bytes: int = 32 << 20, num_slots: int = 4, overlap: bool = True,
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
@@ -169,8 +230,21 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"timeout must be > 0, got {timeout}")
         self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
         self._closed = True
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        # foreach, capturable, differentiable and fused choose torch's implementation
+        # of the update; the daemon has one: they are kept in the groups (state_dict
+        # round-trips) and have no effect.
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=bool(amsgrad), maximize=bool(maximize), foreach=foreach,
+                        capturable=bool(capturable), differentiable=bool(differentiable),
+                        fused=fused)
         super().__init__(params, defaults)
+        for i, group in enumerate(self.param_groups):
+            if group["amsgrad"]:
+                raise NotImplementedError(
+                    f"fuyou.AdamW does not implement amsgrad=True (parameter group {i}): the "
+                    "daemon keeps three states per chunk (master weights, exp_avg, exp_avg_sq), "
+                    "not AMSGrad's running maximum of exp_avg_sq; use amsgrad=False or "
+                    "torch.optim.AdamW")
 
         self.job = job
         self.chunk_bytes = int(chunk_bytes)
@@ -194,11 +268,9 @@ class AdamW(torch.optim.Optimizer):
         self._address, self._daemon = resolve_address(address, embedded)
         session = None
         try:
-            slot_bytes = max([c.nbytes for c in chunks], default=8)
-            # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
-            info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
-            session = _open_session(self.job, num_slots, slot_bytes, info, self._address,
-                                    self.timeout, min(self.timeout, 5.0))
+            self._num_slots = num_slots
+            self._slot_bytes = max([c.nbytes for c in chunks], default=8)
+            session = self._connect()
             self.resumed = pipeline.attach(session)
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
@@ -214,6 +286,10 @@ class AdamW(torch.optim.Optimizer):
         self._closed = False
         if self.overlap:
             pipeline.install_hooks()
+        # Registered after the embedded daemon's own exit handler, so it runs first.
+        self._exit_closer = _CloseAtExit(self)
+        atexit.register(self._exit_closer)
+        _OPEN.add(self)
 
     # ------------------------------------------------------------------ public
     @property
@@ -313,6 +389,10 @@ class AdamW(torch.optim.Optimizer):
             if self._closed:
                 return
             self._closed = True
+            _OPEN.discard(self)
+            closer = getattr(self, "_exit_closer", None)
+            if closer is not None:
+                atexit.unregister(closer)
             try:
                 if self._pipeline is not None:
                     self._pipeline.close()
@@ -385,9 +465,10 @@ class AdamW(torch.optim.Optimizer):
                 f"chunks, chunk_bytes={self.chunk_bytes}); build the optimizer with the same "
                 "model, parameter groups and chunk_bytes")
         if extra.get("job") != self.job:
-            warnings.warn(f"state_dict is from job {extra.get('job')!r}, this optimizer trains "
-                          f"{self.job!r}; its moments stay those of {self.job!r}")
-        if extra.get("committed_step") != self.committed_step:
+            with self._lock:
+                self._check_usable()
+                self._fork_from(extra.get("job"))
+        elif extra.get("committed_step") != self.committed_step:
             warnings.warn(
                 f"state_dict is from step {extra.get('committed_step')}, but job {self.job!r} "
                 f"is committed at step {self.committed_step} in the daemon, which holds the "
@@ -396,15 +477,109 @@ class AdamW(torch.optim.Optimizer):
         self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
 
     def __repr__(self) -> str:
-        return (f"fuyou.AdamW(job={self.job!r}, {len(self._pipeline.chunks)} chunks, "
+        """The job, then each parameter group's settings as torch prints them."""
+        chunks = len(self._pipeline.chunks) if self._pipeline is not None else 0
+        head = (f"fuyou.AdamW(job={self.job!r}, {chunks} chunks, "
                 f"{len(self.param_groups)} groups, committed_step={self.committed_step}, "
-                f"address={self._address!r})")
+                f"address={getattr(self, '_address', None)!r})")
+        groups = super().__repr__().split("\n", 1)  # "AdamW (" then torch's group lines
+        return head + (" (\n" + groups[1] if len(groups) > 1 else "")
 
     # ------------------------------------------------------------------ internals
+    def _connect(self):
+        """A new session on this optimizer's job."""
+        # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
+        info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
+        return _open_session(self.job, self._num_slots, self._slot_bytes, info, self._address,
+                             self.timeout, min(self.timeout, 5.0))
+
+    def _fork_from(self, source: str) -> None:
+        """Makes this optimizer's job a copy of job `source` at its last commit
+        (load_state_dict of another job's state dict). Only a job with nothing
+        trained is replaced; one with trained states keeps them (a warning says so)."""
+        pipeline = self._pipeline
+        trained = self.resumed or self.committed_step != 0 or any(
+            any(pipeline.segment_update_counts(c)) for c in pipeline.chunks)
+        if trained:
+            warnings.warn(
+                f"state_dict is from job {source!r}, this optimizer trains {self.job!r}, which "
+                f"already has trained states (committed step {self.committed_step}): its weights "
+                f"and moments stay those of {self.job!r}. Load the state_dict into an optimizer "
+                f"on a new job to fork {source!r}")
+            return
+        if pipeline.in_step:
+            raise FailedPrecondition(f"load_state_dict into job {self.job!r} during a step: "
+                                     "call it between steps")
+        other = _find_open(source, self._address)
+        if other is not None:
+            self._copy_from(other)
+        else:
+            self._fork_in_daemon(source)
+
+    def _copy_from(self, other: "AdamW") -> None:
+        """`other` (an open optimizer of this process on the same daemon) holds
+        the source job's session, so the daemon cannot fork the job: its committed
+        states are read through its session and imported into this job (through
+        the sessions' shared memory, one chunk at a time)."""
+        with other._lock:
+            other._check_usable()
+            if other._pipeline.in_step:
+                raise FailedPrecondition(
+                    f"load_state_dict from job {other.job!r}, whose optimizer is in a step: "
+                    "take the state_dict between steps")
+            theirs = {c.chunk_id: c for c in other._pipeline.chunks}
+            imports = []
+            for c in self._pipeline.chunks:
+                src = theirs.get(c.chunk_id)
+                if src is None or src.num_elements != c.num_elements:
+                    raise InvalidArgument(
+                        f"load_state_dict: job {other.job!r} has no chunk {c.chunk_id:#x} of "
+                        f"{c.num_elements} elements; build the optimizer over the same model, "
+                        "parameter groups and chunk_bytes")
+                states, _t = other._pipeline.read_states(src)
+                imports.append((c, states, other._pipeline.segment_update_counts(src)))
+        pipeline = self._pipeline
+        for c, (master, m, v), counts in imports:
+            pipeline.write_state(c, _checkpoint.STATE_MASTER, master)
+            pipeline.write_state(c, _checkpoint.STATE_EXP_AVG, m)
+            pipeline.write_state(c, _checkpoint.STATE_EXP_AVG_SQ, v)
+            if any(counts):
+                pipeline.set_update_count(c, counts)
+        pipeline.commit_import()
+        with torch.no_grad():
+            for c, (master, _m, _v), _counts in imports:
+                pipeline.install(c, master.to(c.dtype))
+
+    def _fork_in_daemon(self, source: str) -> None:
+        """The daemon copies job `source` (admin CopyJob) over this optimizer's
+        job, which has nothing trained: the session is closed, the job deleted and
+        copied again from `source`, and a new session resumes it."""
+        from . import admin_client
+        pipeline = self._pipeline
+        admin = admin_client(self._address, self.timeout)
+        pipeline.close()
+        copy_error = None
+        try:
+            try:
+                admin.delete_job(self.job)
+            except Exception as e:  # an empty job may already be gone with its session
+                if "does not exist" not in str(e):
+                    raise
+            try:
+                admin.copy_job(source, self.job)
+            except Exception as e:
+                copy_error = e
+        finally:
+            self.resumed = pipeline.attach(self._connect())
+            if self.overlap:
+                pipeline.install_hooks()
+        if copy_error is not None:
+            raise copy_error
+
     def _stop_daemon(self) -> None:
         daemon, self._daemon = self._daemon, None
         if daemon is not None:
-            daemon.stop()
+            release_shared_embedded(daemon)
 
     def _check_usable(self) -> None:
         if self._closed or self._pipeline is None or not self._pipeline.attached:
@@ -420,7 +595,8 @@ class AdamW(torch.optim.Optimizer):
         """The group's hyper-parameters now (an LR scheduler may have changed them)."""
         group = self.param_groups[group_index]
         beta1, beta2 = group["betas"]
-        return group["lr"], beta1, beta2, group["eps"], group["weight_decay"]
+        return (group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                bool(group.get("maximize", False)))
 
     def _hook_grad_scale(self) -> Optional[float]:
         """grad_scale for a chunk sent during backward; None: hooks must not send."""

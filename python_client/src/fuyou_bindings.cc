@@ -482,12 +482,13 @@ PYBIND11_MODULE(_fuyou, m) {
           "Replaces fp32 values of a state from element `first`, as part of the pending import.")
       .def(
           "set_update_count",
-          [](PySession& s, uint32_t chunk_id, int64_t update_count) {
+          [](PySession& s, uint32_t chunk_id, int64_t update_count, std::vector<int64_t> segment_update_counts) {
             Session& session = s.get();
-            BlockingStatus([&] { return session.SetUpdateCount(chunk_id, update_count); });
+            BlockingStatus([&] { return session.SetUpdateCount(chunk_id, update_count, segment_update_counts); });
           },
-          py::arg("chunk_id"), py::arg("update_count"),
-          "Sets a chunk's update count (Adam's t), as part of the pending import.")
+          py::arg("chunk_id"), py::arg("update_count"), py::arg("segment_update_counts") = std::vector<int64_t>{},
+          "Sets a chunk's update count (Adam's t), as part of the pending import; with "
+          "segment_update_counts (one per segment, the largest equal to update_count) each segment's own.")
       .def(
           "commit_import",
           [](PySession& s) {
@@ -568,5 +569,16 @@ PYBIND11_MODULE(_fuyou, m) {
             return Blocking<v1::DeleteJobResponse>([&] { return a.DeleteJob(name); })
                 .bytes_freed();
           },
-          py::arg("name"), "Deletes a job; returns the bytes freed.");
+          py::arg("name"), "Deletes a job; returns the bytes freed.")
+      .def(
+          "copy_job",
+          [](AdminClient& a, const std::string& src, const std::string& dst) {
+            v1::CopyJobResponse r = Blocking<v1::CopyJobResponse>([&] { return a.CopyJob(src, dst); });
+            py::dict out;
+            out["bytes_copied"] = r.bytes_copied();
+            out["committed_step"] = r.committed_step();
+            return out;
+          },
+          py::arg("src"), py::arg("dst"),
+          "Forks job `src` into a new job `dst` inside the daemon; returns {bytes_copied, committed_step}.");
 }

@@ -23,6 +23,8 @@ class AdminClient {
   // PERMISSION_DENIED for others).
   absl::StatusOr<v1::ListJobsResponse> ListJobs(bool all_users = false);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& name);
+  // Forks the caller's job `src` into a new job `dst` inside the daemon (admin.proto CopyJob).
+  absl::StatusOr<v1::CopyJobResponse> CopyJob(const std::string& src, const std::string& dst);
 
   class Impl;
 

@@ -211,8 +211,11 @@ class Session {
   // chunk, as part of the pending import: durable at CommitImport, dropped if
   // the session ends before. A step cannot start while an import is pending.
   absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
-  // Sets a registered chunk's update count (Adam's t), as part of the pending import.
-  absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count);
+  // Sets a registered chunk's update count (Adam's t), as part of the pending
+  // import; with `segment_update_counts` (one per segment, the largest equal to
+  // update_count) each segment's own count (offload.proto SetUpdateCount).
+  absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count,
+                              std::span<const int64_t> segment_update_counts = {});
   // Commits the pending import in one atomic manifest commit; the committed step
   // does not change. Returns the number of chunks the import changed.
   absl::StatusOr<uint32_t> CommitImport();
