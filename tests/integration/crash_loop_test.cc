@@ -270,6 +270,39 @@ TEST(CrashLoopTest, WithCommitEveryThreeStepsAClientKilledResumesAtItsLastAcknow
   }
 }
 
+// SIGTERM (systemctl stop) between durable steps loses nothing: the drain
+// closes the session, which makes the acknowledged step durable.
+TEST(CrashLoopTest, WithCommitEveryTenStepsADrainedDaemonKeepsTheLastAcknowledgedStep) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  TempDir dir;
+  std::vector<std::string> args = kDaemonArgs;
+  args.insert(args.end(), {"--commit-every-steps", "10", "--drain-seconds", "0.2"});
+  DaemonProcess daemon(dir.path(), args);
+  absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  DriverProgress before;
+  int exit = -1;
+  absl::Status run = DriveJob(daemon.client_options(), "drained-job", &Reference(), before, nullptr,
+                              [&](const std::string& what, int64_t step, int /*k*/) {
+                                if (what != "committed" || step != 4) return;
+                                ::kill(daemon.pid(), SIGTERM);  // the session is idle between steps
+                                exit = daemon.WaitForExit(milliseconds(30000));
+                              });
+  EXPECT_FALSE(run.ok()) << "the driver finished against a stopped daemon";
+  ASSERT_TRUE(exit != -1 && WIFEXITED(exit) && WEXITSTATUS(exit) == 0) << "exit status " << exit;
+  EXPECT_EQ(before.acked_step, 4);
+  EXPECT_EQ(before.durable_step, 0);  // not durable when acknowledged: made so by the drain
+  started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  DriverProgress after;
+  absl::Status rerun = DriveJob(daemon.client_options(), "drained-job", &Reference(), after);
+  ASSERT_TRUE(rerun.ok()) << after.failed_call;
+  EXPECT_EQ(after.opened_at, 4);
+  EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+  EXPECT_TRUE(SameAsReference(after));
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
 TEST(CrashLoopTest, AClientKilledMidStepResumesAtItsLastCommit) {
   ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
   TempDir dir;
