@@ -33,8 +33,9 @@ struct DaemonConfig {
   // [durability] commit_every_steps / commit_every_seconds: how often a step is
   // made durable (its states synced and the manifest committed). 1 (the
   // default): every step; N: every Nth step, and a crash loses at most the last
-  // N-1 acknowledged steps. commit_every_seconds > 0 also makes a step durable
-  // once that many seconds passed since the last durable one; 0 = off. In
+  // N-1 acknowledged steps. commit_every_seconds > 0 (with N > 1) also makes a
+  // step durable once that many seconds passed since the last durable one; 0 =
+  // off (a period alone: N = kMaxCommitEverySteps). In
   // between, chunks kept in the DRAM tier are not written back (state/chunk_store.h).
   uint32_t commit_every_steps = 1;
   double commit_every_seconds = 0;

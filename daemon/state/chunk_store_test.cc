@@ -426,6 +426,20 @@ TEST_F(ChunkStoreTest, WithAnIntervalClosingTheStoreMakesTheLastStepDurable) {
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
 }
 
+// commit_every_seconds: a step is durable once the period passed (here a
+// nanosecond, always passed by the next step), whatever the step count.
+TEST_F(ChunkStoreTest, WithAnIntervalInSecondsAStepIsDurableOnceThePeriodPassed) {
+  Register(1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 1e-9});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  EXPECT_EQ(store_->durable_step(), 1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 3600});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(store_->durable_step(), 1);
+}
+
 // Pending states are pinned: a job whose states (twice, with the undo copies)
 // do not fit in half the DRAM budget commits every step, as with N = 1.
 TEST_F(ChunkStoreTest, WithAnIntervalAJobTooLargeForDramCommitsEveryStep) {
