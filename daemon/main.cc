@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   std::string log_level;
   std::string socket_mode;
   double drain_seconds = -1;
+  int64_t commit_every_steps = -1;
+  double commit_every_seconds = -1;
   int64_t max_sessions = -1;
   int64_t max_sessions_per_user = -1;
   std::string max_segment_bytes_per_user;
@@ -63,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "optimizer worker threads, 0 = all cores (default 0)");
   app.add_option("--io-depth", io_depth, "io_uring queue depth per storage path (default 64)");
   app.add_option("--drain-seconds", drain_seconds, "on SIGTERM, how long sessions may finish their step (default 10)");
+  app.add_option("--commit-every-steps", commit_every_steps,
+                 "make every Nth step durable; a crash loses at most N-1 acknowledged steps (default 1)");
+  app.add_option("--commit-every-seconds", commit_every_seconds,
+                 "also make a step durable when this many seconds passed since the last durable one, 0 = off (default 0)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (default info)");
   app.add_option("--max-sessions", max_sessions, "live sessions of all users together (default 256)");
   app.add_option("--max-sessions-per-user", max_sessions_per_user, "live sessions of one user (default 8)");
@@ -113,6 +119,11 @@ int main(int argc, char** argv) {
   if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
   if (io_depth > 0) config.io_queue_depth = static_cast<unsigned>(io_depth);
   if (drain_seconds >= 0) config.drain_seconds = drain_seconds;
+  // Out of range (0, > 2^32) is refused by ValidateConfig with a message.
+  if (commit_every_steps != -1) {
+    config.commit_every_steps = static_cast<uint32_t>(std::clamp<int64_t>(commit_every_steps, 0, UINT32_MAX));
+  }
+  if (commit_every_seconds != -1) config.commit_every_seconds = commit_every_seconds;
   // Out-of-range counts become 0 or UINT32_MAX, which ValidateConfig refuses with a message.
   auto count = [](int64_t value) { return static_cast<uint32_t>(std::clamp<int64_t>(value, 0, UINT32_MAX)); };
   if (max_sessions != -1) config.max_sessions = count(max_sessions);

@@ -32,6 +32,9 @@ PACKAGES=(
   libopenblas0-pthread
   # I/O baseline for the storage benchmarks
   fio
+  # the Debian package and its tests (label package): cpack's dpkg-shlibdeps,
+  # dpkg --root, useradd in the postinst, systemd-analyze verify of the unit
+  dpkg-dev passwd systemd
 )
 
 if [[ $(id -u) -eq 0 ]]; then

@@ -19,6 +19,8 @@
 #   sanitizer     the C++ tests that step 2 runs under ASan + UBSan
 #   slow          too slow for step 2: run in step 1 only (none today: the whole C++
 #                 suite takes 1-2 min under ASan + UBSan on 2 cores)
+#   package       the Debian package (cpack) installed into an empty root with dpkg --root,
+#                 and systemd-analyze verify of its unit (tests/package/; ~20 s)
 #   fuzz          rpc_fuzz: hypothesis-generated and mutated messages on every RPC
 #                 against fuyoud, beside a legitimate job of another user
 #

@@ -232,7 +232,7 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
       auto it = steps_.find(committed.step());
       if (it != steps_.end() && !it->second.done && !it->second.abort) {
         it->second.done = true;
-        it->second.result = StepResult{committed.step(), committed.chunks_updated()};
+        it->second.result = StepResult{committed.step(), committed.chunks_updated(), committed.durable_step()};
       }
       break;
     }

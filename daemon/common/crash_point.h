@@ -26,6 +26,8 @@
 //     redo_after_kernel            the chunk updated again from its committed states, before ParamsReady
 //     redo_writeback_submitted     the redone states' write-back to the shadow extent queued
 //     end_step_received            EndStep accepted, before waiting for the write-backs
+//   a durable commit with acknowledged (not yet durable) steps (commit_every_steps > 1)
+//     durable_commit_pending_written  pending chunks' states written to their shadow extents, manifest not committed
 //     abort_step_received          AbortStep accepted, before the rollback
 //     session_close                a session is closing, before the rollback of its step
 //   every commit of a manifest (Job::Commit in daemon/jobs/job.cc: job creation,

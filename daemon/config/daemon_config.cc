@@ -230,7 +230,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     }
   }
   if (const toml::table* durability = table_of("durability")) {
-    if (auto s = CheckKnownKeys(*durability, "durability", {"mode"}, origin); !s.ok()) return s;
+    if (auto s = CheckKnownKeys(*durability, "durability", {"mode", "commit_every_steps", "commit_every_seconds"}, origin); !s.ok()) return s;
     if (const auto* node = durability->get("mode")) {
       auto value = node->value<std::string>();
       if (!value || *value != "step-atomic") {
@@ -238,6 +238,20 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
                         "only \"step-atomic\" is implemented (\"in-place\" is not offered yet)");
       }
       config->durability = DurabilityMode::kStepAtomic;
+    }
+    if (const auto* node = durability->get("commit_every_steps")) {
+      auto value = node->value<int64_t>();
+      if (!value || *value < 1 || *value > kMaxCommitEverySteps) {
+        return KeyError(origin, "durability.commit_every_steps", "expected 1..1000000 (1 = every step durable)");
+      }
+      config->commit_every_steps = static_cast<uint32_t>(*value);
+    }
+    if (const auto* node = durability->get("commit_every_seconds")) {
+      auto seconds = node->value<double>();
+      if (!seconds || !std::isfinite(*seconds) || *seconds < 0) {
+        return KeyError(origin, "durability.commit_every_seconds", "expected seconds >= 0 (0 = off)");
+      }
+      config->commit_every_seconds = *seconds;
     }
   }
   if (const toml::table* limits = table_of("limits")) FUYOU_RETURN_IF_ERROR(ApplyLimitsTable(*limits, origin, config));
@@ -286,6 +300,15 @@ absl::Status ValidateLimits(const DaemonConfig& config) {
     return absl::InvalidArgumentError(fmt::format("[limits] max_client_info_bytes {} is outside {}..{}",
                                                   config.max_client_info_bytes, kMinClientInfoBytes,
                                                   kMaxClientInfoBytesCeiling));
+  }
+  if (config.commit_every_steps < 1 || config.commit_every_steps > kMaxCommitEverySteps) {
+    return absl::InvalidArgumentError(fmt::format(
+        "[durability] commit_every_steps {} is outside 1..{} (1 = every step durable)", config.commit_every_steps,
+        kMaxCommitEverySteps));
+  }
+  if (!std::isfinite(config.commit_every_seconds) || config.commit_every_seconds < 0) {
+    return absl::InvalidArgumentError(fmt::format(
+        "[durability] commit_every_seconds {} is not a number of seconds >= 0 (0 = off)", config.commit_every_seconds));
   }
   if (!std::isfinite(config.idle_session_timeout_seconds) || config.idle_session_timeout_seconds < 0) {
     return absl::InvalidArgumentError(fmt::format("[limits] idle_session_timeout {} is not a number of seconds >= 0",

@@ -30,6 +30,15 @@ struct DaemonConfig {
   uint64_t max_segment_bytes = uint64_t{8} << 30;
   unsigned worker_threads = 0;  // 0: all cores
   DurabilityMode durability = DurabilityMode::kStepAtomic;
+  // [durability] commit_every_steps / commit_every_seconds: how often a step is
+  // made durable (its states synced and the manifest committed). 1 (the
+  // default): every step; N: every Nth step, and a crash loses at most the last
+  // N-1 acknowledged steps. commit_every_seconds > 0 (with N > 1) also makes a
+  // step durable once that many seconds passed since the last durable one; 0 =
+  // off (a period alone: N = kMaxCommitEverySteps). In
+  // between, chunks kept in the DRAM tier are not written back (state/chunk_store.h).
+  uint32_t commit_every_steps = 1;
+  double commit_every_seconds = 0;
   // Seconds a SIGTERM waits for sessions to finish their step before closing them.
   double drain_seconds = 10.0;
 
@@ -71,6 +80,7 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 inline constexpr uint32_t kMaxSessionsCeiling = 65536;
 inline constexpr uint64_t kMinClientInfoBytes = 64;
 inline constexpr uint64_t kMaxClientInfoBytesCeiling = 64 * 1024;
+inline constexpr uint32_t kMaxCommitEverySteps = 1000000;
 
 // Checks cross-field constraints (paths given, budget >= 64 MiB, ...).
 absl::Status ValidateConfig(const DaemonConfig& config);

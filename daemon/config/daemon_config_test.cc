@@ -81,6 +81,24 @@ TEST(ApplyTomlText, WrongTypeAndSyntaxErrorsAreReported) {
   EXPECT_EQ(ApplyTomlText("[durability]\nmode = \"yolo\"\n", "t", &config).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ApplyTomlText, DurabilityIntervalIsEveryStepUnlessSet) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.commit_every_steps, 1u);
+  EXPECT_EQ(config.commit_every_seconds, 0.0);
+  ASSERT_TRUE(ApplyTomlText("[durability]\ncommit_every_steps = 10\ncommit_every_seconds = 30.5\n", "t", &config).ok());
+  EXPECT_EQ(config.commit_every_steps, 10u);
+  EXPECT_EQ(config.commit_every_seconds, 30.5);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  for (const char* bad : {"commit_every_steps = 0", "commit_every_steps = -3", "commit_every_steps = 1000001",
+                          "commit_every_steps = \"ten\"", "commit_every_seconds = -1", "commit_every_seconds = nan"}) {
+    absl::Status refused = ApplyTomlText(std::string("[durability]\n") + bad + "\n", "t", &config);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.message().find("durability.commit_every"), std::string::npos) << refused.message();
+  }
+  config.commit_every_steps = 0;  // as a flag of 0 leaves it
+  EXPECT_EQ(ValidateConfig(config).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ApplyTomlText, JobQuotaIsUnlimitedUnlessSet) {
   DaemonConfig config = DefaultDaemonConfig();
   EXPECT_EQ(config.job_quota_bytes, 0u);

@@ -244,6 +244,8 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   impl->jobs = std::move(*jobs);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.job_quota_bytes = config.job_quota_bytes;
+  services.durability = DurabilityInterval{.every_steps = config.commit_every_steps,
+                                           .every_seconds = config.commit_every_seconds};
   SessionLimits limits;
   limits.max_sessions = config.max_sessions;
   limits.max_sessions_per_user = config.max_sessions_per_user;

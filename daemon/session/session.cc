@@ -28,7 +28,7 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       user_stats_(services.stats.ForUser(client.uid)),
       job_(std::move(job)),
       store_(std::make_unique<ChunkStore>(*job_, services.cache, StoreCounters{services.stats, user_stats_},
-                                          services.prefetch_window)) {
+                                          services.prefetch_window, services.durability)) {
   step_ = store_->committed_step() + 1;
 }
 
@@ -297,6 +297,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
   reply.mutable_step_committed()->set_chunks_updated(*committed);
+  reply.mutable_step_committed()->set_durable_step(store_->durable_step());
   return reply;
 }
 

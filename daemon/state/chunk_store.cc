@@ -1,5 +1,6 @@
 #include "state/chunk_store.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/crash_point.h"
@@ -25,23 +26,58 @@ uint64_t Checksum(const StatePin& pin, uint64_t num_elements) {
   return ChunkPayloadChecksum(pin.data(), num_elements);
 }
 
+// Sets `record`'s update counts as JobEdit::SetSegmentUpdateCounts would.
+void SetCounts(v1::ChunkRecord& record, const std::vector<int64_t>& counts) {
+  record.clear_segment_update_counts();
+  if (counts.empty()) return;
+  const int64_t largest = *std::max_element(counts.begin(), counts.end());
+  record.set_update_count(largest);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t count) { return count == largest; })) return;
+  for (int64_t count : counts) record.add_segment_update_counts(count);
+}
+
+// The counts of `record` after one more update (`segment_counts` as given to StageUpdate).
+void CountUpdate(v1::ChunkRecord& record, const std::vector<int64_t>& segment_counts) {
+  if (!segment_counts.empty()) {
+    SetCounts(record, segment_counts);
+  } else if (record.segment_update_counts_size() != 0) {  // every segment counts one more
+    std::vector<int64_t> counts(record.segment_update_counts().begin(), record.segment_update_counts().end());
+    for (int64_t& count : counts) ++count;
+    SetCounts(record, counts);
+  } else {
+    record.set_update_count(record.update_count() + 1);
+  }
+}
+
 }  // namespace
 
-ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
+ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window,
+                       DurabilityInterval durability)
     : job_(job),
       cache_(cache),
       counters_(counters),
       prefetch_window_(prefetch_window),
       job_key_(job.key()),
-      order_(RegistrationOrder(job)) {}
+      order_(RegistrationOrder(job)),
+      durability_(durability),
+      undo_key_(job.key() + "#undo"),
+      acknowledged_(job.manifest()),
+      last_durable_(std::chrono::steady_clock::now()) {}
 
 ChunkStore::~ChunkStore() { Close(); }
 
-int64_t ChunkStore::committed_step() const { return job_.manifest().committed_step(); }
+int64_t ChunkStore::committed_step() const { return acknowledged_.committed_step(); }
+
+int64_t ChunkStore::durable_step() const { return job_.manifest().committed_step(); }
 
 uint32_t ChunkStore::chunk_count() const { return static_cast<uint32_t>(job_.manifest().chunks_size()); }
 
-const v1::ChunkRecord* ChunkStore::Find(uint32_t chunk_id) const { return job_.FindRecord(chunk_id); }
+const v1::ChunkRecord* ChunkStore::Find(uint32_t chunk_id) const {
+  // acknowledged_ lists the chunks in the durable manifest's order (it is a copy
+  // of it, with later counts and step).
+  const int index = job_.FindChunk(chunk_id);
+  return index < 0 ? nullptr : &acknowledged_.chunks(index);
+}
 
 // ---- I/O bookkeeping.
 
@@ -83,15 +119,25 @@ absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, uint64_t
 }
 
 absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& record) {
-  const uint32_t version = record.committed_version();
+  // A pending chunk's acknowledged states are in DRAM only, tagged as its shadow.
+  const bool pending = pending_.count(record.chunk_id()) != 0;
+  const uint32_t version = pending ? ShadowVersion(record) : record.committed_version();
   if (StatePin pin = cache_.Pin(job_key_, record.chunk_id())) {
     if (pin.load_status().ok() && pin.version() == version && pin.committed()) {
       counters_.daemon.cache_hits.fetch_add(1, std::memory_order_relaxed);
       counters_.user.cache_hits.fetch_add(1, std::memory_order_relaxed);
       return pin;
     }
+    if (pending) {
+      return absl::InternalError(fmt::format("job '{}' chunk {}: its acknowledged states are not in DRAM", job_.name(),
+                                             record.chunk_id()));
+    }
     pin.Reset();
     cache_.Drop(job_key_, record.chunk_id());
+  }
+  if (pending) {
+    return absl::InternalError(fmt::format("job '{}' chunk {}: its acknowledged states left DRAM", job_.name(),
+                                           record.chunk_id()));
   }
   counters_.daemon.cache_misses.fetch_add(1, std::memory_order_relaxed);
   counters_.user.cache_misses.fetch_add(1, std::memory_order_relaxed);
@@ -144,6 +190,8 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
 
 absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::span<const Registration> chunks,
                                                                          uint64_t job_quota_bytes) {
+  FUYOU_RETURN_IF_ERROR(MakeDurable());  // the edit below starts from the durable manifest
+  ReleaseHold();  // the job's size may change: the next non-durable step holds anew
   // Reserve the extents of every new chunk before writing anything: a job that
   // does not fit (the per-job quota, or the storage paths) is refused with
   // nothing written and nothing committed. Each chunk's states are below half
@@ -229,7 +277,9 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
   }
   if (any_new) FUYOU_CRASH_POINT("registration_states_written");
   if (edit.changed()) {
-    if (absl::Status committed = edit.Commit(); !committed.ok()) return fail(committed);
+    absl::Status committed = edit.Commit();
+    acknowledged_ = job_.manifest();
+    if (!committed.ok()) return fail(committed);
   }
   if (any_new) FUYOU_CRASH_POINT("registration_committed");
   for (const Registration& chunk : chunks) order_.Registered(chunk.chunk_id);
@@ -245,7 +295,18 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
     return absl::InternalError(fmt::format("job '{}': chunk {} cannot be staged (unknown or already staged)",
                                            job_.name(), chunk_id));
   }
+  if (!step_begun_) {
+    step_durable_ = NextStepDurable();
+    step_begun_ = true;
+  }
   FUYOU_ASSIGN_OR_RETURN(StatePin pin, AcquireCommitted(*record));
+  // A pending chunk's acknowledged states exist only in these bytes: keep a
+  // copy for a redo or a roll-back.
+  StatePin undo;
+  if (pending_.count(chunk_id) != 0) {
+    FUYOU_ASSIGN_OR_RETURN(undo, cache_.Create(undo_key_, chunk_id, pin.size(), /*wait=*/true));
+    std::memcpy(undo.data(), pin.data(), pin.size());
+  }
   // From here the bytes are this step's update, not the committed states: an
   // abandoned update is never taken for them.
   const uint32_t shadow = ShadowVersion(*record);
@@ -253,11 +314,21 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
   const uint64_t n = record->num_elements();
   update(ChunkStates(pin.data(), n));
 
+  if (!step_durable_) {
+    // Kept in DRAM, not written: CommitStep makes it the chunk's pending states.
+    auto write = std::make_shared<WriteBack>();
+    write->done = true;
+    staged_[chunk_id] = Staged{write, std::move(segment_update_counts), std::move(pin), std::move(undo)};
+    order_.Arrived(chunk_id);
+    Prefetch(order_.After(chunk_id, prefetch_window_));
+    return absl::OkStatus();
+  }
+
   // Write the new states to the shadow extent; the committed one stays intact.
   // The checksum is computed when the write completes (the bytes stay pinned
   // until then), so the caller does not wait for a pass over the states.
   auto write = std::make_shared<WriteBack>();
-  staged_[chunk_id] = Staged{write, std::move(segment_update_counts)};
+  staged_[chunk_id] = Staged{write, std::move(segment_update_counts), StatePin(), std::move(undo)};
   order_.Arrived(chunk_id);
   const v1::StateExtent& extent = ShadowExtent(*record);
   auto held = std::make_shared<StatePin>(std::move(pin));
@@ -298,10 +369,113 @@ absl::Status ChunkStore::RollBackChunk(uint32_t chunk_id) {
     std::unique_lock lock(io_mutex_);
     io_done_.wait(lock, [&] { return staged->second.write->done; });
   }
-  cache_.Drop(job_key_, chunk_id);
+  Unstage(chunk_id, staged->second);
   staged_.erase(staged);
   order_.Forget(chunk_id);
   return absl::OkStatus();
+}
+
+bool ChunkStore::NextStepDurable() {
+  if (durability_.every_steps <= 1) return true;
+  if (steps_since_durable_ + 1 >= durability_.every_steps) return true;
+  if (durability_.every_seconds > 0 &&
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_durable_).count() >=
+          durability_.every_seconds) {
+    return true;
+  }
+  if (held_bytes_ == 0) {
+    // Every chunk pending, plus an undo copy of each: twice the job's states.
+    std::optional<uint64_t> bytes = 0;
+    for (const v1::ChunkRecord& record : acknowledged_.chunks()) {
+      bytes = CheckedAdd(bytes, CheckedMul(CommittedExtent(record).length(), 2));
+    }
+    if (!bytes || *bytes == 0 || !cache_.TryHold(*bytes)) return true;  // does not fit: durable
+    held_bytes_ = *bytes;
+  }
+  return false;
+}
+
+void ChunkStore::ReleaseHold() {
+  if (held_bytes_ == 0) return;
+  cache_.ReleaseHold(held_bytes_);
+  held_bytes_ = 0;
+}
+
+void ChunkStore::Unstage(uint32_t chunk_id, Staged& staged) {
+  staged.kept.Reset();
+  auto pending = pending_.find(chunk_id);
+  if (staged.undo && pending != pending_.end()) {
+    StatePin& states = pending->second;
+    std::memcpy(states.data(), staged.undo.data(), std::min(states.size(), staged.undo.size()));
+    cache_.SetContents(states, ShadowVersion(*Find(chunk_id)), /*committed=*/true);
+    staged.undo.Reset();
+    cache_.Drop(undo_key_, chunk_id);
+    return;
+  }
+  if (staged.undo) {
+    staged.undo.Reset();
+    cache_.Drop(undo_key_, chunk_id);
+  }
+  cache_.Drop(job_key_, chunk_id);
+}
+
+absl::Status ChunkStore::CommitDurable(const v1::JobManifest& next) {
+  JobEdit edit(job_);
+  std::vector<uint32_t> changed;
+  for (const auto& [chunk_id, staged] : staged_) {
+    edit.ShadowWritten(chunk_id, staged.write->checksum);  // read after WaitForIo: no completion writes it
+    changed.push_back(chunk_id);
+  }
+  // The acknowledged states of the pending chunks this step did not update go
+  // to their shadow extents now (the committed extents hold the durable step).
+  for (const auto& [chunk_id, states] : pending_) {
+    if (IsStaged(chunk_id)) continue;
+    const v1::ChunkRecord& record = *Find(chunk_id);
+    const v1::StateExtent& extent = ShadowExtent(record);
+    const int64_t write_start = trace::NowUs();
+    absl::Status written = job_.states().Write(extent.offset(), std::span(states.data(), extent.length()));
+    trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
+    if (!written.ok()) {
+      return absl::Status(written.code(), fmt::format("job '{}': cannot write the acknowledged states of chunk {} "
+                                                      "to make step {} durable: {}",
+                                                      job_.name(), chunk_id, next.committed_step(), written.message()));
+    }
+    counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+    edit.ShadowWritten(chunk_id, Checksum(states, record.num_elements()));
+    changed.push_back(chunk_id);
+  }
+  for (uint32_t chunk_id : changed) {
+    const v1::ChunkRecord& record = next.chunks(job_.FindChunk(chunk_id));
+    if (record.segment_update_counts_size() != 0) {
+      edit.SetSegmentUpdateCounts(chunk_id, std::vector<int64_t>(record.segment_update_counts().begin(),
+                                                                 record.segment_update_counts().end()));
+    } else {
+      edit.SetUpdateCount(chunk_id, record.update_count());
+    }
+  }
+  edit.SetCommittedStep(next.committed_step());
+  if (!pending_.empty()) FUYOU_CRASH_POINT("durable_commit_pending_written");
+  absl::Status committed = edit.Commit();
+  if (!committed.ok() && !absl::IsAborted(committed)) return committed;
+  for (uint32_t chunk_id : changed) {
+    cache_.MarkCommitted(job_key_, chunk_id, job_.FindRecord(chunk_id)->committed_version());
+  }
+  acknowledged_ = job_.manifest();
+  pending_.clear();  // unpinned: committed states the cache may evict
+  ReleaseHold();
+  steps_since_durable_ = 0;
+  last_durable_ = std::chrono::steady_clock::now();
+  return committed;
+}
+
+absl::Status ChunkStore::MakeDurable() {
+  if (pending_.empty() && acknowledged_.committed_step() == durable_step()) return absl::OkStatus();
+  if (!staged_.empty()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job '{}': step {} has updates staged; the acknowledged steps are made durable between steps", job_.name(),
+        committed_step() + 1));
+  }
+  return CommitDurable(acknowledged_);
 }
 
 absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
@@ -309,39 +483,44 @@ absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
     RollBackStep();
     return failed;
   }
-  JobEdit edit(job_);
+  // The acknowledged manifest after this step: the staged chunks' counts, the step.
+  v1::JobManifest next = acknowledged_;
   for (const auto& [chunk_id, staged] : staged_) {
-    edit.ShadowWritten(chunk_id, staged.write->checksum);  // read after WaitForIo: no completion writes it
-    const v1::ChunkRecord& record = *Find(chunk_id);
-    if (!staged.segment_update_counts.empty()) {
-      edit.SetSegmentUpdateCounts(chunk_id, staged.segment_update_counts);
-    } else if (record.segment_update_counts_size() != 0) {  // every segment counts one more
-      std::vector<int64_t> counts(record.segment_update_counts().begin(), record.segment_update_counts().end());
-      for (int64_t& count : counts) ++count;
-      edit.SetSegmentUpdateCounts(chunk_id, counts);
-    } else {
-      edit.SetUpdateCount(chunk_id, record.update_count() + 1);
+    CountUpdate(*next.mutable_chunks(job_.FindChunk(chunk_id)), staged.segment_update_counts);
+  }
+  next.set_committed_step(step);
+  if (step_durable_) {
+    if (absl::Status committed = CommitDurable(next); !committed.ok()) {
+      RollBackStep();
+      return committed;
     }
+  } else {
+    // Acknowledged only: the updates become the chunks' pending states, in DRAM.
+    for (auto& [chunk_id, staged] : staged_) {
+      cache_.SetContents(staged.kept, ShadowVersion(*Find(chunk_id)), /*committed=*/true);
+      pending_[chunk_id] = std::move(staged.kept);
+    }
+    acknowledged_ = std::move(next);
+    ++steps_since_durable_;
   }
-  edit.SetCommittedStep(step);
-  if (absl::Status committed = edit.Commit(); !committed.ok()) {
-    RollBackStep();
-    return committed;
-  }
-  for (const auto& [chunk_id, staged] : staged_) {
-    cache_.MarkCommitted(job_key_, chunk_id, job_.FindRecord(chunk_id)->committed_version());
+  for (auto& [chunk_id, staged] : staged_) {
+    if (!staged.undo) continue;
+    staged.undo.Reset();
+    cache_.Drop(undo_key_, chunk_id);
   }
   const auto committed = static_cast<uint32_t>(staged_.size());
   order_.StepCommitted();
   staged_.clear();
+  step_begun_ = false;
   Prefetch(order_.First(prefetch_window_));
   return committed;
 }
 
 void ChunkStore::RollBackStep() {
   WaitForIo();
-  for (const auto& [chunk_id, staged] : staged_) cache_.Drop(job_key_, chunk_id);
+  for (auto& [chunk_id, staged] : staged_) Unstage(chunk_id, staged);
   staged_.clear();
+  step_begun_ = false;
   order_.StepRolledBack();
   std::lock_guard lock(io_mutex_);
   write_error_ = absl::OkStatus();
@@ -384,6 +563,7 @@ absl::StatusOr<StatePin> ChunkStore::AcquireImported(const v1::ChunkRecord& reco
 
 absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64_t first,
                                      std::span<const float> values) {
+  FUYOU_RETURN_IF_ERROR(MakeDurable());  // the import writes the shadow extents
   const v1::ChunkRecord* record = Find(chunk_id);
   const uint64_t n = record->num_elements();
   auto pending = imported_.find(chunk_id);
@@ -421,6 +601,10 @@ void ChunkStore::ImportUpdateCount(uint32_t chunk_id, int64_t update_count,
 absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
   const auto changed = static_cast<uint32_t>(imported_.size());
   if (imported_.empty()) return changed;
+  if (absl::Status durable = MakeDurable(); !durable.ok()) {
+    DropImport();
+    return durable;
+  }
   JobEdit edit(job_);
   for (const auto& [chunk_id, imported] : imported_) {
     if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksum);
@@ -428,7 +612,9 @@ absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
     edit.SetUpdateCount(chunk_id, *imported.update_count);
     if (!imported.segment_update_counts.empty()) edit.SetSegmentUpdateCounts(chunk_id, imported.segment_update_counts);
   }
-  if (absl::Status committed = edit.Commit(); !committed.ok()) {
+  absl::Status committed = edit.Commit();
+  acknowledged_ = job_.manifest();
+  if (!committed.ok()) {
     DropImport();
     return committed;
   }
@@ -451,6 +637,14 @@ void ChunkStore::Close() {
   closed_ = true;
   WaitForIo();
   RollBackStep();
+  // The acknowledged steps become durable: a closed session (or a drained
+  // daemon) loses nothing it acknowledged.
+  if (absl::Status durable = MakeDurable(); !durable.ok()) {
+    log::Error("job '{}': could not make the acknowledged step {} durable at close (a restart resumes at step {}): {}",
+               job_.name(), committed_step(), durable_step(), durable.message());
+  }
+  pending_.clear();
+  ReleaseHold();
   DropImport();
   cache_.Demote(job_key_);
 }

@@ -18,6 +18,24 @@
 //     fingerprints) and import (pending state writes and update counts, made
 //     durable by one CommitImport).
 //
+// The durability interval (DurabilityInterval: [durability] commit_every_steps
+// N, commit_every_seconds). With N = 1 every CommitStep is durable as above.
+// With N > 1 a step is either durable (every Nth, or once the seconds passed)
+// or acknowledged only: its updated states stay pinned in DRAM, not written,
+// and the manifest (the durable step) is not touched. committed_step() is the
+// last acknowledged step, durable_step() the one a restart resumes at; a crash
+// loses at most the N-1 acknowledged steps after it. The extents: a chunk's
+// committed extent holds the durable states and is never written before the
+// next durable commit; the acknowledged states live only in DRAM (a pinned
+// entry, "pending"), and the next durable commit writes them to the shadow
+// extent (overwriting whatever an older update left there) and flips it. A step
+// that updates a pending chunk first copies its acknowledged states (an "undo"
+// entry) so that a redo or a roll-back returns to them. Pending states are
+// never evicted, so the interval applies only while twice the job's states fit
+// in half the DRAM budget (StateCache::TryHold); otherwise every step is
+// durable, as with N = 1. MakeDurable (Close, Register, import) commits the
+// acknowledged steps.
+//
 // The byte layout of a chunk's states is ChunkStates (jobs/chunk_layout.h).
 //
 // Errors are returned, never thrown; a call that fails changes nothing unless
@@ -31,6 +49,7 @@
 // outlive the store; Close (or the destructor) waits for all I/O.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -60,20 +79,37 @@ struct StoreCounters {
   UserCounters& user;
 };
 
+// How often a step is made durable (DaemonConfig commit_every_steps/seconds).
+struct DurabilityInterval {
+  uint32_t every_steps = 1;   // 1: every step
+  double every_seconds = 0;   // > 0: also once this long passed since the last durable step
+};
+
 class ChunkStore {
  public:
   // `prefetch_window`: how many chunks after the one being updated are read ahead.
-  ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window);
+  ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window,
+             DurabilityInterval durability = {});
   // Close().
   ~ChunkStore();
   ChunkStore(const ChunkStore&) = delete;
   ChunkStore& operator=(const ChunkStore&) = delete;
 
   // ---- The committed job.
+  // The last acknowledged step (CommitStep), durable or not.
   int64_t committed_step() const;
+  // The last durable step: what a restart resumes at (<= committed_step()).
+  int64_t durable_step() const;
+  // Makes the acknowledged steps durable (a no-op when committed_step() is
+  // durable): writes every pending chunk's states to its shadow extent and
+  // commits the manifest at committed_step(). Precondition: no chunk staged.
+  // On an error nothing is committed and the pending states stay in DRAM;
+  // ABORTED as for CommitStep.
+  absl::Status MakeDurable();
   // Chunks the job has on storage (registered in any session).
   uint32_t chunk_count() const;
-  // The committed record of `chunk_id` (sizes, dtypes, update count, extents), or null.
+  // The record of `chunk_id` as of committed_step() (sizes, dtypes, update
+  // count, extents; the extents and versions are the durable ones), or null.
   const v1::ChunkRecord* Find(uint32_t chunk_id) const;
 
   // ---- Registration.
@@ -142,7 +178,10 @@ class ChunkStore {
   // not staged in this step; nothing changes then.
   absl::Status RollBackChunk(uint32_t chunk_id);
   // Commits the step as `step` (== committed_step() + 1, checked by the
-  // caller): waits for the write-backs, then in one manifest commit points
+  // caller). A step that is not durable (see the durability interval above)
+  // keeps its updated states pinned in DRAM and writes nothing. A durable one
+  // waits for the write-backs, writes the pending chunks' states to their
+  // shadow extents, then in one manifest commit points
   // every staged chunk at its shadow extent with its checksum, its update
   // count + 1 (or its segments' counts, see StageUpdate) and sets the committed
   // step; the step's arrivals become the learned order and the next step's
@@ -193,6 +232,8 @@ class ChunkStore {
   struct Staged {
     std::shared_ptr<WriteBack> write;
     std::vector<int64_t> segment_update_counts{};
+    StatePin kept;  // a step that is not durable: the update, kept in DRAM, not written
+    StatePin undo;  // a pending chunk: a copy of its acknowledged states, for a roll-back
   };
   struct Imported {
     bool states_written = false;  // the shadow extent holds new states
@@ -211,6 +252,15 @@ class ChunkStore {
   absl::Status Verify(const StatePin& pin, uint32_t chunk_id, uint64_t num_elements,
                       const v1::StateExtent& extent) const;
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
+  // Decides, at a step's first update, whether the step will be durable.
+  bool NextStepDurable();
+  // Drops a staged update: a pending chunk gets its acknowledged states back
+  // from the undo copy, any other is forgotten (its committed extent holds them).
+  void Unstage(uint32_t chunk_id, Staged& staged);
+  // The durable commit of `next` (the acknowledged manifest: counts, step) with
+  // the staged chunks' write-backs and the pending chunks' states.
+  absl::Status CommitDurable(const v1::JobManifest& next);
+  void ReleaseHold();
   void StartIo();
   void FinishIo();
   void WaitForIo();
@@ -224,6 +274,17 @@ class ChunkStore {
   LearnedOrder order_;
   std::map<uint32_t, Staged> staged_;       // this step's updates
   std::map<uint32_t, Imported> imported_;   // the pending import, until CommitImport
+
+  // The durability interval.
+  const DurabilityInterval durability_;
+  const std::string undo_key_;             // the cache's name of the undo copies
+  v1::JobManifest acknowledged_;           // the manifest as of committed_step() (Find)
+  std::map<uint32_t, StatePin> pending_;   // acknowledged states not yet durable, pinned
+  uint32_t steps_since_durable_ = 0;
+  std::chrono::steady_clock::time_point last_durable_;
+  bool step_begun_ = false;    // a chunk was staged in this step
+  bool step_durable_ = true;   // this step commits durably (decided at its first update)
+  uint64_t held_bytes_ = 0;    // StateCache::TryHold reservation
 
   // In-flight I/O; guarded by io_mutex_, which I/O completions take.
   mutable std::mutex io_mutex_;

@@ -55,10 +55,12 @@ class ChunkStoreTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  std::unique_ptr<ChunkStore> MakeStore(StateCache& cache, unsigned prefetch_window = 2) {
+  std::unique_ptr<ChunkStore> MakeStore(StateCache& cache, unsigned prefetch_window = 2,
+                                        DurabilityInterval durability = {}) {
     return std::make_unique<ChunkStore>(*job_, cache, StoreCounters{*stats_, stats_->ForUser(kUid)},
-                                        prefetch_window);
+                                        prefetch_window, durability);
   }
+  uint64_t BytesWritten() { return stats_->ForUser(kUid).bytes_written.load(); }
   // Registers chunks 0..count-1 of kElements fp32 weights equal to `weight`.
   void Register(uint32_t count, float weight = 1.0f) {
     weights_.assign(count, std::vector<float>(kElements, weight));
@@ -357,6 +359,99 @@ TEST_F(ChunkStoreTest, SegmentsAreStoredAdoptedAndTheirCountsCommitted) {
       << "stored segments are kept (the caller refuses others before Register)";
   EXPECT_EQ(std::vector<uint64_t>(store_->Find(1)->segment_elements().begin(), store_->Find(1)->segment_elements().end()),
             (std::vector<uint64_t>{10, 990}));
+}
+
+// ---- The durability interval (commit_every_steps > 1).
+
+TEST_F(ChunkStoreTest, WithAnIntervalOnlyEveryNthStepWritesAndCommits) {
+  Register(2);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 3});
+  const uint64_t written = BytesWritten();
+  for (int64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.5f)).ok());
+    ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(2.0f)).ok());
+    auto committed = store_->CommitStep(step);
+    ASSERT_TRUE(committed.ok()) << committed.status();
+    EXPECT_EQ(store_->committed_step(), step);
+    EXPECT_EQ(store_->durable_step(), 0);
+  }
+  EXPECT_EQ(BytesWritten(), written) << "acknowledged steps wrote states";
+  EXPECT_EQ(store_->Find(0)->update_count(), 2);
+  EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+  // Storage (what a crash keeps) is still step 0.
+  EXPECT_EQ(job_->manifest().committed_step(), 0);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
+  // Step 3 is durable: every chunk's states written once, the manifest at step 3.
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(3).ok());
+  EXPECT_EQ(store_->durable_step(), 3);
+  EXPECT_EQ(BytesWritten() - written, 2 * ShadowExtent(*store_->Find(0)).length());
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 4.0f));
+  EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 5.0f));
+  EXPECT_EQ(job_->FindRecord(0)->update_count(), 3);
+  EXPECT_EQ(job_->FindRecord(1)->update_count(), 2);
+}
+
+// A redo or a roll-back of a chunk whose acknowledged states exist only in DRAM
+// returns to them (the undo copy), not to the durable ones on storage.
+TEST_F(ChunkStoreTest, WithAnIntervalRedoAndRollBackReturnToTheAcknowledgedStates) {
+  Register(1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 10});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.5f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(10.0f, 9.0f)).ok());
+  ASSERT_TRUE(store_->RollBackChunk(0).ok());
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.25f)).ok());  // from step 1's 2.0
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(100.0f)).ok());
+  store_->RollBackStep();
+  EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+  EXPECT_EQ(Committed(*store_, 0, ChunkState::kExpAvg), std::vector<float>(kElements, 0.25f));
+  EXPECT_EQ(store_->durable_step(), 0);
+  ASSERT_TRUE(store_->MakeDurable().ok());
+  EXPECT_EQ(store_->durable_step(), 2);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+  EXPECT_EQ(job_->FindRecord(0)->update_count(), 2);
+}
+
+TEST_F(ChunkStoreTest, WithAnIntervalClosingTheStoreMakesTheLastStepDurable) {
+  Register(1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 10});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(5.0f)).ok());  // step 2, never committed
+  store_->Close();
+  EXPECT_EQ(job_->manifest().committed_step(), 1);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
+}
+
+// commit_every_seconds: a step is durable once the period passed (here a
+// nanosecond, always passed by the next step), whatever the step count.
+TEST_F(ChunkStoreTest, WithAnIntervalInSecondsAStepIsDurableOnceThePeriodPassed) {
+  Register(1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 1e-9});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  EXPECT_EQ(store_->durable_step(), 1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 3600});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(store_->durable_step(), 1);
+}
+
+// Pending states are pinned: a job whose states (twice, with the undo copies)
+// do not fit in half the DRAM budget commits every step, as with N = 1.
+TEST_F(ChunkStoreTest, WithAnIntervalAJobTooLargeForDramCommitsEveryStep) {
+  Register(2);
+  StateCache small(3 * 12288);  // half: 18432 bytes, under 2 x 2 chunks x 12288
+  store_ = MakeStore(small, 2, {.every_steps = 10});
+  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  EXPECT_EQ(store_->durable_step(), 1);
+  EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
+  store_.reset();
 }
 
 }  // namespace

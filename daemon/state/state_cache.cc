@@ -1,5 +1,6 @@
 #include "state/state_cache.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "fmt/format.h"
@@ -219,6 +220,18 @@ void StateCache::DropJob(const std::string& job) {
 bool StateCache::Contains(const std::string& job, uint32_t chunk_id) const {
   std::lock_guard lock(mutex_);
   return entries_.count({job, chunk_id}) != 0;
+}
+
+bool StateCache::TryHold(uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (bytes > budget_bytes_ / 2 || held_bytes_ > budget_bytes_ / 2 - bytes) return false;
+  held_bytes_ += bytes;
+  return true;
+}
+
+void StateCache::ReleaseHold(uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  held_bytes_ -= std::min(bytes, held_bytes_);
 }
 
 uint64_t StateCache::bytes_in_use() const {

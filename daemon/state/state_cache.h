@@ -119,6 +119,15 @@ class StateCache {
   uint64_t bytes_in_use() const;
   uint64_t budget_bytes() const { return budget_bytes_; }
 
+  // Holds: DRAM a session keeps pinned across steps (states not yet durable,
+  // see ChunkStore's durability interval). All holds together stay within half
+  // the budget, so the other half always serves reads, prefetches and
+  // write-backs. TryHold reserves `bytes` when that fits (true), else changes
+  // nothing (false); ReleaseHold gives a reservation back. Bookkeeping only:
+  // the pinned buffers themselves are counted by Create as usual.
+  bool TryHold(uint64_t bytes);
+  void ReleaseHold(uint64_t bytes);
+
  private:
   friend class StatePin;
   using Entry = StatePin::Entry;
@@ -139,6 +148,7 @@ class StateCache {
   std::list<Key> used_;
   std::list<Key> prefetched_;
   uint64_t bytes_in_use_ = 0;  // every live buffer, dropped-but-pinned included
+  uint64_t held_bytes_ = 0;    // TryHold reservations
 };
 
 }  // namespace fuyou

@@ -81,6 +81,7 @@ absl::Status DriveJob(const ClientOptions& options, const std::string& job, cons
   const int64_t committed = session->committed_step();
   progress.opened_at = committed;
   progress.acked_step = committed;
+  progress.durable_step = committed;
 
   for (size_t i = 0; i < chunks.size(); ++i) {
     std::vector<std::byte> weights = InitialWeights(chunks[i]);
@@ -147,6 +148,7 @@ absl::Status DriveJob(const ClientOptions& options, const std::string& job, cons
     if (!ended.ok()) return fail(fmt::format("EndStep({})", step), ended.status());
     progress.commit_in_flight = false;
     progress.acked_step = step;
+    progress.durable_step = ended->durable_step;
     if (ended->step != step || ended->chunks_updated != chunks.size()) {
       progress.mismatches.push_back(
           fmt::format("EndStep({}) answered step {} with {} chunks", step, ended->step, ended->chunks_updated));

@@ -38,6 +38,7 @@ struct DriverProgress {
   int chunks_resumed = 0;           // of those, how many came back resumed
   bool registration_in_flight = false;
   int64_t acked_step = 0;           // last step whose EndStep was answered
+  int64_t durable_step = 0;         // its StepCommitted.durable_step (the session's opening step before)
   bool commit_in_flight = false;    // EndStep(acked_step + 1) sent, no answer yet
   std::vector<std::vector<std::byte>> weights;  // latest weights of each chunk
   std::vector<std::string> mismatches;          // failed checks against the expected history

@@ -2,13 +2,17 @@
 // kills itself at a crash point (FUYOU_CRASH_AT, see daemon/common/crash_point.h),
 // or inside a client that kills itself mid-step. After each crash the job must
 // resume at exactly its last commit and, trained to the end, give weights
-// bit-identical to an uninterrupted run.
+// bit-identical to an uninterrupted run. With a durability interval
+// (--commit-every-steps N > 1) it must resume at a durable step within N-1 of the
+// last acknowledged one, with the states of exactly that step.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -151,6 +155,152 @@ TEST(CrashLoopTest, TheDaemonKilledAtAnyCrashPointResumesAtItsLastCommit) {
   }
   std::printf("[figures] %zu crash points, all final weights bit-identical to the uninterrupted run; %.1f s\n",
               rows.size(), seconds);
+}
+
+// --commit-every-steps 3: steps 3 and 6 are durable, 1, 2, 4, 5, 7 and 8 only
+// acknowledged; closing the session makes step 8 durable. The daemon is killed
+// at crash points and pass counts drawn at random (seed printed; set
+// FUYOU_CRASH_SEED to replay one), restarted with the same interval, and the job
+// resumed: it must open at a step no older than the last durable step it was
+// told (StepCommitted.durable_step) and at most N-1 = 2 before the last
+// acknowledged one, with weights and update counts bit-exact to that step of the
+// uninterrupted run (the driver checks both), and end bit-identical to it.
+TEST(CrashLoopTest, WithCommitEveryThreeStepsACrashLosesAtMostTwoAcknowledgedSteps) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  constexpr int64_t kInterval = 3;
+  std::vector<std::string> args = kDaemonArgs;
+  args.insert(args.end(), {"--commit-every-steps", std::to_string(kInterval)});
+  // Passes of each point in one run of the driver with this interval: commits
+  // are #1 job creation, #2-#5 registrations, #6 step 3, #7 step 6, #8 the close
+  // (step 8); 4 updates a step, 6 in step 3 (2 aborted).
+  struct Range {
+    std::string name;
+    int most;
+  };
+  const std::vector<Range> ranges = {
+      {"grad_received", 34},    {"after_kernel", 34},     {"end_step_received", 8},
+      {"step_committed_reply_sent", 8}, {"before_state_sync", 8}, {"after_state_sync", 8},
+      {"manifest_renamed", 8},  {"dir_synced", 8},        {"durable_commit_pending_written", 3},
+      {"writeback_completed", 10},  // only durable steps write back: steps 3 (4, +2 aborted) and 6 (4)
+  };
+  const char* seed_env = std::getenv("FUYOU_CRASH_SEED");
+  const uint32_t seed = seed_env != nullptr ? static_cast<uint32_t>(std::strtoul(seed_env, nullptr, 10))
+                                            : static_cast<uint32_t>(std::random_device{}());
+  std::printf("\n[interval crash table] --commit-every-steps %lld, FUYOU_CRASH_SEED=%u\n",
+              static_cast<long long>(kInterval), seed);
+  std::mt19937 rng(seed);
+  // Always: a kill while a durable commit writes the pending states, and one
+  // between durable steps; then random ones.
+  std::vector<std::string> points = {"durable_commit_pending_written:1", "grad_received:23", "manifest_renamed:8"};
+  for (int i = 0; i < 9; ++i) {
+    const Range& range = ranges[std::uniform_int_distribution<size_t>(0, ranges.size() - 1)(rng)];
+    points.push_back(fmt::format("{}:{}", range.name, std::uniform_int_distribution<int>(1, range.most)(rng)));
+  }
+  int lost_steps = 0;
+  std::printf("%-36s %5s %8s %6s %9s\n", "crash point", "acked", "durable", "in-fl.", "resumed@");
+  for (const std::string& point : points) {
+    SCOPED_TRACE(point);
+    TempDir dir;
+    DaemonProcess daemon(dir.path(), args, {"FUYOU_CRASH_AT=" + point});
+    absl::Status started = daemon.Start();
+    ASSERT_TRUE(started.ok()) << started.message();
+    DriverProgress before;
+    absl::Status run = DriveJob(daemon.client_options(), "interval-job", &Reference(), before);
+    const int exit = daemon.WaitForExit(milliseconds(10000));
+    ASSERT_TRUE(exit != -1 && WIFSIGNALED(exit) && WTERMSIG(exit) == SIGKILL)
+        << "fuyoud did not die at " << point << " (the driver " << (run.ok() ? "finished" : before.failed_call) << ")";
+    EXPECT_EQ(before.mismatches, std::vector<std::string>{});
+    if (before.opened_at == 0) {
+      // What the daemon said would survive: the last multiple of the interval.
+      EXPECT_EQ(before.durable_step, before.acked_step / kInterval * kInterval);
+    }
+
+    daemon.set_env({});
+    started = daemon.Start();
+    ASSERT_TRUE(started.ok()) << started.message();
+    DriverProgress after;
+    absl::Status rerun = DriveJob(daemon.client_options(), "interval-job", &Reference(), after);
+    ASSERT_TRUE(rerun.ok()) << after.failed_call;
+    if (before.opened_at >= 0) {
+      EXPECT_GE(after.opened_at, before.durable_step) << "a step reported durable was lost";
+      EXPECT_GE(after.opened_at, before.acked_step - (kInterval - 1));
+      EXPECT_LE(after.opened_at, before.acked_step + (before.commit_in_flight ? 1 : 0));
+    }
+    EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+    EXPECT_TRUE(SameAsReference(after)) << "final weights differ from the uninterrupted run";
+    if (after.opened_at < before.acked_step) ++lost_steps;
+    std::printf("%-36s %5lld %8lld %6s %9lld\n", point.c_str(), static_cast<long long>(before.acked_step),
+                static_cast<long long>(before.durable_step), before.commit_in_flight ? "EndStep" : "-",
+                static_cast<long long>(after.opened_at));
+    EXPECT_EQ(daemon.Stop(), 0);
+  }
+  // The fixed point grad_received:23 (step 5) resumes at step 3: the interval
+  // was in effect, not every step made durable.
+  EXPECT_GE(lost_steps, 1);
+  std::printf("[figures] %zu crash points, %d resumed before the last acknowledged step, all within %lld steps\n",
+              points.size(), lost_steps, static_cast<long long>(kInterval - 1));
+}
+
+// A client that dies between durable steps loses nothing: closing its session
+// (the daemon sees the stream end) makes the acknowledged steps durable.
+TEST(CrashLoopTest, WithCommitEveryThreeStepsAClientKilledResumesAtItsLastAcknowledgedStep) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  TempDir dir;
+  std::vector<std::string> args = kDaemonArgs;
+  args.insert(args.end(), {"--commit-every-steps", "3"});
+  DaemonProcess daemon(dir.path(), args);
+  absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  const std::vector<std::pair<int64_t, int64_t>> points = {{4, 4}, {5, 4}, {2, 2}};  // committed step -> expected
+  for (const auto& [step, expected] : points) {
+    const std::string job = fmt::format("interval-client-{}", step);
+    SCOPED_TRACE(job);
+    pid_t client = Spawn(CRASH_LOOP_CLIENT_PATH, {daemon.socket_path().string(), job, step == 5 ? "pulled" : "committed",
+                                                 std::to_string(step), step == 5 ? "4" : "0"});
+    ASSERT_GT(client, 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(client, &status, 0), client);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "exit status " << status;
+    DriverProgress after;
+    absl::Status rerun = DriveWhenOpen(daemon.client_options(), job, after);
+    ASSERT_TRUE(rerun.ok()) << after.failed_call;
+    EXPECT_EQ(after.opened_at, expected);
+    EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+    EXPECT_TRUE(SameAsReference(after));
+  }
+}
+
+// SIGTERM (systemctl stop) between durable steps loses nothing: the drain
+// closes the session, which makes the acknowledged step durable.
+TEST(CrashLoopTest, WithCommitEveryTenStepsADrainedDaemonKeepsTheLastAcknowledgedStep) {
+  ASSERT_EQ(Reference().size(), static_cast<size_t>(kDriverSteps + 1));
+  TempDir dir;
+  std::vector<std::string> args = kDaemonArgs;
+  args.insert(args.end(), {"--commit-every-steps", "10", "--drain-seconds", "0.2"});
+  DaemonProcess daemon(dir.path(), args);
+  absl::Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  DriverProgress before;
+  int exit = -1;
+  absl::Status run = DriveJob(daemon.client_options(), "drained-job", &Reference(), before, nullptr,
+                              [&](const std::string& what, int64_t step, int /*k*/) {
+                                if (what != "committed" || step != 4) return;
+                                ::kill(daemon.pid(), SIGTERM);  // the session is idle between steps
+                                exit = daemon.WaitForExit(milliseconds(30000));
+                              });
+  EXPECT_FALSE(run.ok()) << "the driver finished against a stopped daemon";
+  ASSERT_TRUE(exit != -1 && WIFEXITED(exit) && WEXITSTATUS(exit) == 0) << "exit status " << exit;
+  EXPECT_EQ(before.acked_step, 4);
+  EXPECT_EQ(before.durable_step, 0);  // not durable when acknowledged: made so by the drain
+  started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.message();
+  DriverProgress after;
+  absl::Status rerun = DriveJob(daemon.client_options(), "drained-job", &Reference(), after);
+  ASSERT_TRUE(rerun.ok()) << after.failed_call;
+  EXPECT_EQ(after.opened_at, 4);
+  EXPECT_EQ(after.mismatches, std::vector<std::string>{});
+  EXPECT_TRUE(SameAsReference(after));
+  EXPECT_EQ(daemon.Stop(), 0);
 }
 
 TEST(CrashLoopTest, AClientKilledMidStepResumesAtItsLastCommit) {
