@@ -5,6 +5,7 @@
 #   gpu-bundle/fuyoud            the daemon (from ./build, built if needed)
 #   gpu-bundle/lib/*.so*         every shared library fuyoud and the binding need
 #                                 that is not glibc's (ldd), so neither needs Debian's libs
+#   gpu-bundle/lib-cxx/          Debian's libstdc++ and libgcc_s, used there only if needed
 #   gpu-bundle/python/fuyou/_fuyou.cpython-312-*.so
 #                                the binding built for pyenv's Python 3.12 (the GPU
 #                                machine's Python: 3.12 with torch 2.x)
@@ -66,9 +67,17 @@ for bin in "$BUNDLE/fuyoud" "$BUNDLE"/python/fuyou/*.so; do
   done
 done
 strip --strip-debug "$BUNDLE"/lib/*.so* 2>/dev/null || true
+# The C++ runtime goes apart: the GPU machine's Python (and torch) may need a newer
+# libstdc++ than Debian's; gpu-check.sh adds lib-cxx only where the system's is too old.
+mkdir -p "$BUNDLE/lib-cxx"
+mv "$BUNDLE"/lib/libstdc++.so* "$BUNDLE"/lib/libgcc_s.so* "$BUNDLE/lib-cxx/" 2>/dev/null || true
 
 # 4. Checks: fuyoud starts with only the bundle's libs; the size fits.
-env -i LD_LIBRARY_PATH="$BUNDLE/lib" "$BUNDLE/fuyoud" --version
+env -i LD_LIBRARY_PATH="$BUNDLE/lib:$BUNDLE/lib-cxx" "$BUNDLE/fuyoud" --version
+env -i LD_LIBRARY_PATH="$BUNDLE/lib:$BUNDLE/lib-cxx" "$PY312" -c \
+  "import importlib.util as u, sys; s = u.spec_from_file_location('_fuyou', sys.argv[1]); \
+m = u.module_from_spec(s); s.loader.exec_module(m); print('binding for', sys.version.split()[0], 'loads')" \
+  "$BUNDLE"/python/fuyou/_fuyou.cpython-312-*.so
 SIZE=$(du -sm "$BUNDLE" | cut -f1)
 echo "gpu-bundle: $BUNDLE is ${SIZE} MiB ($(ls "$BUNDLE/lib" | wc -l) libraries)"
 if (( SIZE >= 64 )); then

@@ -333,6 +333,15 @@ class ChunkPipeline:
             if self.failed is None:
                 raise
 
+    def detach(self) -> None:
+        """Stops the sender thread and unpins the slots without talking to the
+        daemon: for an owner that closes the session itself (a failed start)."""
+        if self._sender is not None:
+            self._sender.stop()
+        self._device.unpin()
+        self._views.clear()
+        self._session = None
+
     # ------------------------------------------------------------ states
     def read_states(self, c: Chunk) -> Tuple[List[torch.Tensor], int]:
         """The chunk's committed fp32 (master, exp_avg, exp_avg_sq) and its update

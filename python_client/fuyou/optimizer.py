@@ -203,6 +203,7 @@ class AdamW(torch.optim.Optimizer):
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
+            pipeline.detach()  # its sender thread and pinned slots, before the mapping goes
             if session is not None:
                 try:
                     session.close()
