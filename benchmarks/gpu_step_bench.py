@@ -267,7 +267,7 @@ def d2h_bandwidth(opt, reps=20):
 
 
 # ------------------------------------------------------------------ main
-def bench_size(size, args, tmp, results):
+def bench_size(size, args, tmp, results, save):
     bsz, seq = args.batch, args.seq
     model = make_model(size, torch.bfloat16, seq)
     nparams = sum(p.numel() for p in model.parameters())
@@ -297,6 +297,7 @@ def bench_size(size, args, tmp, results):
         s.update(getattr(t, "extra", {}))
         s["wall_s"] = time.monotonic() - t0
         out["configs"][name] = s
+        save()
         log(f"{size} {name:17s} step {s['step_s'] * 1e3:8.1f} ms  fwd+bwd "
             f"{s['fwd_bwd_s'] * 1e3:8.1f} ms  step() {s['opt_step_s'] * 1e3:8.1f} ms  "
             f"{s['tokens_per_s']:9.0f} tok/s")
@@ -316,10 +317,11 @@ def bench_size(size, args, tmp, results):
     record("fwd_bwd_alone", lambda: run_fwd_bwd_alone(fresh(), bsz, seq, steps, warmup))
     record("gpu_fused", lambda: run_gpu_fused(fresh(), bsz, seq, steps, warmup))
     record("cpu_offload", lambda: run_cpu_offload(fresh(), bsz, seq, steps, warmup))
-    big = state_bytes + (4 << 30)
-    with new_daemon(tmp, f"{size}-dram", big) as d:
+    big = state_bytes + (4 << 30)  # one daemon per job: each job's states fit its DRAM
+    with new_daemon(tmp, f"{size}-serial", big) as d:
         record("fuyou_serial", lambda: run_fuyou(fresh(), bsz, seq, steps, warmup, d,
                                                  f"{size}-serial", overlap=False))
+    with new_daemon(tmp, f"{size}-dram", big) as d:
         record("fuyou_overlap", lambda: run_fuyou(fresh(), bsz, seq, steps, warmup, d,
                                                   f"{size}-overlap", overlap=True))
     with new_daemon(tmp, f"{size}-swap", state_bytes // 4) as d:
@@ -351,7 +353,8 @@ def bench_size(size, args, tmp, results):
                 f"{d['pinned_memcpy_gbps']:.1f} GB/s pinned memcpy ({d['ratio'] * 100:.0f}%)")
         if s.get("daemon_stats_delta"):
             swap = {k: v for k, v in s["daemon_stats_delta"].items()
-                    if any(w in k for w in ("swap", "bytes_read", "bytes_written", "evict"))}
+                    if k in ("bytes_read", "bytes_written", "cache_hits", "cache_misses",
+                             "chunk_updates", "dram_budget_bytes", "chunks_redone_changed")}
             log(f"{size} {name}: daemon stats over the run: {swap}")
     gc.collect()
     if DEVICE == "cuda":
@@ -415,16 +418,20 @@ def main():
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)", "torch": torch.__version__,
                "cpus": os.cpu_count(), "sdpa": hasattr(F, "scaled_dot_product_attention"),
                "sizes": {}}
+    def save():  # after every configuration: a run cut short keeps what it measured
+        results["wall_s"] = time.monotonic() - T0
+        (out / "gpu_step_bench.json").write_text(json.dumps(results, indent=1, default=str))
+
     with tempfile.TemporaryDirectory(prefix="fuyou-gpu-bench-") as tmp:
         results["correctness"] = correctness(tmp)
+        save()
         for size in args.sizes.split(","):
             try:
-                bench_size(size, args, tmp, results)
+                bench_size(size, args, tmp, results, save)
             except Exception as e:  # noqa: BLE001
                 log(f"{size}: FAILED {type(e).__name__}: {e}")
                 results["sizes"].setdefault(size, {})["error"] = str(e)
-    results["wall_s"] = time.monotonic() - T0
-    (out / "gpu_step_bench.json").write_text(json.dumps(results, indent=1, default=str))
+    save()
     log(f"wrote {out / 'gpu_step_bench.json'}")
     timeline(results, out / "timeline.png")
     return 0 if results["correctness"]["ok"] else 1
