@@ -148,10 +148,13 @@ class _Sender:
             raise self.error
 
     def stop(self) -> None:
-        """Ends the thread once the queued jobs ran (idempotent)."""
+        """Ends the thread once the queued jobs ran (idempotent). Called on the
+        sender thread itself (a garbage collection there closing an optimizer),
+        it only asks the thread to end."""
         if self._thread.is_alive():
             self._queue.put(None)
-            self._thread.join()
+            if threading.current_thread() is not self._thread:
+                self._thread.join()
 
 
 @dataclass
