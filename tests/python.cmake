@@ -9,6 +9,15 @@ if(TARGET _fuyou AND TARGET fuyoud)
     ENVIRONMENT "FUYOU_DAEMON=$<TARGET_FILE:fuyoud>;PYTHONPATH=${CMAKE_SOURCE_DIR}/python_client;FUYOU_EMBEDDED=0"
     LABELS "python;integration"
     TIMEOUT 600)
+  # The GPU tests of the chunk pipeline (issue 11): they skip without a CUDA device.
+  add_test(NAME python_gpu_tests
+    COMMAND /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider
+            ${CMAKE_SOURCE_DIR}/tests/gpu/test_cuda_pipeline.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(python_gpu_tests PROPERTIES
+    ENVIRONMENT "FUYOU_DAEMON=$<TARGET_FILE:fuyoud>;PYTHONPATH=${CMAKE_SOURCE_DIR}/python_client;FUYOU_EMBEDDED=0"
+    LABELS "python;gpu"
+    TIMEOUT 300)
 else()
   message(STATUS "fuyou: python_tests not registered (needs targets _fuyou and fuyoud)")
 endif()

@@ -26,11 +26,26 @@ One step, seen from here::
     or        abort(reason): wait for what is in flight, AbortStep, nothing installed
 
 Every method is called with ``lock`` held (the optimizer's lock, shared).
+
+Threads. A hook only *enqueues* a chunk: it takes the fingerprint (on the
+gradients' device, asynchronously on a GPU), keeps references to the gradient
+pieces and records a marker (``_device``: an event on the current CUDA stream,
+nothing on the CPU). One sender thread per pipeline takes the jobs in order:
+frees a slot when all are busy (the oldest chunk's new weights to staging),
+acquires a slot, copies the gradients into it (on a copy stream after the
+marker, on a GPU), checks them for inf/nan, sends GradReady. So the autograd
+thread never waits for a copy, a slot or the daemon. The sender never takes
+``lock``; while jobs are queued it alone touches the chunks in flight and the
+staging copies; every step-time method first waits for the queue to drain
+(``_flush``), which also raises an error of the sender thread as the
+pipeline's failure. A hook that runs after such an error raises it too.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import queue
 import threading
 import time
 import weakref
@@ -39,6 +54,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _device
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, FuyouError
 
@@ -83,6 +99,81 @@ class LoopStats:
     fingerprint_seconds: float = 0.0
 
 
+# (lr, beta1, beta2, eps, weight_decay, maximize) of a chunk's parameter group, now.
+Hyper = Tuple[float, float, float, float, float, bool]
+
+
+class _Sender:
+    """One thread that runs the pipeline's jobs (callables) in order. The first
+    job that raises stops the rest (they are dropped); ``flush`` waits until
+    nothing is queued and raises that error."""
+
+    def __init__(self, name: str):
+        self._queue: "queue.Queue" = queue.Queue()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._pending += 1
+        self._queue.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                if self.error is None:
+                    job()
+            except BaseException as e:  # surfaces at the next hook or step()
+                self.error = e
+            finally:
+                job = None
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def flush(self) -> None:
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Ends the thread once the queued jobs ran (idempotent). Called on the
+        sender thread itself (a garbage collection there closing an optimizer),
+        it only asks the thread to end."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join()
+
+
+@dataclass
+class _Job:
+    """A chunk to send, as the hook or step() saw it."""
+
+    chunk: Chunk
+    parts: Optional[list]  # _device.Part per segment; None once copied
+    marker: object
+    grad_scale: float  # negative for a maximize group
+    hyper: Tuple[float, float, float, float, float]  # lr, beta1, beta2, eps, weight_decay
+    step: int
+    missing_sent: Tuple[int, ...]
+    speculative: bool
+    redo: int
+    earlier: Optional["_Sent"]
+
+
 @dataclass
 class _Sent:
     """A chunk sent in the current step."""
@@ -91,8 +182,6 @@ class _Sent:
     fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
     not_updated: Tuple[int, ...]  # segments the daemon leaves alone (segments_without_grad)
 
-# (lr, beta1, beta2, eps, weight_decay) of a chunk's parameter group, now.
-Hyper = Tuple[float, float, float, float, float]
 
 
 def _as_byte_buffer(t: torch.Tensor):
@@ -152,6 +241,9 @@ class ChunkPipeline:
         self._views: Dict[tuple, torch.Tensor] = {}
         self._hook_nodes: list = []
         self._hook_handles: list = []
+        self._device = _device.for_params(params)
+        self._sender: Optional[_Sender] = None
+        self._overflowed: List[_Job] = []
         self._reset_step()
 
     # ------------------------------------------------------------ session
@@ -161,6 +253,7 @@ class ChunkPipeline:
         parameters. Returns True when any chunk was resumed."""
         self._session = session
         self._num_slots = int(session.num_slots)
+
         self._committed = int(session.committed_step)
         resumed_any = False
         with torch.no_grad():
@@ -187,6 +280,10 @@ class ChunkPipeline:
                 if resumed:
                     self.install(c, buf)
                     resumed_any = True
+        if self._device.streams:
+            self._device.pin([session.grad_region(slot) for slot in range(self._num_slots)] +
+                             [session.param_region(slot) for slot in range(self._num_slots)])
+        self._sender = _Sender(f"fuyou-sender-{id(self):x}")
         return resumed_any
 
     @property
@@ -214,25 +311,40 @@ class ChunkPipeline:
         failed) and closes the session. Errors closing the session are raised
         only when nothing failed before."""
         self.remove_hooks()
-        session, self._session = self._session, None
+        session = self._session
         if session is None:
             return
         try:
             if self.failed is None:
                 try:  # a step in progress is abandoned, not committed
+                    self._flush()
                     self._drain_all(session)
                     if self._sent:
                         session.abort_step(self._committed + 1)
                 except FuyouError:
                     pass
-            self._views.clear()
-            try:
-                session.close()
-            except FuyouError:
-                if self.failed is None:
-                    raise
+                except BaseException as e:  # the sender's error: nothing to abandon
+                    self.failed = e
         finally:
+            self._session = None
+            if self._sender is not None:
+                self._sender.stop()
+            self._device.unpin()  # before the session's mapping goes away
             self._views.clear()
+        try:
+            session.close()
+        except FuyouError:
+            if self.failed is None:
+                raise
+
+    def detach(self) -> None:
+        """Stops the sender thread and unpins the slots without talking to the
+        daemon: for an owner that closes the session itself (a failed start)."""
+        if self._sender is not None:
+            self._sender.stop()
+        self._device.unpin()
+        self._views.clear()
+        self._session = None
 
     # ------------------------------------------------------------ states
     def read_states(self, c: Chunk) -> Tuple[List[torch.Tensor], int]:
@@ -278,13 +390,14 @@ class ChunkPipeline:
                 seg.param.detach().reshape(-1)[seg.start:seg.end])
         return buf
 
-    def install(self, c: Chunk, src: torch.Tensor) -> None:
-        """Copies packed weights `src` of chunk `c` into its parameters."""
+    def install(self, c: Chunk, src: torch.Tensor, non_blocking: bool = False) -> None:
+        """Copies packed weights `src` of chunk `c` into its parameters (on the
+        current stream; `non_blocking`: the caller waits before `src` changes)."""
         for seg in c.segments:
             part = src[seg.offset:seg.offset + seg.numel]
             data = seg.param.data
             if data.is_contiguous():
-                data.view(-1)[seg.start:seg.end].copy_(part, non_blocking=False)
+                data.view(-1)[seg.start:seg.end].copy_(part, non_blocking=non_blocking)
             else:
                 flat = data.reshape(-1).clone()
                 flat[seg.start:seg.end].copy_(part)
@@ -360,6 +473,9 @@ class ChunkPipeline:
         with self.lock:
             if self._session is None or self.failed is not None:
                 return
+            if self._sender is not None and self._sender.error is not None:
+                self.failed = self._sender.error
+                raise self.failed
             self._param_passes[index] += 1
             passes = self._param_passes[index]
             for c in self._chunks_of_param[index]:
@@ -387,8 +503,9 @@ class ChunkPipeline:
     # ------------------------------------------------------------ per step
     @property
     def overflow(self) -> bool:
-        """True when a chunk's gradients held inf or nan (with check_finite)."""
-        return self._overflow
+        """True when a chunk's gradients held inf or nan (with check_finite), as
+        far as the sender thread has seen (exact after any step-time method)."""
+        return self._overflow or bool(self._overflowed)
 
     def mark_overflow(self) -> None:
         """The step cannot be committed (a non-finite gradient norm, say)."""
@@ -405,6 +522,7 @@ class ChunkPipeline:
         `squares`, every chunk's current sum of squares of its gradients (chunks
         without any left out; else only the sent ones'), in one pass over the
         gradients and one wait for the device."""
+        self._flush()
         started = time.perf_counter()
         chunks = self.chunks if squares else [
             self._chunk_by_id[cid] for cid, s in self._sent.items() if s.fingerprint is not None]
@@ -442,16 +560,17 @@ class ChunkPipeline:
         session = self._session
         if self._redo_started is None:
             self._redo_started = time.monotonic()
-        if c.chunk_id in self._inflight:
-            del self._inflight[c.chunk_id]
-            slot = self._wait(session, c.chunk_id)
-            session.release_slot(slot)
-        self._staged.discard(c.chunk_id)
-        earlier = self._sent.pop(c.chunk_id)
-        self.send(c, grad_scale, redo=reason)
-        if c.chunk_id not in self._sent:  # an overflow: the step is abandoned
-            self._sent[c.chunk_id] = earlier
-            return
+        cid = c.chunk_id
+
+        def drop() -> None:  # on the sender thread, in order with the sends
+            if cid in self._inflight:
+                del self._inflight[cid]
+                session.release_slot(self._wait(session, cid))
+            self._staged.discard(cid)
+
+        self._sender.submit(drop)
+        earlier = self._sent.pop(cid)
+        self.send(c, grad_scale, redo=reason, earlier=earlier)
         if reason == REDO_CLIPPED:
             self.stats.redone_clipped += 1
         else:
@@ -462,80 +581,102 @@ class ChunkPipeline:
         for c in self.chunks:
             if c.chunk_id not in self._sent:
                 self.send(c, grad_scale)
-                if self._overflow:
-                    return
+                if self.overflow:
+                    break
+        self._flush()
 
     def sent_chunks(self) -> List[Chunk]:
         """The chunks sent in this step, in send order."""
         return [self._chunk_by_id[cid] for cid in self._sent]
 
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
-             redo: int = 0) -> None:
-        """Copies the chunk's gradients into a slot and sends GradReady. A chunk
-        without any gradient is not sent, unless it is a redo (which then undoes
-        the step's update of it)."""
+             redo: int = 0, earlier: Optional[_Sent] = None) -> None:
+        """Enqueues the chunk for the sender thread, which copies its gradients
+        into a slot and sends GradReady; never blocks. A chunk without any
+        gradient is not sent, unless it is a redo (which then undoes the step's
+        update of it)."""
         missing = self._missing(c)
         if len(missing) == len(c.segments) and not redo:
             return  # no gradient at all: the chunk is not updated this step
-        session = self._session
+        fingerprint = None
+        if speculative:
+            started = time.perf_counter()
+            fingerprint = self._fingerprint(c)
+            self.stats.fingerprint_seconds += time.perf_counter() - started
+        if len(c.segments) > MAX_CHUNK_SEGMENTS:
+            missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
+        else:
+            missing_sent = missing
+        parts, grads = [], []
+        for seg in c.segments:
+            g = seg.param.grad
+            if g is None:
+                parts.append((seg.offset, seg.numel, None))
+            else:
+                g = g.detach()
+                grads.append(g)
+                parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
+        lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
+        if maximize:  # torch's maximize: Adam on -grad
+            grad_scale = -grad_scale
+        job = _Job(c, parts, self._device.marker(grads), float(grad_scale),
+                   (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
+                   self._committed + 1, missing_sent, speculative, redo, earlier)
+        self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
+        if speculative:
+            self.stats.speculative_updates += 1
+        self._sender.submit(lambda: self._send_now(job))
+
+    def _send_now(self, job: _Job) -> None:
+        """On the sender thread: slot, copy, inf/nan check, GradReady."""
+        session, c = self._session, job.chunk
+        if session is None:
+            return
         if len(self._inflight) >= self._num_slots:
             self._drain_oldest(session)
         slot = session.acquire_slot(self.timeout)
         try:
             dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
-            for seg in c.segments:
-                part = dst[seg.offset:seg.offset + seg.numel]
-                g = seg.param.grad
-                if g is None:
-                    part.zero_()
-                else:
-                    part.copy_(g.detach().reshape(-1)[seg.start:seg.end])
+            self._device.copy_grads(dst, job.parts, job.marker)
+            job.parts = job.marker = None  # the gradients may go now
             if self._check_finite and not bool(torch.isfinite(dst).all()):
-                self._overflow = True
                 session.release_slot(slot)
+                self._overflowed.append(job)
                 return
-            fingerprint = None
-            if speculative:
-                started = time.perf_counter()
-                fingerprint = self._fingerprint(c)
-                self.stats.fingerprint_seconds += time.perf_counter() - started
-            if len(c.segments) > MAX_CHUNK_SEGMENTS:
-                missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
-            else:
-                missing_sent = missing
-            lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
-            if maximize:  # torch's maximize: Adam on -grad
-                grad_scale = -grad_scale
-            session.send_grad_ready(c.chunk_id, slot, self._committed + 1, float(lr),
-                                    float(beta1), float(beta2), float(eps),
-                                    float(weight_decay), float(grad_scale),
-                                    segments_without_grad=list(missing_sent),
-                                    speculative=speculative, redo=redo)
+            lr, beta1, beta2, eps, weight_decay = job.hyper
+            session.send_grad_ready(c.chunk_id, slot, job.step, lr, beta1, beta2, eps,
+                                    weight_decay, job.grad_scale,
+                                    segments_without_grad=list(job.missing_sent),
+                                    speculative=job.speculative, redo=job.redo)
         except BaseException:
-            if self.failed is None:
-                try:
-                    session.release_slot(slot)
-                except Exception:
-                    pass
+            try:
+                session.release_slot(slot)
+            except Exception:
+                pass
             raise
         self._inflight[c.chunk_id] = slot
-        self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
-        if speculative:
-            self.stats.speculative_updates += 1
 
     def commit(self) -> None:
         """Installs every sent chunk's new weights into the parameters and commits
         the step (nothing to commit when nothing was sent). Learns the passes per
         step of an accumulating loop."""
         session = self._session
+        self._flush()
         for cid in list(self._staged):
             self.install(self._chunk_by_id[cid], self._staging[cid])
-        while self._inflight:
-            cid, _ = self._inflight.popitem(last=False)
-            c = self._chunk_by_id[cid]
-            slot = self._wait(session, cid)
-            self.install(c, self._view(slot, "param", c.dtype)[:c.num_elements])
-            session.release_slot(slot)
+        slots = []
+        try:
+            while self._inflight:
+                cid, _ = self._inflight.popitem(last=False)
+                c = self._chunk_by_id[cid]
+                slot = self._wait(session, cid)
+                slots.append(slot)
+                self.install(c, self._view(slot, "param", c.dtype)[:c.num_elements],
+                             non_blocking=True)
+        finally:
+            self._device.installed()  # the copies out of the slots are done
+            for slot in slots:
+                session.release_slot(slot)
         if self._redo_started is not None:
             self.stats.redo_seconds += time.monotonic() - self._redo_started
             self.stats.steps_with_redo += 1
@@ -561,6 +702,7 @@ class ChunkPipeline:
         """Abandons the step: waits for the chunks in flight, rolls back what the
         daemon updated (AbortStep with `reason`), installs nothing."""
         session = self._session
+        self._flush()
         self._drain_all(session)
         if self._sent:
             session.abort_step(self._committed + 1, reason=reason)
@@ -618,14 +760,38 @@ class ChunkPipeline:
         cid, _ = self._inflight.popitem(last=False)
         c = self._chunk_by_id[cid]
         slot = self._wait(session, cid)
-        staging = self._staging.get(cid)
-        if staging is None:
-            staging = torch.empty(c.num_elements, dtype=c.dtype,
-                                  pin_memory=torch.cuda.is_available())
-            self._staging[cid] = staging
-        staging.copy_(self._view(slot, "param", c.dtype)[:c.num_elements])
+        self._staging[cid] = self._device.stage(
+            self._view(slot, "param", c.dtype)[:c.num_elements], self._staging.get(cid))
         session.release_slot(slot)
         self._staged.add(cid)
+
+    def wait_sent(self) -> None:
+        """Waits until every chunk enqueued so far was sent to the daemon (or
+        failed: the sender's error is raised). step() does this itself; tests and
+        benchmarks that look at the daemon between backward and step() call it."""
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Waits until the sender thread ran every queued job; raises its error.
+        Chunks it found inf/nan in are taken out of the step (overflow)."""
+        if self._sender is None:
+            return
+        self._sender.flush()
+        overflowed, self._overflowed = self._overflowed, []
+        for job in overflowed:
+            self._overflow = True
+            cid = job.chunk.chunk_id
+            if job.earlier is not None:
+                self._sent[cid] = job.earlier
+            else:
+                self._sent.pop(cid, None)
+            if job.speculative:
+                self.stats.speculative_updates -= 1
+            if job.redo == REDO_CLIPPED:
+                self.stats.redone_clipped -= 1
+            elif job.redo:
+                self.stats.redone_changed -= 1
 
     def _drain_all(self, session) -> None:
         while self._inflight:

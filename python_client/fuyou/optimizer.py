@@ -86,12 +86,14 @@ class AdamW(torch.optim.Optimizer):
     ``committed_step``.
 
     **Overlap.** With ``overlap=True`` a hook on each parameter's gradient
-    accumulator notices when every gradient of a chunk is in; the chunk's
-    gradients are then copied (one copy) into a shared-memory slot and the daemon
-    updates it while backward goes on with earlier layers. When all ``num_slots``
-    slots are busy the hook waits for the oldest chunk's new weights and keeps
-    them in a per-chunk staging copy (extra host memory of that chunk's size);
-    the model's parameters themselves only change in :meth:`step`, after
+    accumulator notices when every gradient of a chunk is in and only enqueues
+    the chunk; the optimizer's sender thread copies its gradients (one copy; on
+    CUDA on a side stream into pinned memory) into a shared-memory slot and the
+    daemon updates it while backward goes on with earlier layers. When all
+    ``num_slots`` slots are busy the sender thread (never backward) waits for the
+    oldest chunk's new weights and keeps them in a per-chunk staging copy (extra
+    memory of that chunk's size, on the parameters' device); the model's
+    parameters themselves only change in :meth:`step`, after
     backward. Each GradReady carries the group's *current* ``lr``, ``betas``,
     ``eps`` and ``weight_decay``, so LR schedulers work as with torch.
 
@@ -275,6 +277,7 @@ class AdamW(torch.optim.Optimizer):
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
+            pipeline.detach()  # its sender thread and pinned slots, before the mapping goes
             if session is not None:
                 try:
                     session.close()

@@ -163,6 +163,7 @@ def test_hooks_send_during_backward_and_only_at_the_kth(fake_backend):
     log = fake_session.open_fake.last.log
     for i in range(3):
         step_loss(model, 0, micro=(3, i), batch_size=6).backward()
+        opt.pipeline.wait_sent()  # the hooks only enqueue; the sender thread sends
         sent = [m for m in log if m[0] == "grad_ready"]
         assert len(sent) == (opt.num_chunks if i == 2 else 0)
     # Arrival order follows backward: the first chunk sent holds the last layers.

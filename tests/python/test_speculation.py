@@ -86,6 +86,7 @@ def test_max_grad_norm_keeps_overlap(fake_backend, max_norm, clips):
         ref_opt.step()
         ref_opt.zero_grad()
         step_loss(model, step).backward()
+        opt.pipeline.wait_sent()  # the hooks only enqueue; the sender thread sends
         sent_in_backward = len(flags(session))
         opt.step()
         opt.zero_grad()
@@ -127,6 +128,8 @@ def test_accumulation_is_learned_and_sent_after_the_kth_pass(fake_backend):
             for i in range(k):
                 before = len(flags(session))
                 step_loss(m, step, micro=(k, i)).backward()
+                if m is model:
+                    opt.pipeline.wait_sent()  # the hooks only enqueue; the sender sends
                 if m is model and step > 0:
                     # From the second step on, nothing is sent before the k-th pass.
                     assert (len(flags(session)) > before) == (i == k - 1), (step, i)
