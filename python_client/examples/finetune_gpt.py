@@ -11,7 +11,16 @@ What it does, with the defaults (about 2-4 minutes on 2 CPU cores):
      read/write rates.
   3. Reports held-out loss before and after, tokens/s, the bytes the daemon read
      and wrote, and the daemon's final stats; saves a checkpoint (model +
-     optimizer state_dict), a loss-curve PNG and metrics.json under --out-dir.
+     optimizer state_dict), a loss-curve PNG (loss.png), a step-timeline PNG
+     (timeline.png) and metrics.json under --out-dir.
+  4. With fuyou: runs the first --compare-steps steps again with
+     torch.optim.AdamW and prints a side-by-side table (tokens/s, SSD traffic,
+     cache hit rate, the overlap achieved, redo counts; see summarize()).
+
+The model trains on CUDA when torch.cuda.is_available(), else on the CPU
+(--device). deploy/main-job.sh runs the 'main' preset (25.4M parameters) with
+--daemon embedded --dram-budget 64MiB, so its optimizer states (305 MB) are 4.5x
+the daemon's DRAM budget and stream from the SSD every step.
 
 With --optimizer fuyou and the default --daemon auto, fuyou.AdamW decides whether
 to use a running fuyoud or start a private one (the "embedded" daemon, whose
