@@ -11,7 +11,16 @@ What it does, with the defaults (about 2-4 minutes on 2 CPU cores):
      read/write rates.
   3. Reports held-out loss before and after, tokens/s, the bytes the daemon read
      and wrote, and the daemon's final stats; saves a checkpoint (model +
-     optimizer state_dict), a loss-curve PNG and metrics.json under --out-dir.
+     optimizer state_dict), a loss-curve PNG (loss.png), a step-timeline PNG
+     (timeline.png) and metrics.json under --out-dir.
+  4. With fuyou: runs the first --compare-steps steps again with
+     torch.optim.AdamW and prints a side-by-side table (tokens/s, SSD traffic,
+     cache hit rate, the overlap achieved, redo counts; see summarize()).
+
+The model trains on CUDA when torch.cuda.is_available(), else on the CPU
+(--device). deploy/main-job.sh runs the 'main' preset (25.4M parameters) with
+--daemon embedded --dram-budget 64MiB, so its optimizer states (305 MB) are 4.5x
+the daemon's DRAM budget and stream from the SSD every step.
 
 With --optimizer fuyou and the default --daemon auto, fuyou.AdamW decides whether
 to use a running fuyoud or start a private one (the "embedded" daemon, whose
@@ -87,6 +96,25 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="fuyou.AdamW(embedded=None|True|False): auto uses a running fuyoud "
                         "and starts a private one when none answers; embedded always starts "
                         "one (its states go to $FUYOU_DATA_DIR, default ./fuyou-data)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the model trains: auto = cuda when torch.cuda.is_available()")
+    p.add_argument("--dram-budget", default="64MiB",
+                   help="--daemon embedded: the embedded fuyoud's --dram-budget (DRAM for "
+                        "optimizer states). fuyoud's smallest: the 'main' model's states "
+                        "(305 MB) are 4.5x this, so they stream from the SSD every step. "
+                        "'' = the daemon's default (2GiB)")
+    p.add_argument("--commit-every", type=int, default=0,
+                   help="--daemon embedded: pass --commit-every-steps N to the embedded "
+                        "fuyoud (a durable step every N steps; needs a fuyoud that has the "
+                        "flag); 0 = the daemon's default")
+    p.add_argument("--serial-steps", type=int, default=5,
+                   help="fuyou: steps 2..N+1 run with overlap off (opt.overlap = False) to "
+                        "measure the optimizer's own time; the overlap achieved is computed "
+                        "from them; 0 = none (no overlap figure)")
+    p.add_argument("--compare-steps", type=int, default=30,
+                   help="fuyou: then run this many of the same steps with torch.optim.AdamW "
+                        "(states in RAM) from the same weights, for the tokens/s comparison; "
+                        "0 = none")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
     p.add_argument("--eval-every", type=int, default=50, help="evaluate every N fine-tuning steps")
     p.add_argument("--sample-bytes", type=int, default=200,
@@ -100,6 +128,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                 f"{PRESETS[args.model].block_size}")
     if args.out_dir is None:
         args.out_dir = pathlib.Path("runs") / args.job
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False")
+    if args.commit_every < 0 or args.serial_steps < 0 or args.compare_steps < 0:
+        p.error("--commit-every, --serial-steps and --compare-steps must be >= 0")
     return args
 
 
@@ -138,7 +172,7 @@ class TextDataset:
 @torch.no_grad()
 def evaluate(model: GPT, data: TextDataset, args) -> float:
     model.eval()
-    losses = [model(x, y)[1].item()
+    losses = [model(x.to(args.device), y.to(args.device))[1].item()
               for x, y in data.val_batches(args.eval_batches, args.batch_size, args.seq_len)]
     model.train()
     return sum(losses) / len(losses)
@@ -184,8 +218,27 @@ def make_optimizer(kind: str, params, lr: float, args, job: str, grad_clip: floa
     fuyou = import_fuyou()
     embedded = {"auto": None, "embedded": True, "external": False}[args.daemon]
     extra = {"max_grad_norm": grad_clip} if grad_clip > 0 and args.clip_with == "optimizer" else {}
+    if getattr(args, "daemon_address", None):  # the embedded fuyoud main() started
+        extra["address"], embedded = args.daemon_address, False
     return fuyou.AdamW(params, job=job, chunk_bytes=args.chunk_bytes, embedded=embedded,
                        overlap=not args.no_overlap, **extra, **hyper)
+
+
+def start_embedded_daemon(args):
+    """--daemon embedded: starts the private fuyoud with --dram-budget and
+    --commit-every-steps from the options (fuyou.AdamW(embedded=True) would start
+    one with the daemon's defaults); returns it, or None for auto/external."""
+    if args.daemon != "embedded" or "fuyou" not in (args.optimizer, args.base_optimizer):
+        return None
+    fuyou = import_fuyou()
+    extra = []
+    if args.dram_budget:
+        extra += ["--dram-budget", args.dram_budget]
+    if args.commit_every > 0:
+        extra += ["--commit-every-steps", str(args.commit_every)]
+    daemon = fuyou.EmbeddedDaemon(extra_args=extra)
+    args.daemon_address = daemon.address
+    return daemon
 
 
 class StatsPoller:
@@ -243,30 +296,54 @@ class StatsPoller:
 
 def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
           desc: str, seed: int, grad_clip: float, poller: Optional[StatsPoller] = None,
-          eval_data: Optional[TextDataset] = None) -> Dict[str, list]:
-    """Runs `steps` optimizer steps; returns the loss history.
+          eval_data: Optional[TextDataset] = None, serial: int = 0,
+          total_steps: Optional[int] = None) -> Dict[str, list]:
+    """Runs `steps` optimizer steps; returns the loss history and per-step timers.
 
     The learning rate is set before backward: fuyou.AdamW sends each chunk's
-    update, with the group's lr at that moment, while backward runs."""
+    update, with the group's lr at that moment, while backward runs. With
+    fuyou.AdamW, steps 2..serial+1 run with opt.overlap = False: nothing is sent
+    during backward, so their step() time is the optimizer's whole time (update +
+    SSD I/O) for a step. Timers per step: fb_s (forward + backward), opt_s (clip +
+    step()), step_s (the whole iteration); on CUDA each is synchronized."""
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(seed)
     tokens_per_step = args.batch_size * args.seq_len
-    history = {"step": [], "loss": [], "eval_step": [], "eval_loss": []}
+    history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [],
+               "fb_s": [], "opt_s": [], "step_s": [], "serial": [], "read_gbps": [],
+               "write_gbps": []}
+    serial_steps = set(range(1, 1 + serial)) if hasattr(opt, "overlap") else set()
+    cuda = args.device == "cuda"
     bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True,
                disable=args.no_progress, file=sys.stdout)
     t0 = time.perf_counter()
     for i in bar:
-        lr = lr_at(i, steps, peak_lr, args.warmup)
+        t_start = time.perf_counter()
+        if serial_steps:
+            opt.overlap = not args.no_overlap and i not in serial_steps
+        lr = lr_at(i, total_steps or steps, peak_lr, args.warmup)
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = data.train_batch(args.batch_size, args.seq_len, gen)
+        x, y = x.to(args.device), y.to(args.device)
+        t_fb = time.perf_counter()
         _, loss = model(x, y)
         loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+        t_opt = time.perf_counter()
         if grad_clip > 0 and (isinstance(opt, torch.optim.AdamW) or args.clip_with == "external"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        t_end = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        history["fb_s"].append(t_opt - t_fb)
+        history["opt_s"].append(t_end - t_opt)
+        history["step_s"].append(t_end - t_start)
+        history["serial"].append(i in serial_steps)
 
         history["step"].append(i + 1)
         history["loss"].append(loss.item())
@@ -277,6 +354,8 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
             poller.poll()
             rates = poller.rates_gbps()
             postfix["ssd R/W GB/s"] = "n/a" if rates is None else f"{rates[0]:.2f}/{rates[1]:.2f}"
+            history["read_gbps"].append(rates[0] if rates else 0.0)
+            history["write_gbps"].append(rates[1] if rates else 0.0)
         bar.set_postfix(postfix, refresh=False)
         if args.no_progress and ((i + 1) % 10 == 0 or i + 1 == steps):
             print(f"{desc} step {i + 1}/{steps} " + " ".join(f"{k}={v}" for k, v in postfix.items()),
@@ -340,6 +419,181 @@ def plot_losses(path: pathlib.Path, base_losses: List[float], ft: Dict[str, list
     plt.close(fig)
 
 
+def _mean(values: List[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def _available_memory(device: str) -> int:
+    """Bytes free for torch.optim.AdamW's states: the GPU's free memory, or the
+    machine's MemAvailable."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def run_torch_comparison(model: GPT, start_weights: dict, data: TextDataset, args) -> dict:
+    """The first --compare-steps fine-tuning steps again with torch.optim.AdamW
+    (states in RAM, or on the GPU), from the same weights, batches and lr schedule;
+    returns its tokens/s, or why it did not run. The fuyou model's weights are put
+    back afterwards."""
+    steps = min(args.compare_steps, args.steps)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = 2 * param_bytes  # exp_avg and exp_avg_sq, in the weights' dtype
+    free = _available_memory(args.device)
+    if steps == 0:
+        return {"ran": False, "why": "--compare-steps 0"}
+    if need > free:
+        return {"ran": False, "why": f"its states ({fmt_bytes(need)}) would not fit in the "
+                                      f"{fmt_bytes(free)} free on {args.device}"}
+    finetuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(start_weights)
+    opt = make_optimizer("torch", model.parameters(), args.lr, args, job="", grad_clip=args.grad_clip)
+    hist = train(model, opt, data, steps, args.lr, args, desc="torch AdamW", seed=args.seed + 1,
+                 grad_clip=args.grad_clip, total_steps=args.steps)
+    model.load_state_dict(finetuned)
+    steady = hist["step_s"][1:] or hist["step_s"]
+    tokens = args.batch_size * args.seq_len
+    return {"ran": True, "steps": steps, "state_bytes": need,
+            "tokens_per_second": tokens * len(steady) / sum(steady),
+            "loss_at_last_step": hist["loss"][-1]}
+
+
+def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
+              poller: StatsPoller, compare: dict) -> dict:
+    """The figures of the side-by-side table (see format_summary), from the
+    example's own per-step timers, the daemon's GetStats and opt.loop_stats.
+
+    Overlap: T_fb and T_opt are the mean forward+backward and step() times of the
+    serial steps (overlap off: step() does the whole update and its SSD I/O after
+    backward); T_step is the mean forward+backward+step() time of the overlapped
+    steps (the others, less the first step and the one after the serial ones).
+    overlap = (T_fb + T_opt) / T_step: 1.0 = nothing overlapped; the optimizer
+    time hidden behind backward is (T_fb + T_opt - T_step) / T_opt."""
+    tokens = args.batch_size * args.seq_len
+    n = len(hist["step_s"])
+    serial_idx = [i for i in range(n) if hist["serial"][i]]
+    after = (serial_idx[-1] + 2) if serial_idx else 1
+    overlapped_idx = [i for i in range(after, n)] or list(range(n))
+    ov_step = [hist["fb_s"][i] + hist["opt_s"][i] for i in overlapped_idx]
+    t_step = _mean(ov_step)
+    t_fb = _mean([hist["fb_s"][i] for i in serial_idx])
+    t_opt = _mean([hist["opt_s"][i] for i in serial_idx])
+    overlap = hidden = None
+    if t_fb is not None and t_opt is not None and t_step:
+        overlap = (t_fb + t_opt) / t_step
+        hidden = max(0.0, min(1.0, (t_fb + t_opt - t_step) / t_opt)) if t_opt > 0 else None
+    stats = poller.latest or {}
+    base = getattr(poller, "_baseline", None) or {}
+    hits = stats.get("cache_hits", 0) - base.get("cache_hits", 0)
+    misses = stats.get("cache_misses", 0) - base.get("cache_misses", 0)
+    steady_s = [hist["step_s"][i] for i in overlapped_idx]
+    return {
+        "device": args.device, "parameters": model.num_parameters(),
+        "fuyou_state_bytes": 12 * model.num_parameters(),  # fp32 master weights, m, v
+        "dram_budget_bytes": stats.get("dram_budget_bytes"),
+        "steps": n, "serial_steps": len(serial_idx),
+        "fuyou_tokens_per_second": hist["tokens_per_second"],
+        "fuyou_tokens_per_second_overlapped": tokens * len(steady_s) / sum(steady_s),
+        "torch": compare,
+        "ssd_bytes_read": metrics.get("ssd_bytes_read"),
+        "ssd_bytes_written": metrics.get("ssd_bytes_written"),
+        "cache_hits": hits, "cache_misses": misses,
+        "cache_hit_rate": hits / (hits + misses) if hits + misses else None,
+        "t_fb_s": t_fb, "t_opt_s": t_opt, "t_step_overlapped_s": t_step,
+        "overlap": overlap, "optimizer_time_hidden": hidden,
+        "loop_stats": metrics.get("loop_stats"),
+    }
+
+
+def format_summary(s: dict) -> str:
+    """The side-by-side table: fuyou.AdamW and torch.optim.AdamW. The cache hit
+    rate is GetStats' (cache_hits / (cache_hits + cache_misses) during the run);
+    'SSD read per step' is the share of the states actually read from storage."""
+    def gb(v):
+        return "n/a" if v is None else f"{v / 1e9:.2f} GB"
+
+    t = s["torch"]
+    budget = s["dram_budget_bytes"]
+    ratio = f" = {s['fuyou_state_bytes'] / budget:.1f}x the budget" if budget else ""
+    rows = [
+        ("", "fuyou.AdamW", "torch.optim.AdamW"),
+        ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} (fp32 w, m, v)",
+         f"{fmt_bytes(t['state_bytes'])} (m, v)" if t.get("ran") else "-"),
+        ("where", f"SSD; {fmt_bytes(budget or 0)} DRAM budget{ratio}", f"{s['device']} memory"),
+        ("steps measured", f"{s['steps']} ({s['serial_steps']} with overlap off)",
+         f"{t['steps']} (same batches)" if t.get("ran") else "-"),
+        ("tokens/s, all steps", f"{s['fuyou_tokens_per_second']:,.0f}", "-"),
+        ("tokens/s, steady", f"{s['fuyou_tokens_per_second_overlapped']:,.0f}",
+         f"{t['tokens_per_second']:,.0f}" if t.get("ran") else f"not run: {t['why']}"),
+        ("SSD read / written", f"{gb(s['ssd_bytes_read'])} / {gb(s['ssd_bytes_written'])}", "0 / 0"),
+        ("SSD read per step", "n/a" if not s["ssd_bytes_read"] else
+         f"{s['ssd_bytes_read'] / s['steps'] / 1e6:,.0f} MB = "
+         f"{100 * s['ssd_bytes_read'] / s['steps'] / s['fuyou_state_bytes']:.0f}% of the states",
+         "-"),
+        ("cache hit rate", "n/a" if s["cache_hit_rate"] is None else
+         f"{100 * s['cache_hit_rate']:.1f}% ({s['cache_hits']:,} hits, {s['cache_misses']:,} misses)",
+         "-"),
+    ]
+    if s["overlap"] is not None:
+        rows.append(("overlap (fb+opt)/step",
+                     f"{s['overlap']:.2f}x: {1e3 * s['t_fb_s']:.0f} + {1e3 * s['t_opt_s']:.0f} ms "
+                     f"-> {1e3 * s['t_step_overlapped_s']:.0f} ms "
+                     f"({100 * (s['optimizer_time_hidden'] or 0):.0f}% of optimizer time hidden)",
+                     "-"))
+    else:
+        rows.append(("overlap (fb+opt)/step", "n/a (no serial steps)", "-"))
+    loop = s.get("loop_stats") or {}
+    if loop:
+        rows.append(("redo (loop_stats)",
+                     f"{loop['steps_with_redo']}/{loop['steps']} steps, "
+                     f"{loop['redone_clipped']} clipped + {loop['redone_changed']} changed chunks, "
+                     f"{loop['redo_seconds']:.2f} s", "-"))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = ["=" * 72, "main job: fuyou.AdamW vs torch.optim.AdamW"]
+    lines += [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    lines.append("overlap = (T_fb + T_opt) / T_step: T_fb, T_opt = forward+backward and step() "
+                 "time with overlap off; T_step = forward+backward+step() with overlap on")
+    return "\n".join(lines)
+
+
+def plot_timeline(path: pathlib.Path, hist: Dict[str, list], title: str) -> None:
+    """Per step: forward+backward and step() time (stacked; overlap-off steps
+    hatched), and the daemon's SSD read/write GB/s."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = hist["step"]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    fb = [1e3 * v for v in hist["fb_s"]]
+    op = [1e3 * v for v in hist["opt_s"]]
+    hatch = ["//" if s else "" for s in hist["serial"]]
+    ax.bar(steps, fb, width=1.0, label="forward + backward", color="tab:blue")
+    bars = ax.bar(steps, op, width=1.0, bottom=fb, label="step() (optimizer wait)",
+                  color="tab:orange")
+    for b, h in zip(bars, hatch):
+        b.set_hatch(h)
+    ax.set(title=title + " (hatched: overlap off)", ylabel="ms")
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3)
+    if hist["read_gbps"]:
+        ax2.plot(steps, hist["read_gbps"], label="SSD read GB/s")
+        ax2.plot(steps, hist["write_gbps"], label="SSD write GB/s")
+        ax2.legend(loc="upper right")
+    ax2.set(xlabel="step", ylabel="GB/s")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -357,14 +611,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     dtype = DTYPES[args.dtype]
     tokenizer = ByteTokenizer()
 
-    model = GPT(PRESETS[args.model])
-    print(f"model: {args.model}, {model.num_parameters():,} parameters, {args.dtype}; "
-          f"batch {args.batch_size} x {args.seq_len} tokens; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s)")
+    model = GPT(PRESETS[args.model]).to(args.device)
+    print(f"model: {args.model}, {model.num_parameters():,} parameters, {args.dtype}, on "
+          f"{args.device}; batch {args.batch_size} x {args.seq_len} tokens; torch "
+          f"{torch.__version__}, {torch.get_num_threads()} thread(s)")
+    daemon = start_embedded_daemon(args)
+    try:
+        return _run(args, model, dtype, tokenizer)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
 
     base_losses: List[float] = []
     if args.checkpoint is not None:
-        ckpt = torch.load(args.checkpoint, map_location="cpu")
+        ckpt = torch.load(args.checkpoint, map_location=args.device)
         model.load_state_dict(ckpt["model"])
         print(f"base model: loaded {args.checkpoint}")
     else:
@@ -376,6 +639,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     base_data = TextDataset(BASE_CORPUS, tokenizer)
     ft_data = TextDataset(FINETUNE_CORPUS, tokenizer)
+    start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     # Made before the "before" evaluation: a resumed fuyou job replaces the weights.
     opt = make_optimizer(args.optimizer, model.parameters(), args.lr, args, job=args.job,
@@ -395,7 +659,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"held-out loss before {ft_before:.3f}")
         hist = train(model, opt, ft_data, args.steps, args.lr, args, desc="fine-tune",
                      seed=args.seed + 1, grad_clip=args.grad_clip, poller=poller,
-                     eval_data=ft_data)
+                     eval_data=ft_data,
+                     serial=min(args.serial_steps, max(args.steps - 3, 0))
+                     if args.optimizer == "fuyou" and not args.no_overlap else 0)
         ft_after = evaluate(model, ft_data, args)
         base_after = evaluate(model, base_data, args)
 
@@ -420,6 +686,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         # Checkpoint: the model and the optimizer's state_dict (for fuyou, what its
         # state_dict() returns; the states themselves stay in the fuyou job).
+        summary = None
+        if args.optimizer == "fuyou":
+            compare = run_torch_comparison(model, start_weights, ft_data, args)
+            summary = summarize(args, model, hist, metrics, poller, compare)
+            metrics["summary"] = summary
         ckpt_path = args.out_dir / "finetuned.pt"
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "model_preset": args.model, "args": {k: str(v) for k, v in vars(args).items()},
@@ -428,10 +699,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         png = args.out_dir / "loss.png"
         plot_losses(png, base_losses, hist, ft_before, ft_after,
                     title=f"fine-tuning (SQLite docs), {args.optimizer} AdamW")
+        timeline_png = args.out_dir / "timeline.png"
+        plot_timeline(timeline_png, hist, title=f"step timeline, {args.optimizer} AdamW "
+                      f"({args.model}, {args.device})")
         (args.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
 
         if args.sample_bytes > 0:
             model.eval()
+            model.to("cpu")  # sampled with a CPU generator
             prompt = tokenizer.encode("The sqlite3_prepare_v2() interface ").unsqueeze(0)
             gen = torch.Generator().manual_seed(args.seed)
             out = model.generate(prompt, args.sample_bytes, generator=gen)
@@ -467,7 +742,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"job '{args.job}': committed step {opt.committed_step}")
             print("daemon stats at the end:")
             print(json.dumps(final_stats, indent=2, default=str))
-        print(f"saved {ckpt_path}, {png}, {args.out_dir / 'metrics.json'}")
+        if summary is not None:
+            print(format_summary(summary))
+        print(f"saved {ckpt_path}, {png}, {timeline_png}, {args.out_dir / 'metrics.json'}")
     finally:
         if args.optimizer == "fuyou":
             opt.close()

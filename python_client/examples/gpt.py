@@ -57,6 +57,9 @@ PRESETS: Dict[str, GPTConfig] = {
     "tiny": GPTConfig(n_layer=4, n_head=4, n_embd=128),     # ~0.8M
     "small": GPTConfig(n_layer=4, n_head=4, n_embd=192),    # ~1.8M
     "medium": GPTConfig(n_layer=6, n_head=6, n_embd=384),   # ~10.8M
+    # ~25.4M: the main job's (deploy/main-job.sh); fuyou's fp32 states, 12 bytes a
+    # parameter (305 MB), are 4.5x the embedded fuyoud's smallest DRAM budget (64 MiB)
+    "main": GPTConfig(n_layer=8, n_head=8, n_embd=512),
     "large": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # ~85M, not for 2 CPU cores
 }
 

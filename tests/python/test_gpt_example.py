@@ -146,3 +146,37 @@ def test_end_to_end_with_torch_optimizer(tmp_path, capsys):
                             "--no-progress", "--out-dir", str(tmp_path / "run2")])
     assert rc == 0
     assert "loaded" in capsys.readouterr().out
+
+
+def test_main_job_path_streams_states_from_ssd_and_prints_the_table(tmp_path, capsys, monkeypatch):
+    """The main job's path (deploy/main-job.sh: --daemon embedded, states larger
+    than the embedded fuyoud's DRAM budget) on small settings: a real fuyoud reads
+    states from its storage, the side-by-side table is printed with those bytes,
+    and the loss and timeline PNGs are written. fuyoud's smallest budget is 64 MiB,
+    so the model is 'medium' (123.5 MiB of states) with 8-token batches."""
+    from conftest import daemon_binary, require_daemon
+    require_daemon()
+    monkeypatch.setenv("FUYOU_DAEMON", daemon_binary())
+    monkeypatch.setenv("FUYOU_DATA_DIR", str(tmp_path / "data"))
+    out = tmp_path / "run"
+    rc = finetune_gpt.main(["--daemon", "embedded", "--optimizer", "fuyou", "--model", "medium",
+                            "--steps", "6", "--base-steps", "1", "--batch-size", "1",
+                            "--seq-len", "8", "--eval-batches", "1", "--warmup", "1",
+                            "--sample-bytes", "0", "--no-progress", "--chunk-bytes",
+                            str(4 << 20), "--dram-budget", "64MiB", "--serial-steps", "2",
+                            "--compare-steps", "2", "--device", "cpu", "--out-dir", str(out)])
+    assert rc == 0
+    for name in ("loss.png", "timeline.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "metrics.json").read_text())["summary"]
+    assert summary["fuyou_state_bytes"] > summary["dram_budget_bytes"] == 64 << 20
+    assert summary["ssd_bytes_read"] > 0 and summary["ssd_bytes_written"] > 0
+    assert summary["cache_misses"] > 0
+    assert summary["torch"]["ran"] and summary["torch"]["steps"] == 2
+    assert summary["serial_steps"] == 2 and summary["overlap"] is not None
+    printed = capsys.readouterr().out
+    table = printed[printed.index("main job: fuyou.AdamW vs torch.optim.AdamW"):]
+    read_gb = f"{summary['ssd_bytes_read'] / 1e9:.2f} GB"
+    assert "SSD read / written" in table and read_gb in table and read_gb != "0.00 GB"
+    for row in ("tokens/s, steady", "cache hit rate", "overlap (fb+opt)/step", "redo (loop_stats)"):
+        assert row in table
