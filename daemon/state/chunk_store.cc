@@ -124,8 +124,12 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
   const uint32_t version = pending ? ShadowVersion(record) : record.committed_version();
   if (StatePin pin = cache_.Pin(job_key_, record.chunk_id())) {
     if (pin.load_status().ok() && pin.version() == version && pin.committed()) {
-      counters_.daemon.cache_hits.fetch_add(1, std::memory_order_relaxed);
-      counters_.user.cache_hits.fetch_add(1, std::memory_order_relaxed);
+      // A prefetch read these bytes from storage: that is a miss the read-ahead
+      // hid, not a read served from DRAM.
+      auto& daemon_counter = pin.first_use_of_prefetch() ? counters_.daemon.cache_misses : counters_.daemon.cache_hits;
+      auto& user_counter = pin.first_use_of_prefetch() ? counters_.user.cache_misses : counters_.user.cache_hits;
+      daemon_counter.fetch_add(1, std::memory_order_relaxed);
+      user_counter.fetch_add(1, std::memory_order_relaxed);
       return pin;
     }
     if (pending) {

@@ -26,7 +26,8 @@ struct StatePin::Entry {
   std::list<std::pair<std::string, uint32_t>>::iterator eviction_position;
 };
 
-StatePin::StatePin(StatePin&& other) noexcept : cache_(other.cache_), entry_(std::move(other.entry_)) {
+StatePin::StatePin(StatePin&& other) noexcept
+    : cache_(other.cache_), entry_(std::move(other.entry_)), first_use_of_prefetch_(other.first_use_of_prefetch_) {
   other.cache_ = nullptr;
 }
 
@@ -35,6 +36,7 @@ StatePin& StatePin::operator=(StatePin&& other) noexcept {
     Reset();
     cache_ = other.cache_;
     entry_ = std::move(other.entry_);
+    first_use_of_prefetch_ = other.first_use_of_prefetch_;
     other.cache_ = nullptr;
   }
   return *this;
@@ -74,10 +76,13 @@ StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id) {
   if (it == entries_.end()) return StatePin();
   std::shared_ptr<Entry> entry = it->second;
   UnlistLocked(*entry);
+  const bool first_use_of_prefetch = !entry->used;
   entry->used = true;
   ++entry->pins;
   changed_.wait(lock, [&] { return !entry->loading; });
-  return StatePin(this, std::move(entry));
+  StatePin pin(this, std::move(entry));
+  pin.first_use_of_prefetch_ = first_use_of_prefetch;
+  return pin;
 }
 
 absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,

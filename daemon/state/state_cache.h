@@ -68,6 +68,10 @@ class StatePin {
   bool committed() const;
   // The result of the load that filled the bytes (OK for an entry made with its contents).
   absl::Status load_status() const;
+  // True when this pin (from StateCache::Pin) is the first use of bytes a
+  // prefetch read from storage: they are in DRAM now, but not because they
+  // stayed there (the cache-hit counters tell the two apart).
+  bool first_use_of_prefetch() const { return first_use_of_prefetch_; }
 
  private:
   friend class StateCache;
@@ -76,6 +80,7 @@ class StatePin {
 
   StateCache* cache_ = nullptr;
   std::shared_ptr<Entry> entry_;
+  bool first_use_of_prefetch_ = false;
 };
 
 class StateCache {
