@@ -13,8 +13,7 @@
 # below, e.g.:
 #   deploy/main-job.sh --optimizer torch        # the whole run with torch.optim.AdamW
 #   deploy/main-job.sh --steps 400 --model tiny --batch-size 16 --seq-len 128
-#   deploy/main-job.sh --commit-every 10        # fuyoud --commit-every-steps 10 (a
-#                                               # fuyoud built with that flag)
+#   deploy/main-job.sh --commit-every 10        # fuyoud --commit-every-steps 10
 #
 # Each run starts from empty daemon state (runs/main-job/fuyou-data is wiped), so
 # the job is new every time; set KEEP_STATE=1 to keep it and resume the job.
