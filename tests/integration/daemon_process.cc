@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -176,6 +177,16 @@ ClientOptions DaemonProcess::client_options() const {
   options.rpc_timeout = std::chrono::milliseconds(20000);
   options.connect_timeout = std::chrono::milliseconds(3000);
   return options;
+}
+
+std::map<std::string, std::string> KeyValues(const std::string& text) {
+  std::map<std::string, std::string> values;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return values;
 }
 
 }  // namespace fuyou::testing

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ pid_t SpawnAs(uid_t uid, const std::string& program, const std::vector<std::stri
 // written to `output_file` on the way, in `*output`. Needs root.
 int RunAs(uid_t uid, const std::string& program, const std::vector<std::string>& args,
           const std::filesystem::path& output_file, std::string* output);
+// The "key=value" lines of a helper client's output (RunAs), as a map; other
+// lines are ignored.
+std::map<std::string, std::string> KeyValues(const std::string& text);
 
 // For raw-protocol tests: creates the segment an OpenSession answer asks for and
 // hands it to the daemon, as clientlib does; the segment (mapped, its fd still

@@ -31,17 +31,6 @@ using std::chrono::milliseconds;
 
 constexpr uid_t kNobody = 65534;
 
-// "key=value" lines -> map.
-std::map<std::string, std::string> KeyValues(const std::string& text) {
-  std::map<std::string, std::string> values;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return values;
-}
-
 class LimitsTest : public ::testing::Test {
  protected:
   void SetUp() override {

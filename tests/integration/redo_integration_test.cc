@@ -696,17 +696,6 @@ TEST_F(RedoTest, TheCostOfRedoingEveryChunkIsPrinted) {
   EXPECT_TRUE(session.Close().ok());
 }
 
-// "key=value" lines -> map.
-std::map<std::string, std::string> KeyValues(const std::string& text) {
-  std::map<std::string, std::string> values;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return values;
-}
-
 // GetStats fields 19-23 in both scopes: another user (redo_client, run as
 // nobody) sees its own speculation counters only; root sees the whole daemon's.
 TEST(RedoStatsTest, EachUserSeesTheirOwnCountersAndRootSeesTheDaemons) {
