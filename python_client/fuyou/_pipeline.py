@@ -44,8 +44,6 @@ pipeline's failure. A hook that runs after such an error raises it too.
 from __future__ import annotations
 
 import collections
-import logging
-import queue
 import threading
 import time
 import weakref
@@ -57,6 +55,7 @@ import torch
 from . import _device
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, FuyouError
+from ._sender import Sender
 
 __all__ = ["ChunkPipeline", "Hyper", "LoopStats", "STATE_MASTER", "STATE_EXP_AVG",
            "STATE_EXP_AVG_SQ", "REDO_GRADIENTS_CHANGED", "REDO_CLIPPED",
@@ -101,61 +100,6 @@ class LoopStats:
 
 # (lr, beta1, beta2, eps, weight_decay, maximize) of a chunk's parameter group, now.
 Hyper = Tuple[float, float, float, float, float, bool]
-
-
-class _Sender:
-    """One thread that runs the pipeline's jobs (callables) in order. The first
-    job that raises stops the rest (they are dropped); ``flush`` waits until
-    nothing is queued and raises that error."""
-
-    def __init__(self, name: str):
-        self._queue: "queue.Queue" = queue.Queue()
-        self._cond = threading.Condition()
-        self._pending = 0
-        self.error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cond:
-            self._pending += 1
-        self._queue.put(job)
-
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            try:
-                if self.error is None:
-                    job()
-            except BaseException as e:  # surfaces at the next hook or step()
-                self.error = e
-            finally:
-                job = None
-                with self._cond:
-                    self._pending -= 1
-                    self._cond.notify_all()
-
-    @property
-    def busy(self) -> bool:
-        return self._pending > 0
-
-    def flush(self) -> None:
-        with self._cond:
-            while self._pending:
-                self._cond.wait()
-        if self.error is not None:
-            raise self.error
-
-    def stop(self) -> None:
-        """Ends the thread once the queued jobs ran (idempotent). Called on the
-        sender thread itself (a garbage collection there closing an optimizer),
-        it only asks the thread to end."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            if threading.current_thread() is not self._thread:
-                self._thread.join()
 
 
 @dataclass
@@ -242,7 +186,7 @@ class ChunkPipeline:
         self._hook_nodes: list = []
         self._hook_handles: list = []
         self._device = _device.for_params(params)
-        self._sender: Optional[_Sender] = None
+        self._sender: Optional[Sender] = None
         self._overflowed: List[_Job] = []
         self._reset_step()
 
@@ -283,7 +227,7 @@ class ChunkPipeline:
         if self._device.streams:
             self._device.pin([session.grad_region(slot) for slot in range(self._num_slots)] +
                              [session.param_region(slot) for slot in range(self._num_slots)])
-        self._sender = _Sender(f"fuyou-sender-{id(self):x}")
+        self._sender = Sender(f"fuyou-sender-{id(self):x}")
         return resumed_any
 
     @property
