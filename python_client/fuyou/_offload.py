@@ -114,6 +114,7 @@ class OffloadedParams:
         # Residency.
         self.device_budget: Optional[int] = None  # None: no caching (released = evicted)
         self._cache: "collections.OrderedDict[int, Block]" = collections.OrderedDict()
+        self._resident: Dict[int, Block] = {}  # id -> block with a buffer
         self._resident_bytes = 0
         self._count_lock = threading.Lock()
         self._grad_bytes = 0
@@ -399,6 +400,7 @@ class OffloadedParams:
 
     def _evict(self, block: Block) -> None:
         block.buffer = None
+        self._resident.pop(id(block), None)
         self._resident_bytes -= block.nbytes
 
     def drop_cache(self) -> None:
@@ -463,6 +465,7 @@ class OffloadedParams:
                 session.release_slot(slot)
             self.fetches += 1
         block.buffer = buf
+        self._resident[id(block)] = block
         self._resident_bytes += block.nbytes
         self._note_live()
 
@@ -478,7 +481,7 @@ class OffloadedParams:
         if t.numel() == 0 or t.device.type == "meta":
             return None
         ptr = t.data_ptr()
-        for b in self.blocks:
+        for b in self._resident.values():
             buf = b.buffer
             if buf is not None and buf.device == t.device:
                 start = buf.data_ptr()
@@ -624,6 +627,7 @@ class OffloadedParams:
         with self._count_lock:
             self._grad_bytes = 0
         self.release_backward_holds()
+        self.drain_fetches()  # the daemon reads and writes states only without fetches in flight
 
     def abort_step(self) -> None:
         self._pipeline.abort(0)

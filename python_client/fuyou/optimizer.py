@@ -463,6 +463,8 @@ class AdamW(torch.optim.Optimizer):
             if self._pipeline.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
+            if self.offload is not None:
+                self.offload.drain_fetches()
             checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
