@@ -159,6 +159,31 @@ class AdamW(torch.optim.Optimizer):
     ``chunk_bytes``); a job that already has trained states keeps them (a warning
     says so).
 
+    **Weights in the daemon (offload_params=True).** For a model larger than
+    the GPU: the daemon keeps each chunk's working weights too (in the
+    parameters' dtype, beside master, m and v, under the same DRAM budget and
+    commits) and the model holds them only while a module runs. The
+    constructor opens the session and registers nothing (the parameters may be
+    on ``meta``); :func:`fuyou.stream_parameters` plans the chunks from the
+    model's modules (``offload.bind``: a chunk never holds two modules'
+    parameters), registers the modules not registered yet (their current
+    values start a new job; a resumed job keeps the daemon's committed weights)
+    and installs the hooks that fetch each module's weights for its forward and
+    backward. ``offload`` is the :class:`fuyou._offload.OffloadedParams` of the
+    model (``bind``, ``job_exists``, ``register_module``, ``registered``; None
+    without offload_params); ``fuyou.materialize`` registers one module at a
+    time through it. A chunk's gradients go to the daemon as soon as backward
+    completes them and are freed then, and the new weights are not installed
+    (the next forward fetches them). So ``torch.nn.utils.clip_grad_norm_`` and
+    ``torch.cuda.amp.GradScaler`` see no gradients: use ``max_grad_norm=``
+    (the finished chunks' gradients wait on the host for the coefficient at
+    :meth:`step`; no overlap) and ``loss_scale=`` with :meth:`scale_loss`, as
+    with DeepSpeed's ZeRO-3 engine. ``accumulation_steps=k`` adds each pass's
+    gradients into a host copy and sends at the k-th; an undeclared second
+    backward pass is refused (FailedPrecondition, the step abandoned). Not
+    with ``init_from`` nor ``load_state_dict`` of another job. It takes
+    ``FETCH_SLOTS`` (4) more slots of ``chunk_bytes`` for the fetches.
+
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
     a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,
     ``exp_avg_sq`` per parameter) to a PyTorch checkpoint. ``init_from`` (a
@@ -202,6 +227,8 @@ class AdamW(torch.optim.Optimizer):
         timeout: seconds any wait on the daemon may take before
             :class:`fuyou.FuyouError` is raised (a dead daemon never hangs a job).
         init_from: checkpoint to start a new job from (see above).
+        offload_params: keep the working weights in the daemon and stream them
+            into the model (see above and :func:`fuyou.stream_parameters`).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
