@@ -323,7 +323,7 @@ class AdamW(torch.optim.Optimizer):
             if offload_params:
                 pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
                 self.offload = OffloadedParams(self, pipeline, self.chunk_bytes, self.timeout)
-                pipeline.set_offload(self.offload)
+                pipeline.set_offload(self.offload.gradients)
             else:
                 self.resumed = pipeline.attach(session)
             if plan is not None:
@@ -425,7 +425,7 @@ class AdamW(torch.optim.Optimizer):
                 else:
                     pipeline.reset_passes()
                 if self.offload is not None:
-                    self.offload.reset_step()
+                    self.offload.gradients.reset_step()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -491,7 +491,7 @@ class AdamW(torch.optim.Optimizer):
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
             if self.offload is not None:
-                self.offload.drain_fetches()
+                self.offload.weights.drain_fetches()
             checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
@@ -687,14 +687,14 @@ class AdamW(torch.optim.Optimizer):
         pipeline = self._pipeline
         offload = self.offload
         if offload is not None:
-            offload.release_backward_holds()
+            offload.weights.release_backward_holds()
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
         if not pipeline.overflow:
             clipping = self.max_grad_norm is not None
             if offload is not None:  # the gradients sent were freed: nothing to validate
                 pipeline.wait_sent()
-                changed, squares = [], (offload.squares() if clipping else {})
+                changed, squares = [], (offload.gradients.squares() if clipping else {})
             else:
                 changed, squares = pipeline.validate(squares=clipping)
             clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
@@ -712,18 +712,18 @@ class AdamW(torch.optim.Optimizer):
                         break
         if not pipeline.overflow:
             if offload is not None:
-                offload.send_unsent(grad_scale)
+                offload.gradients.send_unsent(grad_scale)
             else:
                 pipeline.send_unsent(grad_scale)
         if pipeline.overflow:
             pipeline.abort(ABORT_OVERFLOW)
             if offload is not None:
-                offload.reset_step()
+                offload.gradients.reset_step()
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
             return
         pipeline.commit()
         if offload is not None:  # fetched weights are the previous step's now
-            offload.reset_step()
-            offload.drop_cache()
+            offload.gradients.reset_step()
+            offload.weights.drop_cache()
         self._scaler.update(overflow=False)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import fuyou
 from fuyou._offload import OffloadedParams
+from fuyou._weight_cache import WeightCache
 from train_util import StreamGPT, stream_batch
 
 HERE = Path(__file__).resolve().parent
@@ -244,12 +245,12 @@ def test_bf16_streaming_is_bitwise_the_resident_fuyou_run(stream_backend):
             # The working weights the next forward fetches are the masters in bf16.
             handle_live = handle.live_bytes
             for b in opt.offload.blocks:
-                opt.offload.acquire(b)
+                opt.offload.weights.acquire(b)
                 for mem in b.members:
                     assert mem.param.dtype == torch.bfloat16
                     assert torch.equal(mem.param.detach().float(),
                                        got[mem.index].to(torch.bfloat16).float())
-                opt.offload.release(b)
+                opt.offload.weights.release(b)
             assert handle.live_bytes <= max(handle_live, handle.device_budget)
     finally:
         handle.close()
@@ -267,13 +268,13 @@ def test_saved_weight_views_do_not_pin_released_buffers(stream_backend, monkeypa
     ref_opt = torch_adamw(ref.parameters())
     opt = offload_adamw(stream_backend, model.parameters())
     buffers = []
-    load = OffloadedParams._load
+    load = WeightCache._load
 
     def recording_load(self, block):
         load(self, block)
         buffers.append(weakref.ref(block.buffer))
 
-    monkeypatch.setattr(OffloadedParams, "_load", recording_load)
+    monkeypatch.setattr(WeightCache, "_load", recording_load)
     handle = fuyou.stream_parameters(model, opt, device_budget=0, prefetch=1)
     try:
         for step in range(2):
