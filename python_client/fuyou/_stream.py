@@ -124,8 +124,10 @@ class ParameterStream:
 
     ``live_bytes`` / ``peak_live_bytes``: bytes of fetched weights and of
     gradients held on the device now / at most since the stream began (or
-    :meth:`reset_peak`). ``fetches`` and ``cache_hits`` count chunks fetched from
-    the daemon and blocks served from the cache. :meth:`close` removes the
+    :meth:`reset_peak`). ``fetches``, ``prefetches`` and ``cache_hits`` count
+    chunks fetched from the daemon, those of them started ahead of their use,
+    and blocks served from the cache. ``largest_module_bytes``: the largest
+    block (a module's own weights). :meth:`close` removes the
     hooks; the parameters stay empty placeholders (their weights are in the
     daemon: ``optimizer.export_checkpoint``).
     """
@@ -196,6 +198,11 @@ class ParameterStream:
     @property
     def cache_hits(self) -> int:
         return self._offload.weights.cache_hits
+
+    @property
+    def prefetches(self) -> int:
+        """Chunk fetches started ahead of their use (``prefetch``)."""
+        return self._offload.weights.prefetches
 
     def reset_peak(self) -> None:
         with self._lock:

@@ -125,6 +125,7 @@ class WeightCache:
         self._fetching: "collections.OrderedDict[int, int]" = collections.OrderedDict()
         self.fetches = 0  # chunks fetched from the daemon (not served by the cache)
         self.cache_hits = 0  # blocks acquired while still resident
+        self.prefetches = 0  # chunk fetches started ahead of their use
 
     @property
     def live_bytes(self) -> int:
@@ -241,6 +242,7 @@ class WeightCache:
         if len(self._fetching) >= FETCH_SLOTS - 1:
             return False
         self._start_fetch(chunk)
+        self.prefetches += 1
         return True
 
     @property

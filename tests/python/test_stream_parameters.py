@@ -213,9 +213,10 @@ def test_gpt_8x_the_budget_trains_10_steps_like_torch(stream_backend):
             x, y = stream_batch(100)
             torch.testing.assert_close(model(x, y), ref(x, y), rtol=1e-4, atol=1e-5)
         assert handle.fetches >= 2 * 10 * len(opt.pipeline.chunks) * 0.5
+        assert handle.prefetches > 0
         print(f"\nstream GPT: {total} bytes of weights, budget {budget}, largest module "
               f"{largest}, peak live {handle.peak_live_bytes}, {handle.fetches} chunk fetches, "
-              f"{handle.cache_hits} cache hits in 10 steps")
+              f"({handle.prefetches} ahead), {handle.cache_hits} cache hits in 10 steps")
     finally:
         handle.close()
         opt.close()
@@ -473,6 +474,30 @@ def test_own_loss_scale_overflow_skips_the_step(stream_backend):
             assert_matches_daemon(opt, ref, step, "loss scale overflow")
         assert opt.skipped_steps == 1 and opt.committed_step == steps - 1
         assert opt.loop_stats.rolled_back_skipped > 0
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_backward_after_step_is_refused(stream_backend):
+    """A graph kept past step() (retain_graph) holds handles of the previous
+    step's weights: its backward raises instead of computing with new weights."""
+    torch.manual_seed(0)
+    model = StreamGPT(n_layer=1)
+    opt = offload_adamw(stream_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget=0)
+    try:
+        loss = model(*stream_batch(0))
+        loss.backward(retain_graph=True)
+        opt.step()
+        opt.zero_grad()
+        # Raised in the unpack hook: autograd passes it on as a RuntimeError.
+        with pytest.raises(RuntimeError, match="FAILED_PRECONDITION.*backward before optimizer.step"):
+            loss.backward()
+        opt.zero_grad()
+        model(*stream_batch(1)).backward()  # the next step goes on
+        opt.step()
+        assert opt.committed_step == 2
     finally:
         handle.close()
         opt.close()
