@@ -27,17 +27,27 @@ and release blocks. Every method runs with the optimizer's lock held.
 
 from __future__ import annotations
 
+import os
+import stat
 import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ._chunking import plan_module_chunks
+from .daemon import socket_path_of, to_address
 from ._errors import FailedPrecondition, InvalidArgument
 from ._offload_grads import OffloadedGradients
 from ._weight_cache import FETCH_SLOTS, Block, WeightCache, make_block, placeholder
 
 __all__ = ["OffloadedParams", "Block", "FETCH_SLOTS"]
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
 
 
 class OffloadedParams:
@@ -65,6 +75,7 @@ class OffloadedParams:
         self._block_of_chunk: Dict[int, Block] = {}
         self._modules: List[Tuple[str, torch.nn.Module]] = []
         self.resumed = False
+        self._job_exists: Optional[bool] = None
         self.weights = WeightCache(pipeline, self.blocks, self._block_of_chunk, timeout)
         self.gradients = OffloadedGradients(optimizer, pipeline, self.weights,
                                             self._block_of_chunk, self._block_of_param)
@@ -126,14 +137,30 @@ class OffloadedParams:
     # ------------------------------------------------------------ registration
     @property
     def job_exists(self) -> bool:
-        """True when the job already has chunks in the daemon (a resume: the
-        daemon's committed weights replace the modules' values, which need not
-        be initialised)."""
+        """True when the job already had chunks in the daemon when it was first
+        asked (before this optimizer registered any): a resume, whose committed
+        weights replace the modules' values (which need not be initialised)."""
+        if self._job_exists is None:
+            self._job_exists = self._ask_job_exists()
+        return self._job_exists
+
+    def _ask_job_exists(self) -> bool:
         session = self._pipeline.session
-        existing = getattr(session, "existing_chunks", None)
+        existing = getattr(session, "existing_chunks", None)  # OpenSessionResponse's
         if existing is not None:
             return int(existing) > 0
-        return int(session.committed_step) > 0
+        if int(session.committed_step) > 0:
+            return True
+        opt = self._optimizer()
+        path = socket_path_of(to_address(opt.address))
+        if path is None or not stat.S_ISSOCK(_mode(path)):
+            return False  # not a fuyoud socket (a fake session): committed_step decides
+        try:  # chunks registered but no step committed yet: the daemon's job list
+            from . import admin_client
+            jobs = admin_client(opt.address, min(self._timeout, 5.0)).list_jobs()
+        except Exception:
+            return False
+        return any(j.get("name") == opt.job and int(j.get("chunks", 0)) > 0 for j in jobs)
 
     @property
     def registered(self) -> bool:
@@ -159,8 +186,8 @@ class OffloadedParams:
                 return False
             opt = self._optimizer()
             pipeline = self._pipeline
+            exists = self.job_exists  # asked before this optimizer's first registration
             on_meta = any(m.param.is_meta for m in block.members)
-            exists = self.job_exists
             if on_meta and not exists:
                 raise FailedPrecondition(
                     f"module {block.name!r} has parameters on the meta device and job "

@@ -139,6 +139,27 @@ def opt_of_plain_adamw_has_no_offload(backend) -> bool:
         opt.close()
 
 
+def test_job_exists_with_chunks_but_no_step(stream_backend):
+    """A job whose chunks were registered but that never committed a step
+    exists (the daemon's job list says so); asked once, before this
+    optimizer's own registrations."""
+    if stream_backend.name != "daemon":
+        pytest.skip("the fake has no job list")
+    job = f"stream-nostep-{os.getpid()}-{next(_jobs)}"
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    opt = offload_adamw(stream_backend, model.parameters(), job=job)
+    assert not opt.offload.job_exists
+    fuyou.stream_parameters(model, opt, device_budget=0)
+    assert not opt.offload.job_exists  # its own chunks do not count
+    opt.close()
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    opt = offload_adamw(stream_backend, model.parameters(), job=job)
+    try:
+        assert opt.committed_step == 0 and opt.offload.job_exists
+    finally:
+        opt.close()
+
+
 def test_resumed_job_registers_modules_built_on_meta(stream_backend):
     """A resumed job: the daemon's committed weights win; the modules' values
     (here on the meta device) are ignored."""
