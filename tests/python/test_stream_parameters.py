@@ -280,29 +280,110 @@ def test_bf16_streaming_is_bitwise_the_resident_fuyou_run(stream_backend):
         res_opt.close()
 
 
+class MixedDtypes(nn.Module):
+    """One module with a bf16 matrix and an fp32 scale: two chunks of one block
+    (the fp32 one starts at an aligned offset of the block's buffer)."""
+
+    def __init__(self, d=20):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, d) .to(torch.bfloat16) * 0.2)
+        self.scale = nn.Parameter(torch.ones(d) + 0.01 * torch.randn(d))
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x, y):
+        h = (x.to(torch.bfloat16) @ self.w).float() * self.scale
+        return F.cross_entropy(self.head(torch.tanh(h)), y)
+
+
+def test_a_module_with_two_dtypes_streams_like_the_resident_run(stream_backend):
+    torch.manual_seed(3)
+    model = MixedDtypes()
+    resident = copy.deepcopy(model)
+    res_opt = stream_backend.adamw(resident.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                                   weight_decay=WD, chunk_bytes=CHUNK_BYTES)
+    opt = offload_adamw(stream_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget=0)
+    try:
+        own = opt.offload.blocks[[b.name for b in opt.offload.blocks].index("")]
+        assert {c.dtype for c in own.chunks} == {torch.bfloat16, torch.float32}
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            for m, o in ((resident, res_opt), (model, opt)):
+                m(x, y).backward()
+                o.step()
+                o.zero_grad()
+            got = opt.export_checkpoint()["model"]
+            want = res_opt.export_checkpoint()["model"]
+            for i in want:
+                assert torch.equal(got[i], want[i]), f"step {step}, parameter {i}"
+    finally:
+        handle.close()
+        opt.close()
+        res_opt.close()
+
+
+def test_overlap_off_sends_at_step(stream_backend):
+    """overlap=False: the complete chunks wait on the host and go at step()."""
+    torch.manual_seed(1)
+    model = TwiceNet()
+    ref = copy.deepcopy(model)
+    ref_opt = torch_adamw(ref.parameters())
+    opt = offload_adamw(stream_backend, model.parameters(), overlap=False)
+    handle = fuyou.stream_parameters(model, opt, device_budget="4KiB")
+    try:
+        for step in range(3):
+            for m, o in ((ref, ref_opt), (model, opt)):
+                m(*twice_batch(step), step=step).backward()
+                o.step()
+                o.zero_grad(set_to_none=True)
+            assert_matches_daemon(opt, ref, step, "overlap off")
+        assert opt.loop_stats.speculative_updates == 0
+    finally:
+        handle.close()
+        opt.close()
+
+
 def test_saved_weight_views_do_not_pin_released_buffers(stream_backend, monkeypatch):
     """F.linear saves weight.t() (a view of the fetched buffer) for backward:
-    with the saved-tensor hooks, nothing keeps a released buffer alive between
-    forward and backward (budget 0: no cache), and backward still matches."""
+    the saved-tensor hooks keep every saved tensor that lives in a fetched
+    buffer as a handle, not as a tensor, so nothing keeps a released buffer's
+    memory alive between forward and backward (budget 0: no cache), and
+    backward (which fetches again) still matches torch."""
+    from fuyou._stream import ParameterStream
+
     torch.manual_seed(0)
     model = StreamGPT(n_layer=2)
     ref = copy.deepcopy(model)
     ref_opt = torch_adamw(ref.parameters())
     opt = offload_adamw(stream_backend, model.parameters())
-    buffers = []
-    load = WeightCache._load
+    buffers, packed = [], []
+    load, pack = WeightCache._load, ParameterStream._pack
 
     def recording_load(self, block):
         load(self, block)
         buffers.append(weakref.ref(block.buffer))
 
+    def recording_pack(self, t):
+        out = pack(self, t)
+        ptr = t.data_ptr() if t.numel() else -1
+        inside = any(b.buffer.data_ptr() <= ptr < b.buffer.data_ptr() + b.nbytes
+                     for b in opt.offload.blocks if b.buffer is not None)
+        packed.append((inside, out is t))
+        return out
+
     monkeypatch.setattr(WeightCache, "_load", recording_load)
+    monkeypatch.setattr(ParameterStream, "_pack", recording_pack)
     handle = fuyou.stream_parameters(model, opt, device_budget=0, prefetch=1)
     try:
         for step in range(2):
             buffers.clear()
+            packed.clear()
             loss = model(*stream_batch(step))
             assert buffers, "nothing was fetched"
+            in_buffers = [kept for inside, kept in packed if inside]
+            assert len(in_buffers) >= 4 * 2, "weights (or views of them) were saved for backward"
+            assert not any(in_buffers), "a saved tensor in a fetched buffer was kept as a tensor"
             alive = [r for r in buffers if r() is not None]
             assert not alive, f"{len(alive)} of {len(buffers)} released buffers are still alive"
             assert handle.live_bytes == 0
