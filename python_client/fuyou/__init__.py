@@ -18,10 +18,15 @@ from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, F
 from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
 from ._pipeline import LoopStats
 from .optimizer import AdamW
+from ._stream import ParameterStream, stream_parameters
+from ._sizes import parse_size
 
 __all__ = [
     "AdamW",
     "LoopStats",
+    "stream_parameters",
+    "ParameterStream",
+    "parse_size",
     "EmbeddedDaemon",
     "FuyouError",
     "DaemonUnavailable",

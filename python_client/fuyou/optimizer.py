@@ -16,9 +16,10 @@ from typing import Optional, Union
 import torch
 
 from . import _checkpoint
-from ._chunking import plan_chunks
+from ._chunking import plan_chunks, trainable_params
 from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
+from ._offload import FETCH_SLOTS, OffloadedParams
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
 from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
@@ -158,6 +159,31 @@ class AdamW(torch.optim.Optimizer):
     ``chunk_bytes``); a job that already has trained states keeps them (a warning
     says so).
 
+    **Weights in the daemon (offload_params=True).** For a model larger than
+    the GPU: the daemon keeps each chunk's working weights too (in the
+    parameters' dtype, beside master, m and v, under the same DRAM budget and
+    commits) and the model holds them only while a module runs. The
+    constructor opens the session and registers nothing (the parameters may be
+    on ``meta``); :func:`fuyou.stream_parameters` plans the chunks from the
+    model's modules (``offload.bind``: a chunk never holds two modules'
+    parameters), registers the modules not registered yet (their current
+    values start a new job; a resumed job keeps the daemon's committed weights)
+    and installs the hooks that fetch each module's weights for its forward and
+    backward. ``offload`` is the :class:`fuyou._offload.OffloadedParams` of the
+    model (``bind``, ``job_exists``, ``register_module``, ``registered``; None
+    without offload_params); ``fuyou.materialize`` registers one module at a
+    time through it. A chunk's gradients go to the daemon as soon as backward
+    completes them and are freed then, and the new weights are not installed
+    (the next forward fetches them). So ``torch.nn.utils.clip_grad_norm_`` and
+    ``torch.cuda.amp.GradScaler`` see no gradients: use ``max_grad_norm=``
+    (the finished chunks' gradients wait on the host for the coefficient at
+    :meth:`step`; no overlap) and ``loss_scale=`` with :meth:`scale_loss`, as
+    with DeepSpeed's ZeRO-3 engine. ``accumulation_steps=k`` adds each pass's
+    gradients into a host copy and sends at the k-th; an undeclared second
+    backward pass is refused (FailedPrecondition, the step abandoned). Not
+    with ``init_from`` nor ``load_state_dict`` of another job. It takes
+    ``FETCH_SLOTS`` (4) more slots of ``chunk_bytes`` for the fetches.
+
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
     a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,
     ``exp_avg_sq`` per parameter) to a PyTorch checkpoint. ``init_from`` (a
@@ -201,6 +227,8 @@ class AdamW(torch.optim.Optimizer):
         timeout: seconds any wait on the daemon may take before
             :class:`fuyou.FuyouError` is raised (a dead daemon never hangs a job).
         init_from: checkpoint to start a new job from (see above).
+        offload_params: keep the working weights in the daemon and stream them
+            into the model (see above and :func:`fuyou.stream_parameters`).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -211,7 +239,8 @@ class AdamW(torch.optim.Optimizer):
                  chunk_bytes: int = 32 << 20, num_slots: int = 4, overlap: bool = True,
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
-                 embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None):
+                 embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
+                 offload_params: bool = False):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -259,8 +288,26 @@ class AdamW(torch.optim.Optimizer):
         self.skipped_steps = 0
         self.resumed = False
 
-        chunks, trainable = plan_chunks([g["params"] for g in self.param_groups],
-                                        self.chunk_bytes)
+        self.offload: Optional[OffloadedParams] = None
+        if offload_params:
+            if init_from is not None:
+                raise NotImplementedError(
+                    "fuyou.AdamW(offload_params=True) does not take init_from: load the "
+                    "checkpoint with fuyou.materialize (one module at a time)")
+            if num_slots + FETCH_SLOTS > MAX_SLOTS:
+                raise ValueError(f"num_slots must be in 1..{MAX_SLOTS - FETCH_SLOTS} with "
+                                 f"offload_params ({FETCH_SLOTS} more slots fetch weights)")
+            # Chunks follow the model's modules: planned when the model is bound.
+            chunks = []
+            trainable = [p for group in trainable_params([g["params"] for g in self.param_groups])
+                         for _, p in group]
+            largest = max((p.numel() * p.element_size() for p in trainable), default=8)
+            total = sum(p.numel() * p.element_size() for p in trainable)
+            slot_bytes = max(8, min(self.chunk_bytes, max(largest, total)))
+        else:
+            chunks, trainable = plan_chunks([g["params"] for g in self.param_groups],
+                                            self.chunk_bytes)
+            slot_bytes = max([c.nbytes for c in chunks], default=8)
         pipeline = ChunkPipeline(
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
@@ -270,10 +317,15 @@ class AdamW(torch.optim.Optimizer):
         self._address, self._daemon = resolve_address(address, embedded)
         session = None
         try:
-            self._num_slots = num_slots
-            self._slot_bytes = max([c.nbytes for c in chunks], default=8)
+            self._num_slots = num_slots + (FETCH_SLOTS if offload_params else 0)
+            self._slot_bytes = slot_bytes
             session = self._connect()
-            self.resumed = pipeline.attach(session)
+            if offload_params:
+                pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
+                self.offload = OffloadedParams(self, pipeline, self.chunk_bytes, self.timeout)
+                pipeline.set_offload(self.offload.gradients)
+            else:
+                self.resumed = pipeline.attach(session)
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
@@ -287,7 +339,7 @@ class AdamW(torch.optim.Optimizer):
             raise
         self._pipeline = pipeline
         self._closed = False
-        if self.overlap:
+        if self.overlap and self.offload is None:  # offload: hooks come with registration
             pipeline.install_hooks()
         # Registered after the embedded daemon's own exit handler, so it runs first.
         self._exit_closer = _CloseAtExit(self)
@@ -372,6 +424,8 @@ class AdamW(torch.optim.Optimizer):
                         raise
                 else:
                     pipeline.reset_passes()
+                if self.offload is not None:
+                    self.offload.gradients.reset_step()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -397,6 +451,8 @@ class AdamW(torch.optim.Optimizer):
             if closer is not None:
                 atexit.unregister(closer)
             try:
+                if self.offload is not None:
+                    self.offload.close()
                 if self._pipeline is not None:
                     self._pipeline.close()
             finally:
@@ -434,6 +490,8 @@ class AdamW(torch.optim.Optimizer):
             if self._pipeline.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
+            if self.offload is not None:
+                self.offload.weights.drain_fetches()
             checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
@@ -513,6 +571,10 @@ class AdamW(torch.optim.Optimizer):
         if pipeline.in_step:
             raise FailedPrecondition(f"load_state_dict into job {self.job!r} during a step: "
                                      "call it between steps")
+        if self.offload is not None:
+            raise NotImplementedError(
+                f"load_state_dict of job {source!r} into job {self.job!r} with offload_params: "
+                "fork the job with fuyouctl copy-job and open the copy instead")
         other = _find_open(source, self._address)
         if other is not None:
             self._copy_from(other)
@@ -623,11 +685,18 @@ class AdamW(torch.optim.Optimizer):
 
     def _finish_step(self) -> None:
         pipeline = self._pipeline
+        offload = self.offload
+        if offload is not None:
+            offload.weights.release_backward_holds()
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
         if not pipeline.overflow:
             clipping = self.max_grad_norm is not None
-            changed, squares = pipeline.validate(squares=clipping)
+            if offload is not None:  # the gradients sent were freed: nothing to validate
+                pipeline.wait_sent()
+                changed, squares = [], (offload.gradients.squares() if clipping else {})
+            else:
+                changed, squares = pipeline.validate(squares=clipping)
             clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
             if not math.isfinite(clip_coef):
                 pipeline.mark_overflow()
@@ -642,11 +711,19 @@ class AdamW(torch.optim.Optimizer):
                     if pipeline.overflow:
                         break
         if not pipeline.overflow:
-            pipeline.send_unsent(grad_scale)
+            if offload is not None:
+                offload.gradients.send_unsent(grad_scale)
+            else:
+                pipeline.send_unsent(grad_scale)
         if pipeline.overflow:
             pipeline.abort(ABORT_OVERFLOW)
+            if offload is not None:
+                offload.gradients.reset_step()
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
             return
         pipeline.commit()
+        if offload is not None:  # fetched weights are the previous step's now
+            offload.gradients.reset_step()
+            offload.weights.drop_cache()
         self._scaler.update(overflow=False)
