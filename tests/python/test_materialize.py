@@ -1,0 +1,206 @@
+"""init_empty, materialize and sharded checkpoints (issue 12, deliverable 3)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fuyou
+from fuyou import _materialize
+from helpers import TinyGPT, assert_models_close, make_model
+from train_util import CHUNK_BYTES, split_groups, step_loss
+
+REPO = Path(__file__).resolve().parents[2]
+HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _train(model, opt, first, count):
+    for step in range(first, first + count):
+        step_loss(model, step).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _normal_init(module):
+    """Every own parameter ~ N(0, 0.02) from torch's global generator, in order."""
+    for p in module.parameters(recurse=False):
+        p.normal_(0.0, 0.02)
+
+
+def _reference_init(model, init, seed):
+    """What materialize(init=) does, on a model built normally: init each module
+    in model.modules() order whose parameters no earlier module holds (ties)."""
+    torch.manual_seed(seed)
+    seen = set()
+    with torch.no_grad():
+        for m in model.modules():
+            own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+            if own:
+                init(m)
+                seen.update(id(p) for p in own)
+    return model
+
+
+def _run_python(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'python_client'}:{REPO / 'tests' / 'python'}")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+# --------------------------------------------------------------------- init_empty
+def test_init_empty_builds_on_meta_and_holds_no_memory():
+    with fuyou.init_empty(job="empty-job"):
+        model = TinyGPT()
+        assert all(p.is_meta for p in model.parameters())
+    assert model.head.weight is model.tok.weight  # the tie survives the swap
+    for name, p in model.named_parameters():
+        assert p.device.type == "cpu" and _materialize.is_empty(p), name
+        assert p.storage().size() <= 1, name  # one element seen through zero strides
+        assert p.requires_grad
+    assert _materialize.job_of(model.parameters()) == "empty-job"
+    assert model.blocks[0].fc.weight.shape == (4 * 32, 32)
+
+
+def test_init_empty_of_a_large_model_allocates_nothing():
+    """1 GiB of fp32 parameters built in init_empty: the process's peak RSS grows
+    by a few MiB at most (measured in a fresh interpreter)."""
+    out = _run_python("""
+        import torch, torch.nn as nn, fuyou
+        def hwm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        base = hwm()
+        with fuyou.init_empty():
+            model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(16)])
+        size = sum(p.numel() * 4 for p in model.parameters())
+        print(size, hwm() - base)
+    """)
+    size, grew = map(int, out.split())
+    assert size >= 1 << 30
+    assert grew < 32 << 20, f"init_empty of {size >> 20} MiB grew the peak RSS by {grew >> 20} MiB"
+
+
+def test_materialize_without_optimizer_matches_a_normal_build():
+    torch.manual_seed(3)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    with fuyou.init_empty():
+        model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    torch.manual_seed(3)  # reset_parameters draws in the order the constructors did
+    fuyou.materialize(model)
+    assert_models_close(model, ref, rtol=0, atol=0, what="reset_parameters")
+    assert not any(_materialize.is_empty(p) for p in model.parameters())
+
+    ref = _reference_init(make_model(seed=0), _normal_init, seed=5)
+    with fuyou.init_empty():
+        gpt = TinyGPT()
+    torch.manual_seed(5)
+    fuyou.materialize(gpt, init=_normal_init)
+    assert gpt.head.weight is gpt.tok.weight
+    assert_models_close(gpt, ref, rtol=0, atol=0, what="init=")
+
+
+def test_materialize_asks_for_init_when_a_module_has_no_reset_parameters():
+    class Custom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(4))
+
+    with fuyou.init_empty():
+        model = nn.Sequential(nn.Linear(4, 4), Custom())
+    with pytest.raises(fuyou.InvalidArgument, match=r"'1' \(Custom\).*no reset_parameters"):
+        fuyou.materialize(model)
+
+
+# --------------------------------------------------------------------- sharded checkpoints
+def _adamw(daemon, params, **kw):
+    return fuyou.AdamW(params, address=daemon.address, timeout=20.0, chunk_bytes=CHUNK_BYTES,
+                       **HYPER, **kw)
+
+
+def test_sharded_export_round_trips_bit_exact(daemon, tmp_path):
+    model = make_model()
+    opt = _adamw(daemon, split_groups(model), job="shard-a")
+    _train(model, opt, 0, 4)
+    whole = opt.export_checkpoint(model=model)  # the single-file export, for reference
+    out = tmp_path / "ckpt"
+    summary = fuyou.export_checkpoint(opt, out, model=model, shard_bytes=16 << 10)
+
+    index = json.loads((out / "pytorch_model.bin.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 3 and all((out / s).is_file() for s in shards)
+    assert "head.weight" not in index["weight_map"]  # tied: once, under its first name
+    assert index["metadata"]["fuyou"]["committed_step"] == 4
+    # Memory held while writing: about a shard of each kind and a few chunks,
+    # far below the model's fp32 weights and moments.
+    model_bytes = sum(p.numel() for p in model.parameters()) * 4 * 3
+    assert summary["peak_bytes"] < model_bytes / 3
+    for s in shards:  # each shard stays near its bound (a larger tensor gets its own)
+        for name, t in torch.load(out / s).items():
+            assert index["weight_map"][name] == s
+
+    # Weights: materialize(checkpoint=) into an empty model, one shard at a time.
+    with fuyou.init_empty():
+        back = TinyGPT()
+    fuyou.materialize(back, checkpoint=out)
+    for name, t in back.state_dict().items():
+        assert torch.equal(t, whole["model"][name]), name
+
+    # Optimizer states: a new job from the sharded checkpoint, streamed in.
+    other = make_model(seed=9)  # its weights are replaced by the checkpoint's masters
+    opt2 = _adamw(daemon, split_groups(other, lr=7.0), job="shard-a2", init_from=out)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert_models_close(other, model, rtol=0, atol=0, what="imported masters")
+    again = opt2.export_checkpoint(model=other)
+    for i, st in whole["optimizer"]["state"].items():
+        got = again["optimizer"]["state"][i]
+        assert got["step"] == st["step"]
+        assert torch.equal(got["exp_avg"], st["exp_avg"]) and torch.equal(
+            got["exp_avg_sq"], st["exp_avg_sq"]), i
+    _train(model, opt, 4, 3)
+    _train(other, opt2, 4, 3)
+    assert_models_close(other, model, rtol=0, atol=0, what="continued")
+    opt.close()
+    opt2.close()
+
+
+def test_mismatched_sharded_checkpoint_is_refused(daemon, tmp_path):
+    model = make_model()
+    opt = _adamw(daemon, split_groups(model), job="shard-b")
+    _train(model, opt, 0, 1)
+    out = tmp_path / "ckpt"
+    fuyou.export_checkpoint(opt, out, model=model, shard_bytes=16 << 10)
+    opt.close()
+
+    with fuyou.init_empty():
+        wider = TinyGPT(d=48)
+    with pytest.raises(fuyou.InvalidArgument, match=r"'tok.weight' has shape \(64, 32\) there, "
+                                                    r"\(64, 48\) in the model"):
+        fuyou.materialize(wider, checkpoint=out)
+
+    with fuyou.init_empty():
+        deeper = TinyGPT(n_layer=3)
+    with pytest.raises(fuyou.InvalidArgument, match=r"lacks \d+ of the model's parameters "
+                                                    r"\(first: \['blocks.2"):
+        fuyou.materialize(deeper, checkpoint=out)
+
+    index_path = out / "pytorch_model.bin.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["blocks.0.extra"] = index["weight_map"]["tok.weight"]
+    index_path.write_text(json.dumps(index))
+    with fuyou.init_empty():
+        same = TinyGPT()
+    with pytest.raises(fuyou.InvalidArgument, match=r"tensors the model does not have "
+                                                    r"\(first: \['blocks.0.extra'\]\)"):
+        fuyou.materialize(same, checkpoint=out)
+    with pytest.raises(fuyou.InvalidArgument, match="parameter groups"):
+        _adamw(daemon, model.parameters(), job="shard-b2", init_from=out)
+    assert "shard-b2" not in [j["name"] for j in fuyou.admin_client(daemon.address).list_jobs()]
