@@ -51,13 +51,14 @@ def is_sharded(path) -> bool:
     return (p.is_dir() and any(p.glob("*" + _INDEX_SUFFIX))) or str(p).endswith(_INDEX_SUFFIX)
 
 
-def _param_shape(opt, p: torch.Tensor) -> torch.Size:
-    """The shape of a trained parameter, also when it is an offload placeholder."""
-    offload = getattr(opt, "offload", None)
-    shape_of = getattr(offload, "shape_of", None) if offload is not None else None
-    if shape_of is not None:
-        return torch.Size(shape_of(p))
-    return p.shape
+def _shapes_of(pipeline) -> Dict[int, torch.Size]:
+    """id(param) -> shape of each trained parameter: the shapes the pipeline
+    remembered when it was made (an offload_params parameter is an empty
+    placeholder between uses), else the parameters' own."""
+    remembered = getattr(pipeline, "param_shapes", None)
+    if remembered is not None:
+        return {id(p): torch.Size(s) for p, s in zip(pipeline.params, remembered)}
+    return {id(p): p.shape for p in pipeline.params}
 
 
 # ---------------------------------------------------------------------- writing
@@ -137,6 +138,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     directory.mkdir(parents=True, exist_ok=True)
     params = pipeline.params
     pidx_of = {id(p): i for i, p in enumerate(params)}
+    shape_of = _shapes_of(pipeline)
     index = _torch_indices(opt.param_groups)
 
     # What goes where, in the model's order: (name, tensor or None for a trained param).
@@ -175,7 +177,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     for name, t in entries:
         pidx = pidx_of.get(id(t))
         if pidx is not None:
-            shape = _param_shape(opt, t)
+            shape = shape_of[id(t)]
             numel = shape.numel()
             weight_plan.append((name, numel * 4))
             shapes[name], dtypes[name] = list(shape), "torch.float32"
@@ -196,7 +198,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
         if pidx is None:
             weights.add(name, t.detach().clone())
             continue
-        shape = _param_shape(opt, t)
+        shape = shape_of[id(t)]
         per = [torch.empty(shape.numel(), dtype=torch.float32) for _ in range(3)]
         for c, seg in chunks_of[pidx]:
             states = cache.get(c.chunk_id)
@@ -229,7 +231,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
         job, version=FORMAT,
         param_groups=_groups_json(opt, index),
         steps={str(index[id(p)]): steps[i] for i, p in enumerate(params) if steps[i] > 0},
-        shapes={str(index[id(p)]): list(_param_shape(opt, p)) for p in params},
+        shapes={str(index[id(p)]): list(shape_of[id(p)]) for p in params},
         names=names)})
     return {"directory": str(directory), "weights": weights.file_of, "optimizer": moments.file_of,
             "peak_bytes": weights.peak_pending_bytes + moments.peak_pending_bytes + peak_chunk_bytes,
@@ -404,9 +406,10 @@ def check_optimizer(opt, pipeline, reader: ShardReader) -> Dict[int, int]:
         for i, p in zip(sg["params"], g["params"]):
             saved_index.setdefault(id(p), int(i))
     shapes = meta.get("shapes") or {}
+    shape_of = _shapes_of(pipeline)
     for p in pipeline.params:
         i = saved_index[id(p)]
-        want = list(_param_shape(opt, p))
+        want = list(shape_of[id(p)])
         if shapes.get(str(i)) != want:
             raise InvalidArgument(f"{where}: parameter {i} has shape {shapes.get(str(i))} there, "
                                   f"{want} in the optimizer")
