@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence
 
 import torch
 
-__all__ = ["Segment", "Chunk", "plan_chunks", "SUPPORTED_DTYPES", "DTYPE_CODES", "chunk_id"]
+__all__ = ["Segment", "Chunk", "plan_chunks", "plan_module_chunks", "trainable_params",
+           "SUPPORTED_DTYPES", "DTYPE_CODES", "chunk_id"]
 
 # dtype -> fuyou.v1.DType value.
 DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
@@ -103,17 +104,14 @@ class Chunk:
                 f"{self.num_elements} elements in {len(self.segments)} segments)")
 
 
-def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
-                ) -> tuple[List[Chunk], List[torch.Tensor]]:
-    """Packs the trainable parameters of `groups` (lists of tensors) into chunks of
-    at most `chunk_bytes` bytes each. Returns (chunks in registration order, the
-    unique trainable params in the order of their param_index)."""
-    if chunk_bytes < 8:
-        raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
+def trainable_params(groups: Sequence[Iterable[torch.Tensor]]
+                     ) -> List[List[tuple[int, torch.Tensor]]]:
+    """Per group, its trainable parameters as (param_index, param): frozen ones
+    left out, a parameter that appears twice (tied) kept at its first place."""
     seen: set[int] = set()
-    unique: List[torch.Tensor] = []
-    chunks: List[Chunk] = []
-    for gi, params in enumerate(groups):
+    count = 0
+    out = []
+    for params in groups:
         trainable = []
         for p in params:
             if not p.requires_grad or id(p) in seen:
@@ -124,8 +122,23 @@ def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
             if p.is_sparse:
                 raise TypeError("fuyou.AdamW does not support sparse parameters")
             seen.add(id(p))
-            trainable.append((len(unique), p))
-            unique.append(p)
+            trainable.append((count, p))
+            count += 1
+        out.append(trainable)
+    return out
+
+
+def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
+                ) -> tuple[List[Chunk], List[torch.Tensor]]:
+    """Packs the trainable parameters of `groups` (lists of tensors) into chunks of
+    at most `chunk_bytes` bytes each. Returns (chunks in registration order, the
+    unique trainable params in the order of their param_index)."""
+    if chunk_bytes < 8:
+        raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
+    per_group = trainable_params(groups)
+    unique: List[torch.Tensor] = [p for trainable in per_group for _, p in trainable]
+    chunks: List[Chunk] = []
+    for gi, trainable in enumerate(per_group):
         current: Chunk | None = None
         index_in_group = 0
 
@@ -153,3 +166,68 @@ def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
                 current.add(p, pidx, start, start + take)
                 start += take
     return chunks, unique
+
+
+def plan_module_chunks(modules: Sequence[tuple[str, torch.nn.Module]],
+                       groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
+                       ) -> tuple[List[Chunk], List[torch.Tensor], Dict[str, List[Chunk]]]:
+    """Packs the trainable parameters of `groups` into chunks aligned with the
+    modules that own them (offload_params): a parameter belongs to the first
+    module of `modules` (``model.named_modules()``) that holds it as its own
+    (``recurse=False``; a tied parameter is owned once), a chunk never holds two
+    modules' parameters, and a module's parameters take as many chunks of at
+    most `chunk_bytes` as they need (a large one is split). Modules are packed
+    in reverse order (backward's), each module's parameters in reverse, per
+    parameter group, so that chunk ids (``group << 24 | index``) are those of the
+    same model every time. Returns (chunks, unique trainable params by
+    param_index, owner module name -> its chunks in order). A trainable parameter
+    that no module owns is InvalidArgument-worthy: ValueError."""
+    if chunk_bytes < 8:
+        raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
+    per_group = trainable_params(groups)
+    unique: List[torch.Tensor] = [p for trainable in per_group for _, p in trainable]
+    where = {id(p): (gi, pidx) for gi, trainable in enumerate(per_group) for pidx, p in trainable}
+    owned: Dict[str, List[torch.Tensor]] = {}
+    owner: Dict[int, str] = {}
+    for name, module in modules:
+        for p in module.parameters(recurse=False):
+            if id(p) in where and id(p) not in owner:
+                owner[id(p)] = name
+                owned.setdefault(name, []).append(p)
+    orphans = [where[id(p)][1] for p in unique if id(p) not in owner]
+    if orphans:
+        raise ValueError(f"parameters {orphans[:8]} of the optimizer belong to no module of the "
+                         "model: pass the model whose parameters the optimizer trains")
+    next_index = [0] * len(per_group)
+    chunks: List[Chunk] = []
+    by_module: Dict[str, List[Chunk]] = {}
+    for name, _module in reversed(list(modules)):
+        params = owned.get(name)
+        if not params:
+            continue
+        mine: List[Chunk] = []
+        for gi in range(len(per_group)):
+            current: Chunk | None = None
+            for p in reversed([p for p in params if where[id(p)][0] == gi]):
+                pidx = where[id(p)][1]
+                n = p.numel()
+                if n == 0:
+                    continue
+                capacity = max(1, chunk_bytes // p.element_size())
+                if current is not None and (current.dtype != p.dtype
+                                            or current.device != p.device
+                                            or current.num_elements + n > capacity):
+                    current = None  # a parameter is split only over chunks of its own
+                start = 0
+                while start < n:
+                    if current is None or current.num_elements >= capacity:
+                        current = Chunk(chunk_id(gi, next_index[gi]), gi, p.dtype, p.device)
+                        next_index[gi] += 1
+                        chunks.append(current)
+                        mine.append(current)
+                    take = min(n - start, capacity - current.num_elements)
+                    current.add(p, pidx, start, start + take)
+                    start += take
+        if mine:
+            by_module[name] = mine
+    return chunks, unique, by_module

@@ -116,6 +116,7 @@ class _Job:
     speculative: bool
     redo: int
     earlier: Optional["_Sent"]
+    on_copied: Optional[Callable[[], None]] = None  # on the sender thread, after the copy
 
 
 @dataclass
@@ -155,8 +156,10 @@ class ChunkPipeline:
                  lock: threading.RLock, hyper: Callable[[int], Hyper],
                  hook_grad_scale: Callable[[], Optional[float]], check_finite: bool,
                  accumulation_steps: int, timeout: float):
-        self.chunks = chunks
         self.params = params
+        # Shape of each parameter when the pipeline was made: a parameter whose
+        # weights live in fuyoud (offload_params) is an empty placeholder between uses.
+        self.param_shapes = [tuple(p.shape) for p in params]
         self.lock = lock
         self.accumulation_steps = int(accumulation_steps)
         self.timeout = float(timeout)
@@ -168,8 +171,26 @@ class ChunkPipeline:
         self._check_finite = check_finite
         self._session = None
         self._num_slots = 0
+        self._reserved_slots = 0
         self._committed = 0
-        self._chunks_of_param: List[List[Chunk]] = [[] for _ in params]
+        # offload_params: the OffloadedParams that decides what happens to a chunk
+        # whose gradients are complete (see set_offload); None: send it as usual.
+        self._offload = None
+        self.install_weights = True
+        self._staging: Dict[int, torch.Tensor] = {}
+        self._views: Dict[tuple, torch.Tensor] = {}
+        self._hook_nodes: list = []
+        self._hook_handles: list = []
+        self._device = _device.for_params(params)
+        self._sender: Optional[Sender] = None
+        self._overflowed: List[_Job] = []
+        self.set_chunks(chunks)
+
+    def set_chunks(self, chunks: List[Chunk]) -> None:
+        """Sets the chunk plan (before any chunk is registered): offload_params
+        plans the chunks from the model's modules after the optimizer was made."""
+        self.chunks = chunks
+        self._chunks_of_param: List[List[Chunk]] = [[] for _ in self.params]
         for c in chunks:
             for seg in c.segments:
                 if not self._chunks_of_param[seg.param_index] or \
@@ -181,54 +202,94 @@ class ChunkPipeline:
         # Per chunk, per segment: Adam updates committed (the daemon's count).
         self._segment_counts: Dict[int, List[int]] = {c.chunk_id: [0] * len(c.segments)
                                                       for c in chunks}
-        self._staging: Dict[int, torch.Tensor] = {}
-        self._views: Dict[tuple, torch.Tensor] = {}
-        self._hook_nodes: list = []
-        self._hook_handles: list = []
-        self._device = _device.for_params(params)
-        self._sender: Optional[Sender] = None
-        self._overflowed: List[_Job] = []
         self._reset_step()
 
+    def set_offload(self, offload) -> None:
+        """Hands the chunks whose gradients are complete to `offload`
+        (offload_params): ``offload.grad_arriving(index)`` runs before a
+        parameter's gradient accumulates, ``offload.chunks_done(chunks, round)``
+        after, with the chunks that the pass completed; new weights the daemon
+        returns are not installed into the parameters (the next forward fetches
+        them)."""
+        self._offload = offload
+        self.install_weights = False
+        self.accumulation_steps = max(1, self.accumulation_steps)
+
+    def chunk(self, chunk_id: int) -> Chunk:
+        return self._chunk_by_id[chunk_id]
+
+    def chunks_of_param(self, index: int) -> List[Chunk]:
+        return self._chunks_of_param[index]
+
+    def set_device(self) -> None:
+        """Chooses the copy machinery again from the parameters' devices (after
+        offload_params placed its placeholders on the modules' devices)."""
+        self._device = _device.for_params(self.params)
+
     # ------------------------------------------------------------ session
-    def attach(self, session) -> bool:
+    def attach(self, session, register: bool = True, reserved_slots: int = 0) -> bool:
         """Registers every chunk with `session` (a fuyou._fuyou.Session or a fake).
         A chunk the job already has gets the daemon's weights installed into the
-        parameters. Returns True when any chunk was resumed."""
+        parameters. Returns True when any chunk was resumed. `register` False
+        (offload_params): registers nothing (``register_chunk`` does it later);
+        `reserved_slots` of the session's slots are left to weight fetches."""
         self._session = session
-        self._num_slots = int(session.num_slots)
+        self._reserved_slots = int(reserved_slots)
+        self._num_slots = int(session.num_slots) - self._reserved_slots
+        if self._num_slots < 1:
+            raise ValueError(f"session has {session.num_slots} slots, {reserved_slots} reserved")
 
         self._committed = int(session.committed_step)
         resumed_any = False
-        with torch.no_grad():
-            for c in self.chunks:
-                buf = self.gather_weights(c)
-                segments = ([seg.numel for seg in c.segments]
-                            if len(c.segments) <= MAX_CHUNK_SEGMENTS else [])
-                try:
-                    registered = session.register_chunk(
-                        c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,
-                        _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint,
-                        segment_elements=segments)
-                except FailedPrecondition as e:
-                    if "fingerprint" not in e.message:
-                        raise
-                    raise FailedPrecondition(
-                        f"{e.message} (this model's chunk {c.chunk_id:#x} holds "
-                        f"{c.layout_description()})", e.code) from None
-                resumed, count = bool(registered[0]), int(registered[1])
-                per_segment = list(registered[2]) if len(registered) > 2 else []
-                if len(per_segment) != len(c.segments):
-                    per_segment = [count] * len(c.segments)
-                self._segment_counts[c.chunk_id] = [int(t) for t in per_segment]
-                if resumed:
-                    self.install(c, buf)
-                    resumed_any = True
-        if self._device.streams:
-            self._device.pin([session.grad_region(slot) for slot in range(self._num_slots)] +
-                             [session.param_region(slot) for slot in range(self._num_slots)])
+        if register:
+            with torch.no_grad():
+                for c in self.chunks:
+                    buf = self.gather_weights(c)
+                    if self.register_chunk(c, buf):
+                        self.install(c, buf)
+                        resumed_any = True
+        self.pin_slots()
         self._sender = Sender(f"fuyou-sender-{id(self):x}")
         return resumed_any
+
+    def register_chunk(self, c: Chunk, buf: torch.Tensor, store_weights: bool = False) -> bool:
+        """Registers chunk `c` with the session; `buf` (packed, on the CPU) holds
+        a new chunk's initial weights, or receives a resumed chunk's committed
+        ones. `store_weights`: the daemon keeps the chunk's working weights
+        (offload_params). Returns True when the chunk was resumed."""
+        segments = ([seg.numel for seg in c.segments]
+                    if len(c.segments) <= MAX_CHUNK_SEGMENTS else [])
+        extra = {"store_weights": True} if store_weights else {}
+        try:
+            registered = self._session.register_chunk(
+                c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,
+                _as_byte_buffer(buf), layout_fingerprint=c.layout_fingerprint,
+                segment_elements=segments, **extra)
+        except FailedPrecondition as e:
+            if "fingerprint" not in e.message:
+                raise
+            raise FailedPrecondition(
+                f"{e.message} (this model's chunk {c.chunk_id:#x} holds "
+                f"{c.layout_description()})", e.code) from None
+        resumed, count = bool(registered[0]), int(registered[1])
+        per_segment = list(registered[2]) if len(registered) > 2 else []
+        if len(per_segment) != len(c.segments):
+            per_segment = [count] * len(c.segments)
+        self._segment_counts[c.chunk_id] = [int(t) for t in per_segment]
+        return resumed
+
+    @property
+    def session(self):
+        """The session (None when detached); offload_params fetches through it."""
+        return self._session
+
+    def pin_slots(self) -> None:
+        """On CUDA: registers the session's slots with CUDA (DMA copies)."""
+        session = self._session
+        if self._device.streams and not self._device.pinned:
+            slots = int(session.num_slots)
+            self._device.pin([session.grad_region(slot) for slot in range(slots)] +
+                             [session.param_region(slot) for slot in range(slots)])
 
     @property
     def attached(self) -> bool:
@@ -348,13 +409,16 @@ class ChunkPipeline:
                 data.copy_(flat.view_as(data))
 
     # ------------------------------------------------------------ hooks
-    def install_hooks(self) -> None:
-        """Two hooks per parameter. Before its gradient accumulates (a tensor
-        hook): a chunk already sent in this step means the loop accumulates or
-        skipped step(). After (a hook on its AccumulateGrad node): counts backward
-        passes per chunk and sends a chunk when its last gradient of the step is in."""
+    def install_hooks(self, indices: Optional[List[int]] = None) -> None:
+        """Two hooks per parameter (of `indices`; None: all). Before its gradient
+        accumulates (a tensor hook): a chunk already sent in this step means the
+        loop accumulates or skipped step(). After (a hook on its AccumulateGrad
+        node): counts backward passes per chunk and sends a chunk when its last
+        gradient of the step is in. The parameter must have its full shape, dtype
+        and device now: its AccumulateGrad node takes them."""
         self_ref = weakref.ref(self)
-        for index, p in enumerate(self.params):
+        for index in (range(len(self.params)) if indices is None else indices):
+            p = self.params[index]
             node = p.expand_as(p).grad_fn.next_functions[0][0]  # AccumulateGrad
             self._hook_nodes.append(node)  # the node must outlive the hook
 
@@ -392,6 +456,9 @@ class ChunkPipeline:
         with self.lock:
             if self._session is None or self.failed is not None:
                 return
+            if self._offload is not None:
+                self._offload.grad_arriving(index)
+                return
             sent = [c for c in self._chunks_of_param[index]
                     if c.chunk_id in self._sent and c.chunk_id not in self._checked]
             if not sent:
@@ -422,6 +489,7 @@ class ChunkPipeline:
                 raise self.failed
             self._param_passes[index] += 1
             passes = self._param_passes[index]
+            done = []
             for c in self._chunks_of_param[index]:
                 cid = c.chunk_id
                 if cid in self._sent:
@@ -433,6 +501,9 @@ class ChunkPipeline:
                         self._rounds[cid] += 1
                         self._reached[cid] = sum(
                             1 for i in members if self._param_passes[i] >= self._rounds[cid] + 1)
+                        if self._offload is not None:
+                            done.append(c)
+                            continue
                         if self._rounds[cid] < self.passes_per_step:
                             continue
                         grad_scale = self._hook_grad_scale()
@@ -443,6 +514,17 @@ class ChunkPipeline:
                         except BaseException as e:
                             self.failed = e
                             raise
+            if done:
+                try:
+                    self._offload.chunks_done(done, self._rounds)
+                except BaseException as e:
+                    if not isinstance(e, FailedPrecondition):
+                        self.failed = e
+                    raise
+
+    def chunk_rounds(self, chunk_id: int) -> int:
+        """Backward passes of this step that completed the chunk's gradients."""
+        return self._rounds[chunk_id]
 
     # ------------------------------------------------------------ per step
     @property
@@ -534,16 +616,22 @@ class ChunkPipeline:
         return [self._chunk_by_id[cid] for cid in self._sent]
 
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
-             redo: int = 0, earlier: Optional[_Sent] = None) -> None:
+             redo: int = 0, earlier: Optional[_Sent] = None,
+             packed: Optional[Tuple[torch.Tensor, Tuple[int, ...]]] = None,
+             on_copied: Optional[Callable[[], None]] = None) -> bool:
         """Enqueues the chunk for the sender thread, which copies its gradients
         into a slot and sends GradReady; never blocks. A chunk without any
         gradient is not sent, unless it is a redo (which then undoes the step's
-        update of it)."""
-        missing = self._missing(c)
+        update of it). `packed` (offload_params): the gradients as one flat
+        tensor laid out as the chunk, and the segments without any, instead of
+        the parameters' ``.grad``; no fingerprint is taken then. `on_copied`
+        runs on the sender thread once the gradients are in the slot. Returns
+        whether the chunk was enqueued."""
+        missing = packed[1] if packed is not None else self._missing(c)
         if len(missing) == len(c.segments) and not redo:
-            return  # no gradient at all: the chunk is not updated this step
+            return False  # no gradient at all: the chunk is not updated this step
         fingerprint = None
-        if speculative:
+        if speculative and packed is None and self._offload is None:
             started = time.perf_counter()
             fingerprint = self._fingerprint(c)
             self.stats.fingerprint_seconds += time.perf_counter() - started
@@ -552,7 +640,13 @@ class ChunkPipeline:
         else:
             missing_sent = missing
         parts, grads = [], []
-        for seg in c.segments:
+        if packed is not None:
+            flat = packed[0]
+            grads.append(flat)
+            for i, seg in enumerate(c.segments):
+                piece = None if i in missing else flat[seg.offset:seg.offset + seg.numel]
+                parts.append((seg.offset, seg.numel, piece))
+        for seg in (c.segments if packed is None else ()):
             g = seg.param.grad
             if g is None:
                 parts.append((seg.offset, seg.numel, None))
@@ -565,11 +659,12 @@ class ChunkPipeline:
             grad_scale = -grad_scale
         job = _Job(c, parts, self._device.marker(grads), float(grad_scale),
                    (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
-                   self._committed + 1, missing_sent, speculative, redo, earlier)
+                   self._committed + 1, missing_sent, speculative, redo, earlier, on_copied)
         self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
         if speculative:
             self.stats.speculative_updates += 1
         self._sender.submit(lambda: self._send_now(job))
+        return True
 
     def _send_now(self, job: _Job) -> None:
         """On the sender thread: slot, copy, inf/nan check, GradReady."""
@@ -583,6 +678,8 @@ class ChunkPipeline:
             dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
             self._device.copy_grads(dst, job.parts, job.marker)
             job.parts = job.marker = None  # the gradients may go now
+            if job.on_copied is not None:
+                job.on_copied()
             if self._check_finite and not bool(torch.isfinite(dst).all()):
                 session.release_slot(slot)
                 self._overflowed.append(job)
@@ -615,8 +712,9 @@ class ChunkPipeline:
                 c = self._chunk_by_id[cid]
                 slot = self._wait(session, cid)
                 slots.append(slot)
-                self.install(c, self._view(slot, "param", c.dtype)[:c.num_elements],
-                             non_blocking=True)
+                if self.install_weights:
+                    self.install(c, self._view(slot, "param", c.dtype)[:c.num_elements],
+                                 non_blocking=True)
         finally:
             self._device.installed()  # the copies out of the slots are done
             for slot in slots:
@@ -684,6 +782,14 @@ class ChunkPipeline:
             return torch.stack((sums[0], squares[0]))
         return torch.stack((torch.stack(sums).sum(), torch.stack(squares).sum()))
 
+    def hook_grad_scale(self) -> Optional[float]:
+        """``grad_scale`` for a chunk sent during backward; None: do not send now."""
+        return self._hook_grad_scale()
+
+    def slot_view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
+        """The slot's "grad" or "param" region as a flat tensor of `dtype`."""
+        return self._view(slot, kind, dtype)
+
     def _view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
         key = (slot, kind, dtype)
         v = self._views.get(key)
@@ -704,6 +810,9 @@ class ChunkPipeline:
         cid, _ = self._inflight.popitem(last=False)
         c = self._chunk_by_id[cid]
         slot = self._wait(session, cid)
+        if not self.install_weights:  # offload_params: the daemon keeps the weights
+            session.release_slot(slot)
+            return
         self._staging[cid] = self._device.stage(
             self._view(slot, "param", c.dtype)[:c.num_elements], self._staging.get(cid))
         session.release_slot(slot)

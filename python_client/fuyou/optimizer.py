@@ -16,9 +16,10 @@ from typing import Optional, Union
 import torch
 
 from . import _checkpoint
-from ._chunking import plan_chunks
+from ._chunking import plan_chunks, trainable_params
 from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
+from ._offload import FETCH_SLOTS, OffloadedParams
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
 from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
@@ -211,7 +212,8 @@ class AdamW(torch.optim.Optimizer):
                  chunk_bytes: int = 32 << 20, num_slots: int = 4, overlap: bool = True,
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
-                 embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None):
+                 embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
+                 offload_params: bool = False):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -259,8 +261,26 @@ class AdamW(torch.optim.Optimizer):
         self.skipped_steps = 0
         self.resumed = False
 
-        chunks, trainable = plan_chunks([g["params"] for g in self.param_groups],
-                                        self.chunk_bytes)
+        self.offload: Optional[OffloadedParams] = None
+        if offload_params:
+            if init_from is not None:
+                raise NotImplementedError(
+                    "fuyou.AdamW(offload_params=True) does not take init_from: load the "
+                    "checkpoint with fuyou.materialize (one module at a time)")
+            if num_slots + FETCH_SLOTS > MAX_SLOTS:
+                raise ValueError(f"num_slots must be in 1..{MAX_SLOTS - FETCH_SLOTS} with "
+                                 f"offload_params ({FETCH_SLOTS} more slots fetch weights)")
+            # Chunks follow the model's modules: planned when the model is bound.
+            chunks = []
+            trainable = [p for group in trainable_params([g["params"] for g in self.param_groups])
+                         for _, p in group]
+            largest = max((p.numel() * p.element_size() for p in trainable), default=8)
+            total = sum(p.numel() * p.element_size() for p in trainable)
+            slot_bytes = max(8, min(self.chunk_bytes, max(largest, total)))
+        else:
+            chunks, trainable = plan_chunks([g["params"] for g in self.param_groups],
+                                            self.chunk_bytes)
+            slot_bytes = max([c.nbytes for c in chunks], default=8)
         pipeline = ChunkPipeline(
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
@@ -270,10 +290,15 @@ class AdamW(torch.optim.Optimizer):
         self._address, self._daemon = resolve_address(address, embedded)
         session = None
         try:
-            self._num_slots = num_slots
-            self._slot_bytes = max([c.nbytes for c in chunks], default=8)
+            self._num_slots = num_slots + (FETCH_SLOTS if offload_params else 0)
+            self._slot_bytes = slot_bytes
             session = self._connect()
-            self.resumed = pipeline.attach(session)
+            if offload_params:
+                pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
+                self.offload = OffloadedParams(self, pipeline, self.chunk_bytes, self.timeout)
+                pipeline.set_offload(self.offload)
+            else:
+                self.resumed = pipeline.attach(session)
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
@@ -287,7 +312,7 @@ class AdamW(torch.optim.Optimizer):
             raise
         self._pipeline = pipeline
         self._closed = False
-        if self.overlap:
+        if self.overlap and self.offload is None:  # offload: hooks come with registration
             pipeline.install_hooks()
         # Registered after the embedded daemon's own exit handler, so it runs first.
         self._exit_closer = _CloseAtExit(self)

@@ -1,0 +1,311 @@
+"""offload_params: a model's working weights live in fuyoud, not in the model.
+
+``fuyou.AdamW(..., offload_params=True)`` keeps every trainable parameter's
+weights in the daemon (ChunkSpec.store_weights: a fourth chunk state beside the
+fp32 master, m and v). Between uses a parameter is an empty placeholder (no
+storage; shape, dtype and device remembered here); :class:`OffloadedParams`
+brings a module's weights in on demand (FetchWeights into a slot, then one copy
+into a freshly allocated tensor on the module's device whose views become the
+parameters' ``.data``), keeps released ones in an LRU cache within a byte
+budget, and handles the gradients of a chunk once they are complete (send and
+free, or keep on the host for clipping and accumulation).
+
+Units::
+
+    module ----- owns ----> Block (its own trainable parameters, recurse=False,
+                             packed in its chunks one after another in one buffer)
+    module --- uses ---> Blocks of its own parameters' owners (a tied parameter is
+                          owned by one module and used by several)
+
+A block is resident (``buffer`` set) or not; resident with ``refs`` > 0 it is in
+use, with 0 it is cached (evicted least recently used first when the budget
+needs room; never one in use). Live bytes are the resident blocks' bytes plus
+the gradients the model holds on the device; they never exceed the budget plus
+the block demanded (the budget is exceeded only by what is in use at once).
+
+Every method runs with the optimizer's lock held (hooks take it), except the
+gradient-bytes count, which the sender thread lowers once it copied a chunk.
+``fuyou.stream_parameters`` (_stream.py) installs the module hooks that call
+``acquire``/``release`` and the backward holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ._chunking import Chunk, plan_module_chunks
+from ._errors import FailedPrecondition, InvalidArgument
+
+__all__ = ["OffloadedParams", "Block", "FETCH_SLOTS"]
+
+# Session slots reserved for weight fetches, beside the gradient slots
+# (num_slots): a demanded chunk and at most FETCH_SLOTS - 1 prefetched ones.
+FETCH_SLOTS = 4
+_ALIGN = 64  # bytes: where a chunk of another dtype starts in a block's buffer
+
+
+@dataclass
+class _Member:
+    """A parameter of a block: `numel` elements of `dtype` at `byte_offset`."""
+
+    param: torch.nn.Parameter
+    index: int  # param_index in the optimizer
+    byte_offset: int
+    numel: int
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(eq=False)
+class Block:
+    """One module's own trainable parameters and their chunks."""
+
+    name: str
+    chunks: List[Chunk]
+    chunk_offsets: List[int]  # byte offset of each chunk in the buffer
+    nbytes: int
+    members: List[_Member] = field(default_factory=list)
+    device: Optional[torch.device] = None  # where fetched weights go; set at registration
+    registered: bool = False
+    buffer: Optional[torch.Tensor] = None  # uint8 on `device` while resident
+    refs: int = 0
+    backward_held: bool = False
+    last_use: int = 0
+
+    def __repr__(self) -> str:
+        return f"Block({self.name!r}, {len(self.chunks)} chunks, {self.nbytes} bytes)"
+
+
+def _placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+class OffloadedParams:
+    """The trainable parameters of one model whose working weights live in the
+    optimizer's job (``optimizer.offload`` of a ``fuyou.AdamW`` opened with
+    ``offload_params=True``).
+
+    Life cycle: :meth:`bind` (plans the chunks from the model, once), then
+    :meth:`register_module` for every module (``fuyou.stream_parameters`` does
+    it for the modules not registered yet; ``fuyou.materialize`` one module at a
+    time), then streaming.
+    """
+
+    def __init__(self, optimizer, pipeline, chunk_bytes: int, timeout: float):
+        self._optimizer = weakref.ref(optimizer)
+        self._pipeline = pipeline
+        self._chunk_bytes = int(chunk_bytes)
+        self._timeout = float(timeout)
+        self._lock = pipeline.lock
+        self.model: Optional[torch.nn.Module] = None
+        self.blocks: List[Block] = []
+        self._block_of_module: Dict[int, Block] = {}  # id(module) -> its own block
+        self._uses: Dict[int, List[Block]] = {}  # id(module) -> blocks its forward needs
+        self._block_of_param: Dict[int, Block] = {}  # param_index -> owner block
+        self._block_of_chunk: Dict[int, Block] = {}
+        self._modules: List[Tuple[str, torch.nn.Module]] = []
+        self.resumed = False
+        # Residency.
+        self.device_budget: Optional[int] = None  # None: no caching (released = evicted)
+        self._cache: "collections.OrderedDict[int, Block]" = collections.OrderedDict()
+        self._resident_bytes = 0
+        self._count_lock = threading.Lock()
+        self._grad_bytes = 0
+        self.peak_live_bytes = 0
+        self._tick = 0
+        self._fetching: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self.fetches = 0  # chunks fetched from the daemon (not served by the cache)
+        self.cache_hits = 0  # blocks acquired while still resident
+        # Gradients of this step kept on the host (clipping, accumulation):
+        # chunk_id -> (packed gradients, segments without any).
+        self._host: Dict[int, Tuple[torch.Tensor, set]] = {}
+        self._streams: list = []
+
+    # ------------------------------------------------------------ planning
+    @property
+    def bound(self) -> bool:
+        return self.model is not None
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Plans the chunks from `model`'s modules (once, before any
+        registration): chunks follow modules (never two modules' own parameters
+        in one; a module's parameters may need several), in backward order, ids
+        stable for the same model and ``chunk_bytes``. The optimizer's trainable
+        parameters must all be owned by modules of `model`."""
+        with self._lock:
+            if self.model is not None:
+                if self.model is model:
+                    return
+                raise InvalidArgument("this optimizer's offload is bound to another model; "
+                                      "open one fuyou.AdamW per model")
+            opt = self._optimizer()
+            modules = list(model.named_modules())
+            try:
+                chunks, unique, by_module = plan_module_chunks(
+                    modules, [g["params"] for g in opt.param_groups], self._chunk_bytes)
+            except ValueError as e:
+                raise InvalidArgument(f"offload_params for job {opt.job!r}: {e}") from None
+            if [id(p) for p in unique] != [id(p) for p in self._pipeline.params]:
+                raise InvalidArgument("the optimizer's parameters changed since it was made")
+            self._pipeline.set_chunks(chunks)
+            by_name = dict(modules)
+            for name, mine in by_module.items():
+                block = self._make_block(name, mine)
+                self.blocks.append(block)
+                self._block_of_module[id(by_name[name])] = block
+                for c in mine:
+                    self._block_of_chunk[c.chunk_id] = block
+                for m in block.members:
+                    self._block_of_param[m.index] = block
+            index_of = {id(p): i for i, p in enumerate(self._pipeline.params)}
+            for name, module in modules:
+                uses: List[Block] = []
+                for p in module.parameters(recurse=False):
+                    i = index_of.get(id(p))
+                    b = self._block_of_param.get(i) if i is not None else None
+                    if b is not None and b not in uses:
+                        uses.append(b)
+                if uses:
+                    self._uses[id(module)] = uses
+            self._modules = modules
+            self.model = model
+
+    def _make_block(self, name: str, chunks: List[Chunk]) -> Block:
+        offsets, offset, prev = [], 0, None
+        for c in chunks:
+            if prev is not None and c.dtype != prev:
+                offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+            offsets.append(offset)
+            offset += c.nbytes
+            prev = c.dtype
+        nbytes = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+        block = Block(name, chunks, offsets, nbytes)
+        seen = set()
+        for c, base in zip(chunks, offsets):
+            for seg in c.segments:
+                if seg.param_index in seen:
+                    continue  # its first piece gave the offset; the pieces are contiguous
+                seen.add(seg.param_index)
+                esize = c.element_size
+                start = base + (seg.offset - seg.start) * esize
+                block.members.append(_Member(seg.param, seg.param_index, start,
+                                             seg.param.numel(), tuple(seg.param.shape), c.dtype))
+        return block
+
+    def uses(self, module: torch.nn.Module) -> List[Block]:
+        """The blocks `module`'s forward needs (its own parameters' owners)."""
+        return self._uses.get(id(module), [])
+
+    # ------------------------------------------------------------ registration
+    @property
+    def job_exists(self) -> bool:
+        """True when the job already has chunks in the daemon (a resume: the
+        daemon's committed weights replace the modules' values, which need not
+        be initialised)."""
+        session = self._pipeline.session
+        existing = getattr(session, "existing_chunks", None)
+        if existing is not None:
+            return int(existing) > 0
+        return int(session.committed_step) > 0
+
+    @property
+    def registered(self) -> bool:
+        """Every module's parameters are registered with the daemon."""
+        return self.model is not None and all(b.registered for b in self.blocks)
+
+    def register_module(self, module: torch.nn.Module,
+                        device: Optional[torch.device] = None) -> bool:
+        """Registers the chunks of `module`'s own parameters (``recurse=False``;
+        a tied parameter owned by another module is left to it) with
+        ``store_weights``. A new chunk takes the parameters' current values; a
+        chunk the job already has keeps the daemon's committed weights (the
+        current values are ignored, and may be uninitialised or on ``meta``).
+        Then each parameter's storage is released: it becomes an empty
+        placeholder on `device` (default: its own device, the CPU for ``meta``),
+        where its weights are fetched to. Returns True when the module's chunks
+        were resumed. Registering a module twice does nothing."""
+        with self._lock:
+            if self.model is None:
+                raise FailedPrecondition("offload: bind(model) before register_module")
+            block = self._block_of_module.get(id(module))
+            if block is None or block.registered:
+                return False
+            opt = self._optimizer()
+            pipeline = self._pipeline
+            on_meta = any(m.param.is_meta for m in block.members)
+            exists = self.job_exists
+            if on_meta and not exists:
+                raise FailedPrecondition(
+                    f"module {block.name!r} has parameters on the meta device and job "
+                    f"{opt.job!r} is new: initialise them (fuyou.materialize) before they are "
+                    "registered")
+            resumed_any = False
+            with torch.no_grad():
+                for c in block.chunks:
+                    if on_meta:
+                        buf = torch.zeros(c.num_elements, dtype=c.dtype)
+                    else:
+                        buf = pipeline.gather_weights(c)
+                    resumed = pipeline.register_chunk(c, buf, store_weights=True)
+                    if on_meta and not resumed:
+                        raise FailedPrecondition(
+                            f"job {opt.job!r} has no chunk {c.chunk_id:#x} for module "
+                            f"{block.name!r} (a new chunk got zeros): the model differs from "
+                            "the job's; initialise the module and register it again in a new job")
+                    resumed_any |= resumed
+            if device is None:
+                devices = {m.param.device for m in block.members if not m.param.is_meta}
+                device = devices.pop() if len(devices) == 1 else torch.device("cpu")
+            block.device = torch.device(device)
+            for m in block.members:
+                if m.param.is_meta:  # set_data cannot leave meta: a new Parameter object
+                    self._replace_param(m.param, torch.nn.Parameter(
+                        _placeholder(m.dtype, block.device), requires_grad=m.param.requires_grad))
+                p = m.param
+                # The AccumulateGrad node takes its shape, dtype and device from the
+                # parameter: made while it looks like itself, kept across set_data.
+                p.data = torch.empty(1, dtype=m.dtype, device=block.device).expand(m.shape)
+                pipeline.install_hooks([m.index])
+                p.data = _placeholder(m.dtype, block.device)
+            block.registered = True
+            if resumed_any:
+                self.resumed = True
+                opt.resumed = True
+            if self.registered:
+                pipeline.set_device()
+                pipeline.pin_slots()
+            return resumed_any
+
+    def _replace_param(self, old: torch.nn.Parameter, new: torch.nn.Parameter) -> None:
+        """Puts `new` wherever `old` is: every module holding it, the optimizer's
+        groups, the pipeline's parameters and chunks, this offload's blocks."""
+        for _name, module in self._modules:
+            for key, value in list(module._parameters.items()):
+                if value is old:
+                    module._parameters[key] = new
+        opt = self._optimizer()
+        for group in opt.param_groups:
+            group["params"] = [new if q is old else q for q in group["params"]]
+        params = self._pipeline.params
+        for i, q in enumerate(params):
+            if q is old:
+                params[i] = new
+        for c in self._pipeline.chunks:
+            for seg in c.segments:
+                if seg.param is old:
+                    seg.param = new
+        for b in self.blocks:
+            for m in b.members:
+                if m.param is old:
+                    m.param = new
+
+    def register_all(self) -> None:
+        """Registers every module not registered yet (a model built normally)."""
+        for _name, module in self._modules:
+            self.register_module(module)
