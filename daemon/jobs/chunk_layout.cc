@@ -7,17 +7,52 @@
 
 namespace fuyou {
 
-std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements) {
+std::optional<uint64_t> ChunkLayout::StatesBytes() const {
   if (num_elements > kMaxChunkElements) return std::nullopt;
   return CheckedMul(num_elements, kChunkStateCount * kStateElementBytes);
 }
 
-std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements) {
-  return CheckedAlignUp(ChunkPayloadBytes(num_elements), storage::kBlockSize);
+std::optional<uint64_t> ChunkLayout::WeightsOffset() const {
+  return CheckedAlignUp(StatesBytes(), storage::kBlockSize);
 }
+
+std::optional<uint64_t> ChunkLayout::WeightsBytes() const {
+  if (num_elements > kMaxChunkElements) return std::nullopt;
+  if (!weights_dtype) return 0;
+  if (!IsValidDType(*weights_dtype)) return std::nullopt;
+  return CheckedMul(num_elements, DTypeSize(*weights_dtype));
+}
+
+std::optional<uint64_t> ChunkLayout::WeightsRegionBytes() const {
+  return CheckedAlignUp(WeightsBytes(), storage::kBlockSize);
+}
+
+std::optional<uint64_t> ChunkLayout::ExtentBytes() const { return CheckedAdd(WeightsOffset(), WeightsRegionBytes()); }
+
+std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements) { return ChunkLayout{num_elements}.StatesBytes(); }
+
+std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements) { return ChunkLayout{num_elements}.ExtentBytes(); }
 
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements) {
   return XXH3_64bits(states, ChunkPayloadBytes(num_elements).value_or(0));
+}
+
+uint64_t WeightsChecksum(const std::byte* weights, const ChunkLayout& layout) {
+  return XXH3_64bits(weights, layout.WeightsBytes().value_or(0));
+}
+
+ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& layout) {
+  ChunkChecksums sums;
+  sums.states = ChunkPayloadChecksum(bytes, layout.num_elements);
+  if (layout.stores_weights()) sums.weights = WeightsChecksum(bytes + layout.WeightsOffset().value_or(0), layout);
+  return sums;
+}
+
+ChunkStates::ChunkStates(std::byte* bytes, const ChunkLayout& layout) : bytes_(bytes), layout_(layout) {
+  if (layout.stores_weights()) {
+    weights_offset_ = layout.WeightsOffset().value_or(0);
+    weights_bytes_ = layout.WeightsBytes().value_or(0);
+  }
 }
 
 }  // namespace fuyou

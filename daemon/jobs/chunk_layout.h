@@ -1,22 +1,31 @@
 // ChunkLayout: which states a chunk holds and where each lies in its bytes.
 //
 // The one definition of a chunk's state layout, used by the extents on storage
-// (jobs/), the buffers in DRAM (state/) and the kernel's view of them. Today a
-// chunk of n elements holds three fp32 states, one after the other:
-//   [master: 4n bytes][exp_avg (m): 4n bytes][exp_avg_sq (v): 4n bytes][padding]
-// the payload (checksummed) is the states, the extent is the payload rounded up
-// to a block. A further state (e.g. working weights) is added here, in
-// ChunkState and kChunkStateCount, and every size follows.
+// (jobs/), the buffers in DRAM (state/) and the kernel's view of them. A chunk
+// of n elements holds three fp32 states, one after the other, and, when it
+// stores its working weights (ChunkRecord.stores_weights, issue 12), those
+// weights in the chunk's param dtype in a region of their own:
+//   [master: 4n][exp_avg (m): 4n][exp_avg_sq (v): 4n][padding to a block]
+//   [weights: n * DTypeSize(param dtype)][padding to a block]   (stores_weights only)
+// The states (master|m|v, 12n bytes) carry StateExtent.checksum; the weights
+// (n * DTypeSize bytes) carry StateExtent.weights_checksum. The weights region
+// starts on a block boundary so that it can be read alone with O_DIRECT (a
+// fetch of the weights never reads master, m or v). A chunk without weights
+// keeps exactly the bytes and extent length it always had.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 
+#include "fuyou/dtype.h"
+
 namespace fuyou {
 
 // The states of a chunk, in the order they lie in its bytes. The values equal
 // v1::StateKind - STATE_MASTER (offload.proto), which ReadState/WriteState name.
+// The working weights are not a ChunkState: they are not fp32 and are never
+// read or written through ReadState/WriteState (see ChunkLayout).
 enum class ChunkState : int {
   kMaster = 0,    // fp32 master weights
   kExpAvg = 1,    // Adam's m
@@ -29,20 +38,64 @@ inline constexpr uint64_t kStateElementBytes = 4;
 // The most elements a chunk may have. Far above what any slot or DRAM budget
 // admits (a chunk must also fit its slot and half the DRAM budget), and low
 // enough that every size derived from it (the payload, rounded up to a block,
-// two extents) fits in uint64_t. Client input is capped with it before it is
-// multiplied; so are manifests read from disk (ValidateManifest).
+// the weights, two extents) fits in uint64_t. Client input is capped with it
+// before it is multiplied; so are manifests read from disk (ValidateManifest).
 inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 48;
 
-// Bytes that hold data (and are checksummed): kChunkStateCount * 4 * n; nullopt
-// when n > kMaxChunkElements (computed in checked arithmetic).
+// The layout of one chunk's extent (and of its DRAM buffer). Every size is
+// computed in checked arithmetic: nullopt when num_elements > kMaxChunkElements
+// or the weights' dtype is not valid, so a hostile manifest or request cannot
+// wrap a size.
+struct ChunkLayout {
+  constexpr explicit ChunkLayout(uint64_t elements, std::optional<DType> weights = std::nullopt)
+      : num_elements(elements), weights_dtype(weights) {}
+
+  uint64_t num_elements = 0;
+  // Set: the chunk stores its working weights in this dtype (its param dtype).
+  std::optional<DType> weights_dtype;
+
+  bool stores_weights() const { return weights_dtype.has_value(); }
+  // master|m|v: 12 * n bytes, covered by StateExtent.checksum.
+  std::optional<uint64_t> StatesBytes() const;
+  // Where the weights region starts: StatesBytes() rounded up to a block (for
+  // a chunk without weights, where its extent ends).
+  std::optional<uint64_t> WeightsOffset() const;
+  // n * DTypeSize(weights dtype), covered by StateExtent.weights_checksum; 0
+  // for a chunk without weights.
+  std::optional<uint64_t> WeightsBytes() const;
+  // WeightsBytes() rounded up to a block: what one O_DIRECT read of the weights
+  // alone reads (0 without weights).
+  std::optional<uint64_t> WeightsRegionBytes() const;
+  // Bytes of one extent (and one DRAM buffer): WeightsOffset() +
+  // WeightsRegionBytes(). For a chunk without weights, the states padded to a
+  // block, as before weights existed.
+  std::optional<uint64_t> ExtentBytes() const;
+};
+
+// The layout of a chunk without working weights (ChunkLayout{n}).
+// Bytes that hold master|m|v (and are checksummed): kChunkStateCount * 4 * n;
+// nullopt when n > kMaxChunkElements (computed in checked arithmetic).
 std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements);
-// Bytes of one extent (and one DRAM buffer) for a chunk of n elements: the
-// payload padded to a storage block. nullopt when n > kMaxChunkElements.
+// Bytes of one extent (and one DRAM buffer) for a chunk of n elements without
+// weights: the payload padded to a storage block. nullopt when n > kMaxChunkElements.
 std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements);
-// The checksum an extent carries: XXH3-64 of the payload of `states`.
+// XXH3-64 of the states (master|m|v) in `states`, as StateExtent.checksum.
 // Precondition: num_elements <= kMaxChunkElements and `states` holds
 // ChunkPayloadBytes(num_elements) bytes.
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
+
+// The two checksums an extent carries (StateExtent.checksum, weights_checksum).
+struct ChunkChecksums {
+  uint64_t states = 0;
+  uint64_t weights = 0;  // 0 for a chunk without weights
+  bool operator==(const ChunkChecksums&) const = default;
+};
+// The checksums of a chunk's buffer `bytes` laid out as `layout`.
+// Precondition: the layout's sizes are valid and `bytes` holds ExtentBytes().
+ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& layout);
+// XXH3-64 of the weights alone: `weights` holds WeightsBytes() bytes (the
+// weights region, as a fetch reads it). Precondition: the layout stores weights.
+uint64_t WeightsChecksum(const std::byte* weights, const ChunkLayout& layout);
 
 // Byte offset of `state` in the buffer of a chunk of n elements.
 // Precondition: n <= kMaxChunkElements.
@@ -50,21 +103,33 @@ constexpr uint64_t StateOffset(ChunkState state, uint64_t num_elements) {
   return static_cast<uint64_t>(state) * num_elements * kStateElementBytes;
 }
 
-// A chunk's states in one buffer (ChunkStateBytes(n) bytes), as the kernel and
-// import/export see them. Does not own the bytes.
+// A chunk's states in one buffer (layout.ExtentBytes() bytes), as the kernel
+// and import/export see them. Does not own the bytes.
 class ChunkStates {
  public:
-  ChunkStates(std::byte* bytes, uint64_t num_elements) : bytes_(bytes), n_(num_elements) {}
-  uint64_t num_elements() const { return n_; }
-  float* state(ChunkState which) const { return reinterpret_cast<float*>(bytes_ + StateOffset(which, n_)); }
+  // A chunk without working weights.
+  ChunkStates(std::byte* bytes, uint64_t num_elements) : ChunkStates(bytes, ChunkLayout{num_elements}) {}
+  // Precondition: the layout's sizes are valid (a validated record or request).
+  ChunkStates(std::byte* bytes, const ChunkLayout& layout);
+  uint64_t num_elements() const { return layout_.num_elements; }
+  const ChunkLayout& layout() const { return layout_; }
+  float* state(ChunkState which) const {
+    return reinterpret_cast<float*>(bytes_ + StateOffset(which, layout_.num_elements));
+  }
   float* master() const { return state(ChunkState::kMaster); }
   float* exp_avg() const { return state(ChunkState::kExpAvg); }
   float* exp_avg_sq() const { return state(ChunkState::kExpAvgSq); }
+  // The working weights (weights_bytes() bytes of weights_dtype()), or null
+  // for a chunk that does not store them.
+  std::byte* weights() const { return weights_offset_ == 0 ? nullptr : bytes_ + weights_offset_; }
+  uint64_t weights_bytes() const { return weights_bytes_; }
   std::byte* bytes() const { return bytes_; }
 
  private:
   std::byte* bytes_;
-  uint64_t n_;
+  ChunkLayout layout_;
+  uint64_t weights_offset_ = 0;  // 0: no weights (they never start at 0)
+  uint64_t weights_bytes_ = 0;
 };
 
 }  // namespace fuyou

@@ -94,17 +94,23 @@ absl::Status ValidateManifest(const v1::JobManifest& manifest) {
       return corrupt(id, fmt::format("names committed version {}, not 0 or 1", record.committed_version()));
     }
     if (record.extents_size() != 2) return corrupt(id, fmt::format("has {} extents, not 2", record.extents_size()));
-    const uint64_t payload = *ChunkPayloadBytes(n);  // n <= kMaxChunkElements: fits
+    // n <= kMaxChunkElements and the dtypes are valid: every size fits.
+    const uint64_t needed = *RecordLayout(record).ExtentBytes();
     for (int version = 0; version < 2; ++version) {
       const v1::StateExtent& extent = record.extents(version);
       const std::optional<uint64_t> end = CheckedAdd(extent.offset(), extent.length());
       if (extent.path_index() != 0 || extent.offset() % storage::kBlockSize != 0 ||
-          extent.length() % storage::kBlockSize != 0 || extent.length() < payload || !end ||
+          extent.length() % storage::kBlockSize != 0 || extent.length() < needed || !end ||
           *end > manifest.state_bytes()) {
-        return corrupt(id, fmt::format("extent {} (path {}, offset {}, length {}) cannot hold {} elements of states "
+        return corrupt(id, fmt::format("extent {} (path {}, offset {}, length {}) cannot hold {} elements of states{} "
                                        "inside the job's {} bytes of state space",
                                        version, extent.path_index(), extent.offset(), extent.length(), n,
+                                       record.stores_weights() ? " and working weights" : "",
                                        manifest.state_bytes()));
+      }
+      if (!record.stores_weights() && extent.weights_checksum() != 0) {
+        return corrupt(id, fmt::format("extent {} has a weights checksum but the chunk stores no working weights",
+                                       version));
       }
       extents.push_back(Interval{extent.offset(), *end, id});
     }
@@ -279,8 +285,10 @@ const v1::ChunkRecord* Job::FindRecord(uint32_t chunk_id) const {
 }
 
 absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
-                           DType grad_dtype) {
-  const std::optional<uint64_t> state_bytes = ChunkStateBytes(num_elements);
+                           DType grad_dtype, bool stores_weights) {
+  ChunkLayout layout{num_elements};
+  if (stores_weights) layout.weights_dtype = param_dtype;
+  const std::optional<uint64_t> state_bytes = layout.ExtentBytes();
   const uint64_t offset = next.state_bytes();
   const std::optional<uint64_t> checked_end = CheckedAdd(offset, CheckedMul(state_bytes, 2));
   if (!checked_end) {
@@ -304,6 +312,7 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
   record->set_num_elements(num_elements);
   record->set_param_dtype(static_cast<v1::DType>(param_dtype));
   record->set_grad_dtype(static_cast<v1::DType>(grad_dtype));
+  record->set_stores_weights(stores_weights);
   record->set_update_count(0);
   record->set_committed_version(0);
   for (uint64_t version = 0; version < 2; ++version) {

@@ -56,6 +56,13 @@ inline const v1::StateExtent& CommittedExtent(const v1::ChunkRecord& record) {
 inline const v1::StateExtent& ShadowExtent(const v1::ChunkRecord& record) {
   return record.extents(static_cast<int>(ShadowVersion(record)));
 }
+// The layout of `record`'s extents: its elements and, when it stores its
+// working weights, their dtype (its param dtype).
+inline ChunkLayout RecordLayout(const v1::ChunkRecord& record) {
+  ChunkLayout layout{record.num_elements()};
+  if (record.stores_weights()) layout.weights_dtype = static_cast<DType>(record.param_dtype());
+  return layout;
+}
 
 // "" when `name` is a valid job name, else what is wrong with it (the name
 // quoted and bounded, see QuoteForError).
@@ -67,9 +74,11 @@ absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t
 // OK when every chunk record of `manifest` describes states that can exist: 1 to
 // kMaxChunkElements elements, valid dtypes, an update count in
 // [0, kMaxUpdateCount], committed_version 0 or 1, exactly two extents, each
-// block-aligned, at least ChunkPayloadBytes(n) long, inside state_bytes and overlapping no
-// other extent, chunk ids unique, and the per-path byte counts summing without
-// overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk
+// block-aligned, at least RecordLayout(record).ExtentBytes() long (the states
+// and, for a chunk that stores weights, the weights region after them), inside
+// state_bytes and overlapping no other extent, no weights checksum on a chunk
+// without weights, chunk ids unique, and the per-path byte counts summing
+// without overflow. Otherwise DATA_LOSS naming the job and chunk. A manifest from disk
 // is checked with it before any of its sizes is used.
 absl::Status ValidateManifest(const v1::JobManifest& manifest);
 
@@ -111,11 +120,12 @@ class Job {
 
   // Appends a chunk with two fresh extents to `next` (a copy of manifest() being
   // prepared for Commit), reserving their space now: RESOURCE_EXHAUSTED when the
-  // storage path is full, before anything is written.
+  // storage path is full, before anything is written. `stores_weights`: the
+  // extents also hold the working weights in `param_dtype` (ChunkLayout).
   // A refused reservation gives back every reservation made since the last
   // Commit (GiveBackUncommitted), so the job is exactly as committed.
   absl::Status AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
-                        DType grad_dtype);
+                        DType grad_dtype, bool stores_weights = false);
   // Shrinks the state files to what the committed manifest names, giving back
   // space reserved by AddChunk for a `next` that will not be committed.
   void GiveBackUncommitted();

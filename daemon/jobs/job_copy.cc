@@ -24,7 +24,7 @@ absl::StatusOr<uint64_t> CopyJobStates(Job& src, Job& dst) {
   for (const v1::ChunkRecord& record : from.chunks()) {
     const uint32_t chunk_id = record.chunk_id();
     FUYOU_RETURN_IF_ERROR(dst.AddChunk(next, chunk_id, record.num_elements(), static_cast<DType>(record.param_dtype()),
-                                       static_cast<DType>(record.grad_dtype())));
+                                       static_cast<DType>(record.grad_dtype()), record.stores_weights()));
     v1::ChunkRecord& added = *next.mutable_chunks(next.chunks_size() - 1);
     const v1::StateExtent& in = CommittedExtent(record);
     v1::StateExtent& out = *added.mutable_extents(static_cast<int>(added.committed_version()));
@@ -43,6 +43,7 @@ absl::StatusOr<uint64_t> CopyJobStates(Job& src, Job& dst) {
                                                       src.name(), dst.name(), chunk_id, written.message()));
     }
     out.set_checksum(in.checksum());
+    out.set_weights_checksum(in.weights_checksum());
     added.set_update_count(record.update_count());
     added.set_layout_fingerprint(record.layout_fingerprint());
     *added.mutable_segment_elements() = record.segment_elements();

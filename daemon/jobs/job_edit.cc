@@ -26,16 +26,23 @@ v1::ChunkRecord* JobEdit::Mutable(uint32_t chunk_id) {
 }
 
 absl::Status JobEdit::AddChunk(uint32_t chunk_id, uint64_t num_elements, DType param_dtype, DType grad_dtype,
-                               uint64_t layout_fingerprint) {
-  absl::Status added = job_.AddChunk(next_, chunk_id, num_elements, param_dtype, grad_dtype);
+                               uint64_t layout_fingerprint, bool stores_weights) {
+  absl::Status added = job_.AddChunk(next_, chunk_id, num_elements, param_dtype, grad_dtype, stores_weights);
   if (!added.ok()) return added;
   Mutable(chunk_id)->set_layout_fingerprint(layout_fingerprint);
   return absl::OkStatus();
 }
 
-void JobEdit::InitialStatesWritten(uint32_t chunk_id, uint64_t checksum) {
+namespace {
+void SetChecksums(v1::StateExtent& extent, ChunkChecksums checksums) {
+  extent.set_checksum(checksums.states);
+  extent.set_weights_checksum(checksums.weights);
+}
+}  // namespace
+
+void JobEdit::InitialStatesWritten(uint32_t chunk_id, ChunkChecksums checksums) {
   v1::ChunkRecord* record = Mutable(chunk_id);
-  record->mutable_extents(static_cast<int>(record->committed_version()))->set_checksum(checksum);
+  SetChecksums(*record->mutable_extents(static_cast<int>(record->committed_version())), checksums);
 }
 
 void JobEdit::SetDTypes(uint32_t chunk_id, DType param_dtype, DType grad_dtype) {
@@ -60,10 +67,10 @@ void JobEdit::AdoptSegments(uint32_t chunk_id, std::span<const uint64_t> segment
   for (uint64_t elements : segments) record->add_segment_elements(elements);
 }
 
-void JobEdit::ShadowWritten(uint32_t chunk_id, uint64_t checksum) {
+void JobEdit::ShadowWritten(uint32_t chunk_id, ChunkChecksums checksums) {
   v1::ChunkRecord* record = Mutable(chunk_id);
   const uint32_t shadow = ShadowVersion(*record);
-  record->mutable_extents(static_cast<int>(shadow))->set_checksum(checksum);
+  SetChecksums(*record->mutable_extents(static_cast<int>(shadow)), checksums);
   record->set_committed_version(shadow);
 }
 

@@ -39,10 +39,12 @@ class JobEdit {
   // A new chunk with two fresh extents, reserved now (Job::AddChunk): its
   // committed version is 0, update count 0; its initial states go to
   // CommittedExtent(*Find(chunk_id)) and InitialStatesWritten records them.
+  // `stores_weights` (ChunkRecord.stores_weights): the extents also hold the
+  // chunk's working weights (ChunkLayout).
   absl::Status AddChunk(uint32_t chunk_id, uint64_t num_elements, DType param_dtype, DType grad_dtype,
-                        uint64_t layout_fingerprint);
-  // The committed extent of a new chunk now holds states with `checksum`.
-  void InitialStatesWritten(uint32_t chunk_id, uint64_t checksum);
+                        uint64_t layout_fingerprint, bool stores_weights = false);
+  // The committed extent of a new chunk now holds states with `checksums`.
+  void InitialStatesWritten(uint32_t chunk_id, ChunkChecksums checksums);
   // A resumed chunk's dtypes as the client now sends them.
   void SetDTypes(uint32_t chunk_id, DType param_dtype, DType grad_dtype);
   // A stored fingerprint of 0 adopts `fingerprint` (ChunkSpec.layout_fingerprint);
@@ -54,10 +56,11 @@ class JobEdit {
   // empty `segments` changes nothing.
   void AdoptSegments(uint32_t chunk_id, std::span<const uint64_t> segments);
 
-  // The chunk's new states were written to its shadow extent and hash to
-  // `checksum`: after Commit the shadow is the committed extent and the old
-  // committed one is the next shadow. Once per chunk and edit.
-  void ShadowWritten(uint32_t chunk_id, uint64_t checksum);
+  // The chunk's new states (and weights, for a chunk that stores them) were
+  // written to its shadow extent and hash to `checksums`: after Commit the
+  // shadow is the committed extent and the old committed one is the next
+  // shadow. Once per chunk and edit.
+  void ShadowWritten(uint32_t chunk_id, ChunkChecksums checksums);
   // The chunk's committed update count after the commit (Adam's t), in
   // [0, kMaxUpdateCount]; clears per-segment counts (every segment has it).
   void SetUpdateCount(uint32_t chunk_id, int64_t update_count);

@@ -40,7 +40,7 @@ TEST_F(JobEditTest, ShadowWrittenFlipsTheCommittedExtentAtCommit) {
   {
     JobEdit edit(*job_);
     ASSERT_TRUE(edit.AddChunk(3, 100, DType::kFloat32, DType::kBFloat16, 77).ok());
-    edit.InitialStatesWritten(3, 111);
+    edit.InitialStatesWritten(3, {111});
     ASSERT_TRUE(edit.Commit().ok());
   }
   const v1::ChunkRecord* record = job_->FindRecord(3);
@@ -51,7 +51,7 @@ TEST_F(JobEditTest, ShadowWrittenFlipsTheCommittedExtentAtCommit) {
   EXPECT_EQ(ShadowVersion(*record), 1u);
 
   JobEdit step(*job_);
-  step.ShadowWritten(3, 222);
+  step.ShadowWritten(3, {222});
   step.SetUpdateCount(3, 1);
   step.SetCommittedStep(1);
   EXPECT_EQ(job_->FindRecord(3)->committed_version(), 0u);  // nothing changes before Commit

@@ -1,6 +1,7 @@
 #include "session/session.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/crash_point.h"
 #include "common/log.h"
@@ -124,6 +125,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
         .layout_fingerprint = spec.layout_fingerprint(),
         .segment_elements = SegmentsToStore(spec),
         .weights = segment_->ParamRegion(spec.slot()),
+        .store_weights = spec.store_weights(),
     });
   }
   auto registered = store_->Register(chunks, services_.job_quota_bytes);
@@ -205,12 +207,17 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.exp_avg_sq = states.exp_avg_sq();
     buffers.grad = segment_->GradRegion(request.slot()).data();
     buffers.grad_dtype = registered.grad_dtype;
-    buffers.weights_out = segment_->ParamRegion(request.slot()).data();
+    // A chunk that stores its working weights gets them in its own states
+    // (daemon memory, written back and committed with master, m and v), then
+    // copied into the slot; any other chunk's go straight to the slot.
+    std::byte* const slot_weights = segment_->ParamRegion(request.slot()).data();
+    buffers.weights_out = states.weights() != nullptr ? states.weights() : slot_weights;
     buffers.weight_dtype = registered.param_dtype;
     buffers.n = n;
     const int64_t update_start = trace::NowUs();
     const auto kernel_started = std::chrono::steady_clock::now();
     optimizer::SegmentedUpdate(services_.kernel, params, buffers, update);
+    if (states.weights() != nullptr) std::memcpy(slot_weights, states.weights(), states.weights_bytes());
     kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - kernel_started).count();
     trace::Record("update", chunk_id, update_start, trace::NowUs());
     services_.stats.chunk_update_seconds.Observe(kernel_seconds);

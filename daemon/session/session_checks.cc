@@ -91,7 +91,9 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
           "({} elements at most); open the session with a larger slot_bytes",
           id, spec.num_elements(), widest, layout.slot_bytes, layout.slot_bytes / widest));
     }
-    const std::optional<uint64_t> state_bytes = ChunkStateBytes(spec.num_elements());
+    ChunkLayout chunk_layout{spec.num_elements()};
+    if (spec.store_weights()) chunk_layout.weights_dtype = param_dtype;
+    const std::optional<uint64_t> state_bytes = chunk_layout.ExtentBytes();
     if (!state_bytes || *state_bytes > services_.cache.budget_bytes() / 2) {
       return absl::InvalidArgumentError(fmt::format(
           "chunk {} of {} elements has {} bytes of optimizer states, more than half the daemon's DRAM budget ({} "

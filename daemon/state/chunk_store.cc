@@ -22,8 +22,22 @@ std::vector<uint32_t> RegistrationOrder(const Job& job) {
   return ids;
 }
 
-uint64_t Checksum(const StatePin& pin, uint64_t num_elements) {
-  return ChunkPayloadChecksum(pin.data(), num_elements);
+ChunkChecksums Checksums(const StatePin& pin, const ChunkLayout& layout) {
+  return ComputeChunkChecksums(pin.data(), layout);
+}
+
+// The layout a registration gives a new chunk.
+ChunkLayout RegistrationLayout(const ChunkStore::Registration& chunk) {
+  ChunkLayout layout{chunk.num_elements};
+  if (chunk.store_weights) layout.weights_dtype = chunk.param_dtype;
+  return layout;
+}
+
+// Counts one weights fetch (hit: served from DRAM) and `bytes` read for it.
+void CountWeights(WeightsCounters& counters, bool fetch, bool hit, uint64_t bytes) {
+  if (fetch) counters.weights_fetches.fetch_add(1, std::memory_order_relaxed);
+  if (hit) counters.weights_fetch_cache_hits.fetch_add(1, std::memory_order_relaxed);
+  if (bytes != 0) counters.weights_bytes_read.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 // Sets `record`'s update counts as JobEdit::SetSegmentUpdateCounts would.
@@ -61,6 +75,7 @@ ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsi
       order_(RegistrationOrder(job)),
       durability_(durability),
       undo_key_(job.key() + "#undo"),
+      weights_key_(job.key() + "#weights"),
       acknowledged_(job.manifest()),
       last_durable_(std::chrono::steady_clock::now()) {}
 
@@ -109,13 +124,27 @@ absl::Status ChunkStore::WaitForWriteBacks() {
 
 // ---- Committed states.
 
-absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, uint64_t num_elements,
+absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
                                 const v1::StateExtent& extent) const {
-  if (Checksum(pin, num_elements) == extent.checksum()) return absl::OkStatus();
+  const ChunkChecksums sums = Checksums(pin, layout);
+  if (sums.states == extent.checksum() && sums.weights == extent.weights_checksum()) return absl::OkStatus();
+  const bool states_bad = sums.states != extent.checksum();
   return absl::DataLossError(fmt::format(
-      "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
+      "job '{}' chunk {}: the {} read from {} at offset {} fail their checksum; the extent is corrupt and "
       "nothing was returned from it",
-      job_.name(), chunk_id, job_.states().path().string(), extent.offset()));
+      job_.name(), chunk_id, states_bad ? "states" : "working weights", job_.states().path().string(),
+      states_bad ? extent.offset() : extent.offset() + layout.WeightsOffset().value_or(0)));
+}
+
+absl::Status ChunkStore::VerifyWeights(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                                       const v1::StateExtent& extent) const {
+  if (WeightsChecksum(pin.data(), layout) == extent.weights_checksum()) return absl::OkStatus();
+  return absl::DataLossError(fmt::format(
+      "job '{}' chunk {}: the working weights read from {} at offset {} ({} bytes) fail their checksum; the extent "
+      "is corrupt and nothing was returned from it (the job's committed states cannot be trusted: delete the job "
+      "or restore it from a checkpoint)",
+      job_.name(), chunk_id, job_.states().path().string(), extent.offset() + layout.WeightsOffset().value_or(0),
+      layout.WeightsBytes().value_or(0)));
 }
 
 absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& record) {
@@ -156,7 +185,7 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job_.name(), record.chunk_id(), status.message()));
   } else {
-    status = Verify(pin, record.chunk_id(), record.num_elements(), extent);
+    status = Verify(pin, record.chunk_id(), RecordLayout(record), extent);
   }
   if (!status.ok()) {
     cache_.FinishLoad(pin, status);  // not kept: freed as the pin goes
@@ -178,11 +207,11 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
     // By value: a commit may replace the manifest `record` lives in meanwhile.
     job_.states().ReadAsync(
         extent.offset(), std::span(pin->data(), extent.length()),
-        [this, pin, num_elements = record->num_elements(), extent, chunk_id,
+        [this, pin, layout = RecordLayout(*record), extent, chunk_id,
          read_start = trace::NowUs()](absl::Status status) {
           trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
           if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
-          if (status.ok()) status = Verify(*pin, chunk_id, num_elements, extent);
+          if (status.ok()) status = Verify(*pin, chunk_id, layout, extent);
           cache_.FinishLoad(*pin, status);
           pin->Reset();
           FinishIo();
@@ -194,6 +223,27 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
 
 absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::span<const Registration> chunks,
                                                                          uint64_t job_quota_bytes) {
+  // Whether a chunk stores its working weights is part of its layout on
+  // storage: a resumed chunk keeps it, and the weights' dtype with it.
+  for (const Registration& chunk : chunks) {
+    const v1::ChunkRecord* record = Find(chunk.chunk_id);
+    if (record == nullptr) continue;
+    if (record->stores_weights() != chunk.store_weights) {
+      return absl::FailedPreconditionError(fmt::format(
+          "job '{}' chunk {} was created {} its working weights in the daemon, but this registration asks "
+          "store_weights={}; a resumed chunk keeps what it was created with: register it with store_weights={} "
+          "(fuyou.AdamW offload_params={}), or start a new job to change it; nothing was registered",
+          job_.name(), chunk.chunk_id, record->stores_weights() ? "storing" : "without storing",
+          chunk.store_weights, record->stores_weights(), record->stores_weights() ? "True" : "False"));
+    }
+    if (record->stores_weights() && static_cast<DType>(record->param_dtype()) != chunk.param_dtype) {
+      return absl::FailedPreconditionError(fmt::format(
+          "job '{}' chunk {} stores its working weights as {}, but this registration sends param_dtype {}; "
+          "resume it with {} parameters, or start a new job to change their dtype; nothing was registered",
+          job_.name(), chunk.chunk_id, DTypeName(static_cast<DType>(record->param_dtype())),
+          DTypeName(chunk.param_dtype), DTypeName(static_cast<DType>(record->param_dtype()))));
+    }
+  }
   FUYOU_RETURN_IF_ERROR(MakeDurable());  // the edit below starts from the durable manifest
   ReleaseHold();  // the job's size may change: the next non-durable step holds anew
   // Reserve the extents of every new chunk before writing anything: a job that
@@ -203,7 +253,7 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
   std::optional<uint64_t> new_bytes = 0;
   for (const Registration& chunk : chunks) {
     if (Find(chunk.chunk_id) == nullptr) {
-      new_bytes = CheckedAdd(new_bytes, CheckedMul(ChunkStateBytes(chunk.num_elements), 2));
+      new_bytes = CheckedAdd(new_bytes, CheckedMul(RegistrationLayout(chunk).ExtentBytes(), 2));
     }
   }
   if (!new_bytes) {
@@ -227,7 +277,7 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
   for (const Registration& chunk : chunks) {
     if (Find(chunk.chunk_id) != nullptr) continue;
     FUYOU_RETURN_IF_ERROR(edit.AddChunk(chunk.chunk_id, chunk.num_elements, chunk.param_dtype, chunk.grad_dtype,
-                                        chunk.layout_fingerprint));
+                                        chunk.layout_fingerprint, chunk.store_weights));
     edit.AdoptSegments(chunk.chunk_id, chunk.segment_elements);
     any_new = true;
   }
@@ -245,8 +295,13 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
     if (const v1::ChunkRecord* record = Find(id)) {
       auto pin = AcquireCommitted(*record);
       if (!pin.ok()) return fail(pin.status());
-      optimizer::ConvertFromFloat32(ChunkStates(pin->data(), record->num_elements()).master(),
-                                    chunk.weights.data(), chunk.param_dtype, record->num_elements());
+      const ChunkStates states(pin->data(), RecordLayout(*record));
+      if (states.weights() != nullptr) {  // its committed working weights, in param_dtype (checked above)
+        std::memcpy(chunk.weights.data(), states.weights(), states.weights_bytes());
+      } else {
+        optimizer::ConvertFromFloat32(states.master(), chunk.weights.data(), chunk.param_dtype,
+                                      record->num_elements());
+      }
       edit.SetDTypes(id, chunk.param_dtype, chunk.grad_dtype);
       edit.AdoptLayoutFingerprint(id, chunk.layout_fingerprint);  // see ChunkSpec.layout_fingerprint
       edit.AdoptSegments(id, chunk.segment_elements);               // see ChunkSpec.segment_elements
@@ -261,12 +316,19 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
     if (!created.ok()) return fail(created.status());
     cached_new.push_back(id);
     StatePin pin = std::move(*created);
-    const ChunkStates states(pin.data(), chunk.num_elements);
+    const ChunkLayout layout = RecordLayout(*edit.Find(id));
+    const ChunkStates states(pin.data(), layout);
     optimizer::ConvertToFloat32(chunk.weights.data(), chunk.param_dtype, states.master(), chunk.num_elements);
     // m, v and the padding start at zero.
     const uint64_t master_bytes = StateOffset(ChunkState::kExpAvg, chunk.num_elements);
     std::memset(pin.data() + master_bytes, 0, pin.size() - master_bytes);
-    edit.InitialStatesWritten(id, Checksum(pin, chunk.num_elements));
+    // The working weights: the master just read, back in param_dtype (the
+    // slot's values exactly: every param dtype converts to fp32 and back
+    // losslessly), as an update would store them.
+    if (states.weights() != nullptr) {
+      optimizer::ConvertFromFloat32(states.master(), states.weights(), chunk.param_dtype, chunk.num_elements);
+    }
+    edit.InitialStatesWritten(id, Checksums(pin, layout));
     cache_.SetContents(pin, edit.Find(id)->committed_version(), /*committed=*/true);
     absl::Status written = job_.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
     if (written.ok()) counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
@@ -315,8 +377,8 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
   // abandoned update is never taken for them.
   const uint32_t shadow = ShadowVersion(*record);
   cache_.SetContents(pin, shadow, /*committed=*/false);
-  const uint64_t n = record->num_elements();
-  update(ChunkStates(pin.data(), n));
+  const ChunkLayout layout = RecordLayout(*record);
+  update(ChunkStates(pin.data(), layout));
 
   if (!step_durable_) {
     // Kept in DRAM, not written: CommitStep makes it the chunk's pending states.
@@ -339,15 +401,15 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
   StartIo();
   job_.states().WriteAsync(
       extent.offset(), std::span<const std::byte>(held->data(), extent.length()),
-      [this, held, write, chunk_id, n, length = extent.length(), write_start = trace::NowUs()](absl::Status status) {
+      [this, held, write, chunk_id, layout, length = extent.length(), write_start = trace::NowUs()](absl::Status status) {
         trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
-        const uint64_t checksum = status.ok() ? Checksum(*held, n) : 0;
+        const ChunkChecksums checksums = status.ok() ? Checksums(*held, layout) : ChunkChecksums{};
         if (status.ok()) counters_.user.bytes_written.fetch_add(length, std::memory_order_relaxed);
         FUYOU_CRASH_POINT("writeback_completed");
         held->Reset();
         std::lock_guard lock(io_mutex_);
         write->done = true;
-        write->checksum = checksum;
+        write->checksums = checksums;
         if (!status.ok()) {
           write->status = absl::Status(status.code(), fmt::format("job '{}': write-back of chunk {} failed: {}",
                                                                   job_.name(), chunk_id, status.message()));
@@ -427,7 +489,7 @@ absl::Status ChunkStore::CommitDurable(const v1::JobManifest& next) {
   JobEdit edit(job_);
   std::vector<uint32_t> changed;
   for (const auto& [chunk_id, staged] : staged_) {
-    edit.ShadowWritten(chunk_id, staged.write->checksum);  // read after WaitForIo: no completion writes it
+    edit.ShadowWritten(chunk_id, staged.write->checksums);  // read after WaitForIo: no completion writes it
     changed.push_back(chunk_id);
   }
   // The acknowledged states of the pending chunks this step did not update go
@@ -445,7 +507,7 @@ absl::Status ChunkStore::CommitDurable(const v1::JobManifest& next) {
                                                       job_.name(), chunk_id, next.committed_step(), written.message()));
     }
     counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
-    edit.ShadowWritten(chunk_id, Checksum(states, record.num_elements()));
+    edit.ShadowWritten(chunk_id, Checksums(states, RecordLayout(record)));
     changed.push_back(chunk_id);
   }
   for (uint32_t chunk_id : changed) {
@@ -461,6 +523,7 @@ absl::Status ChunkStore::CommitDurable(const v1::JobManifest& next) {
   if (!pending_.empty()) FUYOU_CRASH_POINT("durable_commit_pending_written");
   absl::Status committed = edit.Commit();
   if (!committed.ok() && !absl::IsAborted(committed)) return committed;
+  DropWeightsEntries(changed);
   for (uint32_t chunk_id : changed) {
     cache_.MarkCommitted(job_key_, chunk_id, job_.FindRecord(chunk_id)->committed_version());
   }
@@ -500,10 +563,13 @@ absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
     }
   } else {
     // Acknowledged only: the updates become the chunks' pending states, in DRAM.
+    std::vector<uint32_t> updated;
     for (auto& [chunk_id, staged] : staged_) {
       cache_.SetContents(staged.kept, ShadowVersion(*Find(chunk_id)), /*committed=*/true);
       pending_[chunk_id] = std::move(staged.kept);
+      updated.push_back(chunk_id);
     }
+    DropWeightsEntries(updated);  // their weights are the pending entries' now
     acknowledged_ = std::move(next);
     ++steps_since_durable_;
   }
@@ -514,9 +580,11 @@ absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
   }
   const auto committed = static_cast<uint32_t>(staged_.size());
   order_.StepCommitted();
+  fetch_order_.StepEnded();
   staged_.clear();
   step_begun_ = false;
   Prefetch(order_.First(prefetch_window_));
+  ReadWeightsAhead(fetch_order_.First(prefetch_window_));  // the next step's first fetches
   return committed;
 }
 
@@ -526,6 +594,7 @@ void ChunkStore::RollBackStep() {
   staged_.clear();
   step_begun_ = false;
   order_.StepRolledBack();
+  fetch_order_.StepEnded();  // a skipped step fetched in the order of any other
   std::lock_guard lock(io_mutex_);
   write_error_ = absl::OkStatus();
 }
@@ -553,7 +622,7 @@ absl::StatusOr<StatePin> ChunkStore::AcquireImported(const v1::ChunkRecord& reco
   cache_.SetContents(pin, shadow, /*committed=*/false);
   absl::Status status = job_.states().Read(extent.offset(), std::span(pin.data(), extent.length()));
   if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
-  if (status.ok() && Checksum(pin, record.num_elements()) != imported.checksum) {
+  if (status.ok() && Checksums(pin, RecordLayout(record)) != imported.checksums) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum", job_.name(),
         record.chunk_id()));
@@ -569,15 +638,20 @@ absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64
                                      std::span<const float> values) {
   FUYOU_RETURN_IF_ERROR(MakeDurable());  // the import writes the shadow extents
   const v1::ChunkRecord* record = Find(chunk_id);
-  const uint64_t n = record->num_elements();
+  const ChunkLayout layout = RecordLayout(*record);
   auto pending = imported_.find(chunk_id);
   FUYOU_ASSIGN_OR_RETURN(StatePin pin, pending != imported_.end() && pending->second.states_written
                                            ? AcquireImported(*record, pending->second)
                                            : AcquireCommitted(*record));
-  std::memcpy(ChunkStates(pin.data(), n).state(which) + first, values.data(), values.size_bytes());
+  const ChunkStates states(pin.data(), layout);
+  std::memcpy(states.state(which) + first, values.data(), values.size_bytes());
+  if (which == ChunkState::kMaster && states.weights() != nullptr) {
+    // The working weights follow the imported master, as after an update.
+    optimizer::ConvertFromFloat32(states.master(), states.weights(), *layout.weights_dtype, layout.num_elements);
+  }
   // The new states go to the shadow extent; the committed one stays intact.
   cache_.SetContents(pin, ShadowVersion(*record), /*committed=*/false);
-  const uint64_t checksum = Checksum(pin, n);
+  const ChunkChecksums checksums = Checksums(pin, layout);
   const v1::StateExtent& extent = ShadowExtent(*record);
   absl::Status written = job_.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
   if (written.ok()) counters_.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
@@ -591,7 +665,7 @@ absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64
   }
   Imported& imported = imported_[chunk_id];
   imported.states_written = true;
-  imported.checksum = checksum;
+  imported.checksums = checksums;
   return absl::OkStatus();
 }
 
@@ -611,7 +685,7 @@ absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
   }
   JobEdit edit(job_);
   for (const auto& [chunk_id, imported] : imported_) {
-    if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksum);
+    if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksums);
     if (!imported.update_count) continue;
     edit.SetUpdateCount(chunk_id, *imported.update_count);
     if (!imported.segment_update_counts.empty()) edit.SetSegmentUpdateCounts(chunk_id, imported.segment_update_counts);
@@ -623,7 +697,9 @@ absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
     return committed;
   }
   for (const auto& [chunk_id, imported] : imported_) {
-    if (imported.states_written) cache_.MarkCommitted(job_key_, chunk_id, Find(chunk_id)->committed_version());
+    if (!imported.states_written) continue;
+    cache_.MarkCommitted(job_key_, chunk_id, Find(chunk_id)->committed_version());
+    cache_.Drop(weights_key_, chunk_id);  // the committed extent changed
   }
   imported_.clear();
   return changed;
@@ -651,6 +727,146 @@ void ChunkStore::Close() {
   ReleaseHold();
   DropImport();
   cache_.Demote(job_key_);
+  // Weights-only entries are valid only while this store drops them at each
+  // commit: none outlives it.
+  cache_.DropJob(weights_key_);
+}
+
+// ---- Working weights.
+
+bool ChunkStore::CopyWeightsFromDram(const v1::ChunkRecord& record, std::span<std::byte> out) {
+  const uint32_t chunk_id = record.chunk_id();
+  const ChunkLayout layout = RecordLayout(record);
+  auto copy_from = [&](const StatePin& pin) {
+    std::memcpy(out.data(), ChunkStates(pin.data(), layout).weights(), out.size());
+    return true;
+  };
+  const auto staged = staged_.find(chunk_id);
+  if (staged != staged_.end()) {
+    // Its entry holds this step's update. A pending chunk's acknowledged
+    // states are in the undo copy; any other's are in its committed extent.
+    if (staged->second.undo) return copy_from(staged->second.undo);
+  } else if (auto pending = pending_.find(chunk_id); pending != pending_.end()) {
+    return copy_from(pending->second);
+  } else if (StatePin pin = cache_.Pin(job_key_, chunk_id, /*use=*/false)) {
+    // The chunk's states (a prefetch in flight is waited for); looking does not
+    // count as the update's use of a prefetch.
+    if (pin.load_status().ok() && pin.committed() && pin.version() == record.committed_version()) {
+      return copy_from(pin);
+    }
+  }
+  if (StatePin pin = cache_.Pin(weights_key_, chunk_id)) {  // a read-ahead in flight is waited for
+    if (pin.load_status().ok() && pin.version() == record.committed_version()) {
+      std::memcpy(out.data(), pin.data(), out.size());
+      return true;
+    }
+    pin.Reset();
+    cache_.Drop(weights_key_, chunk_id);
+  }
+  return false;
+}
+
+bool ChunkStore::WeightsInDram(const v1::ChunkRecord& record) const {
+  const uint32_t chunk_id = record.chunk_id();
+  if (pending_.count(chunk_id) != 0) return true;  // pinned (the undo copy while staged)
+  if (!IsStaged(chunk_id) && cache_.Holds(job_key_, chunk_id, record.committed_version())) return true;
+  return cache_.Holds(weights_key_, chunk_id, record.committed_version());
+}
+
+void ChunkStore::ReadWeightsAhead(const std::vector<uint32_t>& chunk_ids) {
+  for (uint32_t chunk_id : chunk_ids) {
+    const v1::ChunkRecord* record = Find(chunk_id);
+    if (record == nullptr || !record->stores_weights() || WeightsInDram(*record)) continue;
+    const ChunkLayout layout = RecordLayout(*record);
+    const uint64_t region = *layout.WeightsRegionBytes();  // a validated record: fits
+    // Never waits and never evicts a pinned entry: without free budget the
+    // fetch reads on demand.
+    auto created = cache_.Create(weights_key_, chunk_id, region, /*wait=*/false, /*loading=*/true);
+    if (!created.ok()) continue;
+    auto pin = std::make_shared<StatePin>(std::move(*created));
+    cache_.SetContents(*pin, record->committed_version(), /*committed=*/true);
+    const v1::StateExtent& extent = CommittedExtent(*record);
+    StartIo();
+    // By value: a commit may replace the manifest `record` lives in meanwhile.
+    job_.states().ReadAsync(
+        extent.offset() + *layout.WeightsOffset(), std::span(pin->data(), region),
+        [this, pin, layout, extent, chunk_id, region, read_start = trace::NowUs()](absl::Status status) {
+          trace::Record("ssd_read_weights", chunk_id, read_start, trace::NowUs());
+          if (status.ok()) {
+            counters_.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+            CountWeights(counters_.daemon.weights, false, false, region);
+            CountWeights(counters_.user.weights, false, false, region);
+            status = VerifyWeights(*pin, chunk_id, layout, extent);
+          }
+          cache_.FinishLoad(*pin, status);
+          pin->Reset();
+          FinishIo();
+        });
+  }
+}
+
+void ChunkStore::DropWeightsEntries(const std::vector<uint32_t>& chunk_ids) {
+  for (uint32_t chunk_id : chunk_ids) cache_.Drop(weights_key_, chunk_id);
+}
+
+absl::StatusOr<ChunkStore::FetchSource> ChunkStore::FetchWeights(uint32_t chunk_id, std::span<std::byte> out) {
+  const v1::ChunkRecord* record = Find(chunk_id);
+  if (record == nullptr || !record->stores_weights()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job '{}': chunk {} {}; only a chunk registered with store_weights has working weights to fetch",
+        job_.name(), chunk_id, record == nullptr ? "does not exist" : "does not store its working weights"));
+  }
+  const ChunkLayout layout = RecordLayout(*record);
+  const uint64_t weights_bytes = *layout.WeightsBytes();  // a validated record: fits
+  if (out.size() != weights_bytes) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job '{}' chunk {}: its working weights are {} bytes ({} elements of {}), not the {} bytes given; nothing "
+        "was fetched",
+        job_.name(), chunk_id, weights_bytes, record->num_elements(),
+        DTypeName(static_cast<DType>(record->param_dtype())), out.size()));
+  }
+  const std::vector<uint32_t> ahead = fetch_order_.Fetched(chunk_id, prefetch_window_);
+  FetchSource source;
+  if (CopyWeightsFromDram(*record, out)) {
+    source.from_dram = true;
+  } else if (pending_.count(chunk_id) != 0) {
+    // Its committed extent holds the durable step, not the acknowledged one.
+    return absl::InternalError(fmt::format(
+        "job '{}' chunk {}: its acknowledged working weights are not in DRAM", job_.name(), chunk_id));
+  } else {
+    // Only the weights region of the committed extent (which the running step
+    // never writes), into an entry of its own: the chunk's states entry, if
+    // any, may hold this step's update.
+    const v1::StateExtent& extent = CommittedExtent(*record);
+    const uint64_t region = *layout.WeightsRegionBytes();
+    const uint64_t offset = extent.offset() + *layout.WeightsOffset();
+    FUYOU_ASSIGN_OR_RETURN(StatePin pin, cache_.Create(weights_key_, chunk_id, region, /*wait=*/true));
+    cache_.SetContents(pin, record->committed_version(), /*committed=*/true);
+    const int64_t read_start = trace::NowUs();
+    absl::Status status = job_.states().Read(offset, std::span(pin.data(), region));
+    trace::Record("ssd_read_weights", chunk_id, read_start, trace::NowUs());
+    if (!status.ok()) {
+      status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its working weights from {} "
+                                                       "at offset {}: {}",
+                                                       job_.name(), chunk_id, job_.states().path().string(), offset,
+                                                       status.message()));
+    } else {
+      counters_.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+      source.bytes_read = region;
+      status = VerifyWeights(pin, chunk_id, layout, extent);
+    }
+    if (!status.ok()) {
+      CountWeights(counters_.daemon.weights, false, false, source.bytes_read);
+      CountWeights(counters_.user.weights, false, false, source.bytes_read);
+      cache_.FinishLoad(pin, status);  // not kept: freed as the pin goes
+      return status;
+    }
+    std::memcpy(out.data(), pin.data(), out.size());
+  }
+  CountWeights(counters_.daemon.weights, true, source.from_dram, source.bytes_read);
+  CountWeights(counters_.user.weights, true, source.from_dram, source.bytes_read);
+  ReadWeightsAhead(ahead);
+  return source;
 }
 
 }  // namespace fuyou

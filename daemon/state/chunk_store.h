@@ -16,7 +16,14 @@
 //     no I/O: the committed states are read again when next needed;
 //   - registration of chunks (new chunks' initial states, adopted dtypes and
 //     fingerprints) and import (pending state writes and update counts, made
-//     durable by one CommitImport).
+//     durable by one CommitImport);
+//   - the working weights of chunks that store them (Registration.store_weights,
+//     issue 12): a fourth state after master, m and v in the same extent
+//     (jobs/chunk_layout.h), written by the same update, write-back and
+//     commit, with a checksum of its own. FetchWeights serves the committed
+//     weights from DRAM or reads only their region of the committed extent,
+//     and reads the next fetches ahead in the order learned from the last
+//     step (FetchOrder), into entries of their own under the same budget.
 //
 // The durability interval (DurabilityInterval: [durability] commit_every_steps
 // N, commit_every_seconds). With N = 1 every CommitStep is durable as above.
@@ -34,7 +41,10 @@
 // never evicted, so the interval applies only while twice the job's states fit
 // in half the DRAM budget (StateCache::TryHold); otherwise every step is
 // durable, as with N = 1. MakeDurable (Close, Register, import) commits the
-// acknowledged steps.
+// acknowledged steps. Chunks with working weights take part as any other: a
+// pending chunk's acknowledged weights are in its pinned DRAM entry (and in
+// the undo copy while the running step updates it), and FetchWeights serves
+// them from there, so a fetch always returns the weights of committed_step().
 //
 // The byte layout of a chunk's states is ChunkStates (jobs/chunk_layout.h).
 //
@@ -65,6 +75,7 @@
 #include "fuyou/dtype.h"
 #include "jobs/chunk_layout.h"
 #include "jobs/job.h"
+#include "state/fetch_order.h"
 #include "state/learned_order.h"
 #include "state/state_cache.h"
 
@@ -124,8 +135,13 @@ class ChunkStore {
     // resumed chunk stored without segments adopts them.
     std::vector<uint64_t> segment_elements{};  // {}: may be left out of a designated initializer
     // The chunk's parameters in param_dtype: read for a new chunk (its initial
-    // master weights), overwritten with the committed master for a resumed one.
+    // master weights), overwritten with the committed master for a resumed one
+    // (with its committed working weights when it stores them).
     std::span<std::byte> weights;
+    // ChunkSpec.store_weights: the chunk keeps its working weights (param_dtype)
+    // as a fourth state. Fixed at creation: a resumed chunk must send the value
+    // it was created with, and one that stores weights its param_dtype.
+    bool store_weights = false;
   };
   struct Registered {
     bool resumed = false;
@@ -136,11 +152,16 @@ class ChunkStore {
   // Registers `chunks` (validated by the caller: sizes, dtypes, fingerprints,
   // no duplicates; a resumed chunk has the stored element count). New chunks
   // get extents reserved, then their initial states (master from `weights`,
-  // m = v = 0) written to their committed extents; resumed chunks' committed
-  // master is converted into `weights`, and their dtypes, a missing
-  // fingerprint and missing segments are adopted. One manifest commit when anything changed. All or
-  // nothing: RESOURCE_EXHAUSTED (over `job_quota_bytes`, 0 = unlimited, or the
-  // storage full) or an I/O error leaves the job as committed, nothing reserved.
+  // m = v = 0, and for store_weights the working weights, master converted
+  // back to param_dtype, i.e. the slot's values) written to their committed
+  // extents; resumed chunks' committed master is converted into `weights` (a
+  // chunk that stores weights gets its committed weights copied there), and
+  // their dtypes, a missing fingerprint and missing segments are adopted. One
+  // manifest commit when anything changed. All or nothing: RESOURCE_EXHAUSTED
+  // (over `job_quota_bytes`, 0 = unlimited, or the storage full) or an I/O
+  // error leaves the job as committed, nothing reserved. FAILED_PRECONDITION,
+  // before anything is done, for a resumed chunk whose store_weights differs
+  // from its stored one, or that stores weights and changes its param_dtype.
   // Results are in the order of `chunks`. Crash points: registration_reserved,
   // registration_states_written, registration_committed.
   absl::StatusOr<std::vector<Registered>> Register(std::span<const Registration> chunks, uint64_t job_quota_bytes);
@@ -148,11 +169,14 @@ class ChunkStore {
   // ---- The step (committed_step() + 1).
   // Stages chunk `chunk_id`'s update: pins its committed states (cache hit,
   // prefetch, or read and verify: DATA_LOSS on a checksum mismatch), runs
-  // `update` on them in this thread (the kernel changes them in place), then
+  // `update` on them in this thread (the kernel changes them in place; for a
+  // chunk that stores its working weights, `update` must also leave the new
+  // weights in ChunkStates::weights(): the session's kernel writes them there
+  // and copies them to the slot), then
   // submits their write-back to the chunk's shadow extent and returns without
   // waiting for it, after starting prefetches of the chunks predicted next.
   // The write-back's result is collected by CommitStep (StepError until then);
-  // its checksum is computed when it completes.
+  // its checksums (states and weights) are computed when it completes.
   // `segment_update_counts`: the chunk's per-segment update counts after this
   // step, one per segment of ChunkRecord.segment_elements (the caller computes
   // them from the committed ones, Find(chunk_id)->segment_update_counts());
@@ -198,7 +222,10 @@ class ChunkStore {
   absl::Status ExportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<float> out);
   // Copies `values` into state `which` of chunk `chunk_id` from element `first`
   // (the chunk's pending import if it has one, else its committed states), and
-  // writes the chunk's whole new states to its shadow extent synchronously.
+  // writes the chunk's whole new states to its shadow extent synchronously. A
+  // chunk that stores working weights gets them recomputed from its new master
+  // (param_dtype, as an update would), so that fetches after CommitImport
+  // return the imported weights.
   // Precondition: the range lies in the chunk. On a failed write the whole
   // pending import is dropped and the error returned.
   absl::Status ImportState(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<const float> values);
@@ -217,6 +244,37 @@ class ChunkStore {
   // Forgets the pending import: the committed states were never touched.
   void DropImport();
 
+  // ---- Working weights (chunks registered with store_weights).
+  // Where FetchWeights found the weights.
+  struct FetchSource {
+    // True: from DRAM (the chunk's cached states, its pending or undo copy, or
+    // a read-ahead that had finished or was in flight). False: read now.
+    bool from_dram = false;
+    // Bytes this fetch read from storage (the weights region, a block
+    // multiple); 0 from DRAM. Read-aheads it started are not included.
+    uint64_t bytes_read = 0;
+  };
+  // Copies the working weights of chunk `chunk_id` as of committed_step() into
+  // `out` (num_elements values of the chunk's param_dtype: out.size() must be
+  // RecordLayout(*Find(chunk_id)).WeightsBytes()). Also while the running step
+  // has the chunk staged: its DRAM entry then holds the uncommitted update, so
+  // the committed weights come from the committed extent (or a weights-only
+  // entry read from it). Served from DRAM when an entry holds the committed
+  // weights; else reads only the weights region of the committed extent
+  // (never master, m or v) into a weights-only cache entry, verified against
+  // StateExtent.weights_checksum: DATA_LOSS naming the job, chunk, file and
+  // offset when they fail it (nothing is copied then). Then reads the next
+  // fetches predicted by the last step's order (FetchOrder) ahead, up to
+  // `prefetch_window` of them, weights only, into cache entries that never
+  // evict pinned entries and never wait for budget; each is verified when its
+  // read completes. Counts the fetch, a DRAM hit and the bytes read (this
+  // fetch's and its read-aheads') into StoreCounters (WeightsCounters).
+  // Preconditions (checked by the caller): the chunk exists and stores
+  // weights. INVALID_ARGUMENT when `out` has the wrong size; nothing changes.
+  absl::StatusOr<FetchSource> FetchWeights(uint32_t chunk_id, std::span<std::byte> out);
+  // The learned order of weight fetches (tests, diagnostics).
+  const FetchOrder& fetch_order() const { return fetch_order_; }
+
   // Waits for every read and write in flight, rolls the step back, drops a
   // pending import and demotes the job's cached states (evicted first, kept for
   // a quick resume). Idempotent; the store is unusable afterwards.
@@ -227,7 +285,7 @@ class ChunkStore {
   struct WriteBack {
     bool done = false;
     absl::Status status;
-    uint64_t checksum = 0;  // of the states written, once done and OK
+    ChunkChecksums checksums;  // of the states (and weights) written, once done and OK
   };
   struct Staged {
     std::shared_ptr<WriteBack> write;
@@ -237,7 +295,7 @@ class ChunkStore {
   };
   struct Imported {
     bool states_written = false;  // the shadow extent holds new states
-    uint64_t checksum = 0;
+    ChunkChecksums checksums;
     std::optional<int64_t> update_count;
     std::vector<int64_t> segment_update_counts{};  // empty: every segment at update_count
   };
@@ -246,12 +304,25 @@ class ChunkStore {
   absl::StatusOr<StatePin> AcquireCommitted(const v1::ChunkRecord& record);
   // The states of a chunk with pending import writes, pinned (cache or shadow extent).
   absl::StatusOr<StatePin> AcquireImported(const v1::ChunkRecord& record, const Imported& imported);
-  // OK when `pin` holds states of a chunk of `num_elements` that hash to
-  // `checksum`; else DATA_LOSS naming the job, chunk, file and offset. Safe on
-  // an I/O completion thread.
-  absl::Status Verify(const StatePin& pin, uint32_t chunk_id, uint64_t num_elements,
+  // OK when `pin` holds states of a chunk laid out as `layout` that hash to
+  // the extent's checksums; else DATA_LOSS naming the job, chunk, file and
+  // offset. Safe on an I/O completion thread.
+  absl::Status Verify(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
                       const v1::StateExtent& extent) const;
+  // The same for a weights-only entry (the extent's weights region).
+  absl::Status VerifyWeights(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                             const v1::StateExtent& extent) const;
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
+  // Copies the committed weights of `record` from DRAM into `out` when an
+  // entry holds them (see FetchWeights); false when none does.
+  bool CopyWeightsFromDram(const v1::ChunkRecord& record, std::span<std::byte> out);
+  // True when DRAM holds, or a read in flight will hold, the committed weights
+  // of `record`; never waits.
+  bool WeightsInDram(const v1::ChunkRecord& record) const;
+  // Reads the weights of `chunk_ids` ahead (FetchWeights), weights only.
+  void ReadWeightsAhead(const std::vector<uint32_t>& chunk_ids);
+  // Forgets the weights-only entries of chunks whose committed extent changed.
+  void DropWeightsEntries(const std::vector<uint32_t>& chunk_ids);
   // Decides, at a step's first update, whether the step will be durable.
   bool NextStepDurable();
   // Drops a staged update: a pending chunk gets its acknowledged states back
@@ -278,6 +349,12 @@ class ChunkStore {
   // The durability interval.
   const DurabilityInterval durability_;
   const std::string undo_key_;             // the cache's name of the undo copies
+  // Working weights: the cache's name of the weights-only entries (the
+  // weights region of a chunk's committed extent, version = that extent's),
+  // dropped whenever the chunk's committed extent changes; and the learned
+  // order of fetches.
+  const std::string weights_key_;
+  FetchOrder fetch_order_;
   v1::JobManifest acknowledged_;           // the manifest as of committed_step() (Find)
   std::map<uint32_t, StatePin> pending_;   // acknowledged states not yet durable, pinned
   uint32_t steps_since_durable_ = 0;

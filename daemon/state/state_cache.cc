@@ -70,14 +70,14 @@ absl::Status StatePin::load_status() const {
 
 StateCache::StateCache(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
-StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id) {
+StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id, bool use) {
   std::unique_lock lock(mutex_);
   auto it = entries_.find({job, chunk_id});
   if (it == entries_.end()) return StatePin();
   std::shared_ptr<Entry> entry = it->second;
   UnlistLocked(*entry);
-  const bool first_use_of_prefetch = !entry->used;
-  entry->used = true;
+  const bool first_use_of_prefetch = use && !entry->used;
+  if (use) entry->used = true;
   ++entry->pins;
   changed_.wait(lock, [&] { return !entry->loading; });
   StatePin pin(this, std::move(entry));
@@ -225,6 +225,14 @@ void StateCache::DropJob(const std::string& job) {
 bool StateCache::Contains(const std::string& job, uint32_t chunk_id) const {
   std::lock_guard lock(mutex_);
   return entries_.count({job, chunk_id}) != 0;
+}
+
+bool StateCache::Holds(const std::string& job, uint32_t chunk_id, uint32_t version) const {
+  std::lock_guard lock(mutex_);
+  auto it = entries_.find({job, chunk_id});
+  if (it == entries_.end()) return false;
+  const Entry& entry = *it->second;
+  return entry.version == version && !entry.uncommitted && (entry.loading || entry.load_status.ok());
 }
 
 bool StateCache::TryHold(uint64_t bytes) {

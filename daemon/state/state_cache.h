@@ -91,7 +91,9 @@ class StateCache {
 
   // The entry for (job, chunk) pinned, waiting while it is loading; an empty
   // pin when absent. The caller checks version(), committed() and load_status().
-  StatePin Pin(const std::string& job, uint32_t chunk_id);
+  // `use` false: a look that does not count as the entry's use (a prefetch not
+  // used yet stays one: its first real use still reports first_use_of_prefetch).
+  StatePin Pin(const std::string& job, uint32_t chunk_id, bool use = true);
 
   // A new pinned entry of `bytes` for (job, chunk), replacing an unpinned one;
   // it holds version 0, committed, until SetContents. Evicts unpinned entries to
@@ -103,6 +105,9 @@ class StateCache {
                                   bool loading = false, int64_t timeout_ms = 600000);
   // True when (job, chunk) has an entry (loaded or loading); never waits.
   bool Contains(const std::string& job, uint32_t chunk_id) const;
+  // True when (job, chunk) has an entry that holds extent `version`, committed,
+  // and is loaded without error or still loading; never waits, pins nothing.
+  bool Holds(const std::string& job, uint32_t chunk_id, uint32_t version) const;
 
   // Marks the load of a pinned entry finished (wakes those waiting in Pin). A
   // failed load is not kept: the entry is freed at its last release.

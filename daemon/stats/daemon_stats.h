@@ -60,6 +60,16 @@ class RateWindow {
   std::vector<double> rates_;
 };
 
+// Working weights streamed to clients (FetchWeights, GetStatsResponse fields
+// 24-26): fetches answered, those answered from DRAM (a cached chunk, or a
+// read-ahead that had finished or was in flight), and the bytes read from
+// storage for them and their read-aheads (weights regions only).
+struct WeightsCounters {
+  std::atomic<uint64_t> weights_fetches{0};
+  std::atomic<uint64_t> weights_fetch_cache_hits{0};
+  std::atomic<uint64_t> weights_bytes_read{0};
+};
+
 // What one user's sessions did since the daemon started.
 struct UserCounters {
   std::atomic<uint64_t> bytes_read{0};     // optimizer states read from storage for the user's jobs
@@ -70,6 +80,7 @@ struct UserCounters {
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
   RedoCounters redo;
+  WeightsCounters weights;
 };
 
 struct StatsRates {
@@ -94,6 +105,7 @@ class DaemonStats {
   std::atomic<uint64_t> cache_misses{0};
   std::atomic<uint64_t> steps_committed{0};
   RedoCounters redo;
+  WeightsCounters weights;
   // The kernel time of each chunk update (SegmentedUpdate of one GradReady, a
   // redo's included), and the time from one committed step to the next of the
   // same session (EndStep to EndStep; a session's first step is not observed).
