@@ -1,5 +1,10 @@
 // Session: the client side of one offload session (see fuyou/client.h).
 //
+// Waiters: a chunk's GradReady waits for ParamsReady (pending_), its
+// FetchWeights for WeightsFetched (fetches_, oldest first), EndStep/AbortStep
+// for their answer (steps_), one control request for its own (control_). An
+// Error goes to the one it answers: a fetch's names the chunk and no step.
+//
 // Threads: the caller's threads, plus one reader thread per session that reads
 // the daemon's messages from the Stream and wakes whoever waits for them.
 // Locks: `mu_` guards the waiting state (pending chunks, step waiters, errors);
@@ -56,6 +61,7 @@ v1::ChunkSpec ToProto(const ChunkSpec& spec, uint32_t slot) {
   proto.set_slot(slot);
   proto.set_layout_fingerprint(spec.layout_fingerprint);
   for (uint64_t n : spec.segment_elements) proto.add_segment_elements(n);
+  proto.set_store_weights(spec.store_weights);
   return proto;
 }
 
@@ -224,6 +230,21 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
       }
       break;
     }
+    case v1::DaemonMessage::kWeightsFetched: {
+      const v1::WeightsFetched& fetched = message.weights_fetched();
+      auto it = fetches_.find(fetched.chunk_id());
+      if (it == fetches_.end()) return;  // not ours to wait for
+      auto oldest = std::find_if(it->second.begin(), it->second.end(), [](const PendingFetch& f) { return !f.done; });
+      if (oldest == it->second.end()) return;
+      oldest->done = true;
+      slots_->EndFlight(oldest->slot);
+      if (fetched.slot() != oldest->slot) {
+        oldest->status = absl::InternalError(fmt::format(
+            "fuyoud answered FetchWeights of chunk {} of {} in slot {}, but the fetch named slot {}",
+            fetched.chunk_id(), Who(), fetched.slot(), oldest->slot));
+      }
+      break;
+    }
     case v1::DaemonMessage::kStepCommitted: {
       const v1::StepCommitted& committed = message.step_committed();
       int64_t current = committed_step_.load();
@@ -265,6 +286,9 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
 void Session::Impl::DeliverError(const v1::Error& error) {
   absl::Status status = StatusFromErrorMessage(error);
   if ((absl::IsAborted(status) || absl::IsInternal(status)) && fatal_.ok()) fatal_ = status;
+  // A refused FetchWeights names its chunk and no step (a refused GradReady
+  // names both); fetches are never in flight beside a control request.
+  if (error.has_chunk_id() && !error.has_step() && DeliverFetchError(error.chunk_id(), status)) return;
   if (control_.active && !control_.done && !(error.has_chunk_id() && pending_.contains(error.chunk_id()))) {
     control_.done = true;  // control requests are only sent while no chunk is in flight
     control_.status = status;
@@ -294,6 +318,18 @@ void Session::Impl::DeliverError(const v1::Error& error) {
   if (session_error_.ok()) session_error_ = status;
 }
 
+// Called with mu_ held.
+bool Session::Impl::DeliverFetchError(uint32_t chunk_id, const absl::Status& status) {
+  auto it = fetches_.find(chunk_id);
+  if (it == fetches_.end()) return false;
+  auto oldest = std::find_if(it->second.begin(), it->second.end(), [](const PendingFetch& f) { return !f.done; });
+  if (oldest == it->second.end()) return false;
+  oldest->done = true;
+  oldest->status = status;
+  slots_->EndFlight(oldest->slot);
+  return true;
+}
+
 void Session::Impl::OnStreamEnd(const grpc::Status& grpc_status) {
   {
     std::lock_guard lock(mu_);
@@ -312,6 +348,14 @@ void Session::Impl::OnStreamEnd(const grpc::Status& grpc_status) {
       if (!pending.done) {
         pending.done = true;
         pending.status = end;
+      }
+    }
+    for (auto& [id, fetches] : fetches_) {
+      for (PendingFetch& fetch : fetches) {
+        if (!fetch.done) {
+          fetch.done = true;
+          fetch.status = end;
+        }
       }
     }
     for (auto& [step, waiter] : steps_) {
@@ -580,6 +624,99 @@ absl::StatusOr<uint32_t> Session::Impl::WaitParams(uint32_t chunk_id, std::chron
 
 void Session::Impl::ReleaseSlot(uint32_t slot) { slots_->Release(slot); }
 
+// ----------------------------------------------------------------------------
+// Streaming weights
+
+absl::Status Session::Impl::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
+  {
+    std::lock_guard lock(mu_);
+    if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
+    auto spec = chunks_.find(chunk_id);
+    if (spec == chunks_.end()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "FetchWeights: chunk {} is not registered in the session of {}: call RegisterChunk first", chunk_id, Who()));
+    }
+    if (!spec->second.store_weights) {
+      return absl::FailedPreconditionError(fmt::format(
+          "FetchWeights: chunk {} of {} was registered without store_weights, so the daemon keeps no working "
+          "weights for it; register it with ChunkSpec.store_weights (a new job for chunks created without)",
+          chunk_id, Who()));
+    }
+    if (control_.active) {
+      return absl::FailedPreconditionError(fmt::format(
+          "FetchWeights of chunk {} of {}: an export or import request is in progress; fetch after it", chunk_id,
+          Who()));
+    }
+    if (absl::Status status = slots_->BeginFlight(slot); !status.ok()) {
+      return absl::Status(status.code(), fmt::format("FetchWeights of chunk {} of {}: {}", chunk_id, Who(),
+                                                     std::string(status.message())));
+    }
+    PendingFetch fetch;
+    fetch.slot = slot;
+    fetches_[chunk_id].push_back(std::move(fetch));
+  }
+  v1::ClientMessage message;
+  message.mutable_fetch_weights()->set_chunk_id(chunk_id);
+  message.mutable_fetch_weights()->set_slot(slot);
+  absl::Status status = Write(message, fmt::format("FetchWeights of chunk {} into slot {}", chunk_id, slot));
+  if (!status.ok()) {
+    std::lock_guard lock(mu_);
+    auto it = fetches_.find(chunk_id);
+    if (it != fetches_.end()) {
+      auto mine = std::find_if(it->second.begin(), it->second.end(),
+                               [&](const PendingFetch& f) { return f.slot == slot && !f.done; });
+      if (mine != it->second.end()) it->second.erase(mine);
+      if (it->second.empty()) fetches_.erase(it);
+    }
+    slots_->EndFlight(slot);  // the caller holds the slot again
+  }
+  return status;
+}
+
+absl::StatusOr<uint32_t> Session::Impl::WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (closing_) return ClosedError();
+  auto it = fetches_.find(chunk_id);
+  if (it == fetches_.end()) {
+    if (!lost_.ok()) return lost_;
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} of {} has no weights fetch in flight: send one with SendFetchWeights first", chunk_id, Who()));
+  }
+  // The oldest fetch of the chunk, known by its slot (no two fetches in flight
+  // share a slot); another thread may take it while this one waits.
+  const uint32_t slot = it->second.front().slot;
+  auto find = [&]() -> std::optional<std::pair<decltype(it), std::deque<PendingFetch>::iterator>> {
+    auto chunk = fetches_.find(chunk_id);
+    if (chunk == fetches_.end()) return std::nullopt;
+    auto fetch = std::find_if(chunk->second.begin(), chunk->second.end(),
+                              [&](const PendingFetch& f) { return f.slot == slot; });
+    if (fetch == chunk->second.end()) return std::nullopt;
+    return std::make_pair(chunk, fetch);
+  };
+  const bool answered = cv_.wait_for(lock, timeout, [&] {
+    auto found = find();
+    return !found || found->second->done;
+  });
+  auto found = find();
+  if (!found) {
+    return absl::FailedPreconditionError(
+        fmt::format("chunk {} of {}: another thread took its fetched weights", chunk_id, Who()));
+  }
+  if (!answered) {
+    return absl::DeadlineExceededError(fmt::format("no WeightsFetched for chunk {} (slot {}) of {} within {} ms",
+                                                   chunk_id, slot, Who(), timeout.count()));
+  }
+  PendingFetch fetch = std::move(*found->second);
+  found->first->second.erase(found->second);
+  if (found->first->second.empty()) fetches_.erase(found->first);
+  if (fetch.status.ok()) return fetch.slot;
+  // Refused or lost: the slot comes back to the job and is freed here, since the
+  // caller gets no slot to release.
+  slots_->EndFlight(fetch.slot);
+  slots_->Release(fetch.slot);
+  return fetch.status;
+}
+
 absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort, AbortReason reason) {
   const char* verb = abort ? "AbortStep" : "EndStep";
   {
@@ -738,6 +875,12 @@ absl::StatusOr<uint32_t> Session::WaitParams(uint32_t chunk_id, std::chrono::mil
   return impl_->WaitParams(chunk_id, timeout);
 }
 void Session::ReleaseSlot(uint32_t slot) { impl_->ReleaseSlot(slot); }
+absl::Status Session::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
+  return impl_->SendFetchWeights(chunk_id, slot);
+}
+absl::StatusOr<uint32_t> Session::WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout) {
+  return impl_->WaitWeights(chunk_id, timeout);
+}
 absl::StatusOr<StepResult> Session::EndStep(int64_t step) { return impl_->EndStep(step); }
 absl::Status Session::AbortStep(int64_t step, AbortReason reason) { return impl_->AbortStep(step, reason); }
 absl::StatusOr<int64_t> Session::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,

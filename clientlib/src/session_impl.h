@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,8 @@ class Session::Impl {
                              const GradReadyOptions& options);
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
   void ReleaseSlot(uint32_t slot);
+  absl::Status SendFetchWeights(uint32_t chunk_id, uint32_t slot);
+  absl::StatusOr<uint32_t> WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout);
   absl::StatusOr<StepResult> EndStep(int64_t step);
   absl::Status AbortStep(int64_t step, AbortReason reason);
   absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
@@ -79,6 +82,14 @@ class Session::Impl {
     int64_t step = 0;
     bool done = false;
     absl::Status status;  // of the answer: OK for ParamsReady
+  };
+  // A FetchWeights sent and whose answer was not yet taken. The daemon answers
+  // a session's messages in order, so a chunk's fetches are answered in the
+  // order they were sent: the oldest not yet answered gets the next answer.
+  struct PendingFetch {
+    uint32_t slot = 0;
+    bool done = false;
+    absl::Status status;  // of the answer: OK for WeightsFetched
   };
   // A ReadState, WriteState, SetUpdateCount or CommitImport waiting for its
   // answer; one at a time (control_mu_).
@@ -117,6 +128,8 @@ class Session::Impl {
   void ReadLoop();
   void Dispatch(const v1::DaemonMessage& message);
   void DeliverError(const v1::Error& error);
+  // Gives `status` to the chunk's oldest unanswered fetch; false when it has none.
+  bool DeliverFetchError(uint32_t chunk_id, const absl::Status& status);
   void OnStreamEnd(const grpc::Status& status);
 
   const SessionOptions options_;
@@ -151,6 +164,7 @@ class Session::Impl {
   absl::Status session_error_;  // refusal nobody waited for; reported once
   std::map<uint32_t, ChunkSpec> chunks_;
   std::map<uint32_t, PendingChunk> pending_;
+  std::map<uint32_t, std::deque<PendingFetch>> fetches_;  // by chunk, oldest first; never an empty deque
   std::map<int64_t, StepWaiter> steps_;
   ControlWaiter control_;
 

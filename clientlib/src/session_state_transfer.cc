@@ -15,6 +15,12 @@ absl::StatusOr<v1::DaemonMessage> Session::Impl::Control(const v1::ClientMessage
           "{} of {}: {} chunks have gradients in flight; states are read and written only between steps", what,
           Who(), pending_.size()));
     }
+    if (!fetches_.empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "{} of {}: weights fetches of {} chunks are in flight; states are read and written only between steps "
+          "(take them with WaitWeights first)",
+          what, Who(), fetches_.size()));
+    }
     control_ = ControlWaiter{};
     control_.active = true;
   }

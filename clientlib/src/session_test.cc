@@ -21,8 +21,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -58,6 +58,7 @@ class FakeOffload final : public v1::Offload::Service {
   std::atomic<int> last_segment_seals{0};
   std::atomic<int> close_calls{0};
   std::atomic<int> grad_ready_seen{0};
+  std::atomic<int> fetches_seen{0};
   std::atomic<bool> silent_chunk_arrived{false};
 
   // Chunks the "job" already has: resumed by RegisterChunks.
@@ -123,6 +124,7 @@ class FakeOffload final : public v1::Offload::Service {
         store_[spec.chunk_id()] = StoredChunk{std::vector<float>(region, region + spec.num_elements()), 0, {}};
       }
       registered_[spec.chunk_id()] = spec.num_elements();
+      if (spec.store_weights()) stores_weights_.insert(spec.chunk_id());
     }
     return grpc::Status::OK;
   }
@@ -175,6 +177,24 @@ class FakeOffload final : public v1::Offload::Service {
           out.mutable_params_ready()->set_step(ready.step());
           out.mutable_params_ready()->set_chunk_id(ready.chunk_id());
           out.mutable_params_ready()->set_slot(ready.slot());
+        }
+      } else if (in.has_fetch_weights()) {
+        // As fuyoud: the chunk's stored weights into the slot's parameter
+        // region; a refusal names the chunk and no step.
+        const v1::FetchWeights& fetch = in.fetch_weights();
+        std::lock_guard lock(mu_);
+        ++fetches_seen;
+        if (fetch.chunk_id() == kRefusedChunk || stores_weights_.count(fetch.chunk_id()) == 0) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(
+              fmt::format("fetch of chunk {} into slot {} refused by the fake daemon", fetch.chunk_id(), fetch.slot()));
+          out.mutable_error()->set_chunk_id(fetch.chunk_id());
+        } else {
+          const std::vector<float>& weights = store_[fetch.chunk_id()].weights;
+          std::memcpy(Param(fetch.slot()), weights.data(), weights.size() * sizeof(float));
+          out.mutable_weights_fetched()->set_chunk_id(fetch.chunk_id());
+          out.mutable_weights_fetched()->set_slot(fetch.slot());
+          out.mutable_weights_fetched()->set_step(committed_);
         }
       } else if (in.has_end_step()) {
         const int64_t step = in.end_step().step();
@@ -251,6 +271,7 @@ class FakeOffload final : public v1::Offload::Service {
   std::atomic<int64_t> committed_{0};
   std::map<uint32_t, StoredChunk> store_;
   std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
+  std::set<uint32_t> stores_weights_;        // chunks registered with store_weights
   v1::ChunkSpec last_spec_;
   v1::GradReady last_grad_ready_;
   v1::AbortStep last_abort_;
@@ -659,6 +680,131 @@ TEST_F(SessionTest, ResumedChunkReturnsItsSegmentUpdateCounts) {
   EXPECT_TRUE(registered->resumed);
   EXPECT_EQ(registered->update_count, 7);
   EXPECT_EQ(registered->segment_update_counts, (std::vector<int64_t>{7, 4}));
+}
+
+ChunkSpec StoredWeightsChunk(uint32_t id, uint64_t elements) {
+  return ChunkSpec{.chunk_id = id, .num_elements = elements, .store_weights = true};
+}
+
+std::vector<float> SlotFloats(Session& s, uint32_t slot, size_t n) {
+  const auto* p = reinterpret_cast<const float*>(s.ParamRegion(slot).data());
+  return std::vector<float>(p, p + n);
+}
+
+TEST_F(SessionTest, FetchWeightsCopiesTheStoredWeightsIntoTheSlot) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/3);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(100);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<float>(i) * 0.5f;
+  const std::vector<float> initial = weights;
+  ASSERT_TRUE(s.RegisterChunk(StoredWeightsChunk(4, 100), Bytes(weights)).ok());
+  EXPECT_TRUE(fake_.LastSpec().store_weights());  // store_weights reaches the daemon
+  std::vector<float> other(10);
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(5, 10), Bytes(other)).ok());
+  EXPECT_FALSE(fake_.LastSpec().store_weights());
+
+  // Two fetches of one chunk in flight at once, in two slots: answered in order.
+  absl::StatusOr<uint32_t> a = s.AcquireSlot(milliseconds(1000));
+  absl::StatusOr<uint32_t> b = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(s.SendFetchWeights(4, *a).ok());
+  ASSERT_TRUE(s.SendFetchWeights(4, *b).ok());
+  // In flight: the slot cannot be sent again, nor states read.
+  EXPECT_EQ(s.SendFetchWeights(4, *a).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<float> out(100);
+  EXPECT_EQ(s.ReadState(4, StateKind::kMaster, 0, out).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<uint32_t> first = s.WaitWeights(4, milliseconds(5000));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, *a);
+  EXPECT_EQ(SlotFloats(s, *first, 100), initial);
+  s.ReleaseSlot(*first);
+  absl::StatusOr<uint32_t> second = s.WaitWeights(4, milliseconds(5000));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, *b);
+  EXPECT_EQ(SlotFloats(s, *second, 100), initial);
+  s.ReleaseSlot(*second);
+  EXPECT_EQ(fake_.fetches_seen.load(), 2);
+  EXPECT_EQ(s.WaitWeights(4, milliseconds(10)).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Every slot is free again.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok());
+}
+
+// A fetch beside the chunk's own GradReady: each answer goes to its waiter, and
+// so does each refusal (a refused fetch names no step, a refused GradReady does).
+TEST_F(SessionTest, FetchesAndUpdatesOfOneChunkInFlightGetTheirOwnAnswers) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/4);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(50, 3.0f), refused(50, 1.0f);
+  ASSERT_TRUE(s.RegisterChunk(StoredWeightsChunk(2, 50), Bytes(weights)).ok());
+  ASSERT_TRUE(s.RegisterChunk(StoredWeightsChunk(kRefusedChunk, 50), Bytes(refused)).ok());
+
+  absl::StatusOr<uint32_t> grad_slot = s.AcquireSlot(milliseconds(1000));
+  absl::StatusOr<uint32_t> fetch_slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(grad_slot.ok() && fetch_slot.ok());
+  auto* grad = reinterpret_cast<float*>(s.GradRegion(*grad_slot).data());
+  for (int i = 0; i < 50; ++i) grad[i] = 1.0f;
+  ASSERT_TRUE(s.SendGradReady(2, *grad_slot, 1, AdamWHyper{}).ok());
+  ASSERT_TRUE(s.SendFetchWeights(2, *fetch_slot).ok());
+  absl::StatusOr<uint32_t> fetched = s.WaitWeights(2, milliseconds(5000));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(*fetched, *fetch_slot);
+  EXPECT_EQ(SlotFloats(s, *fetched, 50), std::vector<float>(50, 3.0f));  // the stored weights
+  absl::StatusOr<uint32_t> ready = s.WaitParams(2, milliseconds(5000));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_EQ(*ready, *grad_slot);
+  EXPECT_EQ(SlotFloats(s, *ready, 50), std::vector<float>(50, 3.0f));  // the fake's update: 2 * 1 + step 1
+  s.ReleaseSlot(*fetched);
+  s.ReleaseSlot(*ready);
+
+  // Both refused, the fetch first in the stream: the GradReady's error (with a
+  // step) does not end the fetch's wait, nor the fetch's the GradReady's.
+  grad_slot = s.AcquireSlot(milliseconds(1000));
+  fetch_slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(grad_slot.ok() && fetch_slot.ok());
+  ASSERT_TRUE(s.SendFetchWeights(kRefusedChunk, *fetch_slot).ok());
+  ASSERT_TRUE(s.SendGradReady(kRefusedChunk, *grad_slot, 1, AdamWHyper{}).ok());
+  absl::StatusOr<uint32_t> refused_params = s.WaitParams(kRefusedChunk, milliseconds(5000));
+  EXPECT_EQ(refused_params.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(refused_params.status(), "chunk 999 in slot")) << refused_params.status();
+  absl::StatusOr<uint32_t> refused_fetch = s.WaitWeights(kRefusedChunk, milliseconds(5000));
+  EXPECT_EQ(refused_fetch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused_fetch.status().message(),
+            fmt::format("fetch of chunk 999 into slot {} refused by the fake daemon", *fetch_slot));
+  // Both slots were freed by the refusals, the session is still usable.
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok()) << i;
+  EXPECT_TRUE(s.EndStep(1).ok());
+}
+
+TEST_F(SessionTest, BadFetchesAreRefusedLocally) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open(/*slots=*/2);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(10);
+  ASSERT_TRUE(s.RegisterChunk(StoredWeightsChunk(1, 10), Bytes(weights)).ok());
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(2, 10), Bytes(weights)).ok());
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(slot.ok());
+
+  absl::Status unknown = s.SendFetchWeights(3, *slot);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(unknown, "chunk 3 is not registered")) << unknown;
+  absl::Status without = s.SendFetchWeights(2, *slot);
+  EXPECT_EQ(without.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(without, "chunk 2 of job 'test-job'")) << without;
+  EXPECT_TRUE(Contains(without, "without store_weights")) << without;
+  absl::Status no_such_slot = s.SendFetchWeights(1, 2);
+  EXPECT_EQ(no_such_slot.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(no_such_slot, "slot 2 does not exist")) << no_such_slot;
+  const uint32_t free_slot = 1 - *slot;
+  absl::Status not_held = s.SendFetchWeights(1, free_slot);
+  EXPECT_EQ(not_held.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(not_held, "is free")) << not_held;
+  EXPECT_EQ(fake_.fetches_seen.load(), 0);  // nothing was sent
+  absl::StatusOr<uint32_t> nothing = s.WaitWeights(1, milliseconds(10));
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(nothing.status(), "no weights fetch in flight")) << nothing.status();
 }
 
 TEST_F(SessionTest, SlotsRunOutAndComeBack) {

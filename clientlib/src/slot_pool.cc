@@ -45,7 +45,7 @@ absl::Status SlotPool::BeginFlight(uint32_t slot) {
   }
   if (state_[slot] != State::kHeld) {
     return absl::FailedPreconditionError(fmt::format(
-        "slot {} is {}: take a slot with AcquireSlot before sending GradReady for it", slot,
+        "slot {} is {}: take a slot with AcquireSlot before sending GradReady or FetchWeights for it", slot,
         state_[slot] == State::kFree ? "free" : "already in flight to the daemon"));
   }
   state_[slot] = State::kInFlight;

@@ -2,9 +2,9 @@
 // handed to the daemon. Private to clientlib. Thread-safe.
 //
 // A slot moves  free -> held (Acquire) -> in flight (BeginFlight, when GradReady
-// is sent) -> held (EndFlight, when ParamsReady or an Error came back) -> free
-// (Release). Once Fail() is called every waiting and later Acquire returns its
-// status.
+// or FetchWeights is sent) -> held (EndFlight, when ParamsReady, WeightsFetched
+// or an Error came back) -> free (Release). Once Fail() is called every waiting
+// and later Acquire returns its status.
 #pragma once
 
 #include <chrono>

@@ -218,6 +218,11 @@ py::dict StatsToDict(const v1::GetStatsResponse& r) {
   d["chunks_redone_clipped"] = r.chunks_redone_clipped();
   d["chunks_rolled_back_skipped_step"] = r.chunks_rolled_back_skipped_step();
   d["redo_seconds"] = r.redo_seconds();
+  // Streamed working weights (issue 12): fetches answered, those answered from
+  // DRAM, and the bytes of weights read from storage for them.
+  d["weights_fetches"] = r.weights_fetches();
+  d["weights_fetch_cache_hits"] = r.weights_fetch_cache_hits();
+  d["weights_bytes_read"] = r.weights_bytes_read();
   return d;
 }
 
@@ -330,7 +335,7 @@ PYBIND11_MODULE(_fuyou, m) {
           "register_chunk",
           [](PySession& s, uint32_t chunk_id, uint64_t num_elements, int param_dtype,
              int grad_dtype, const py::buffer& weights, uint64_t layout_fingerprint,
-             std::vector<uint64_t> segment_elements) {
+             std::vector<uint64_t> segment_elements, bool store_weights) {
             ChunkSpec spec;
             spec.chunk_id = chunk_id;
             spec.num_elements = num_elements;
@@ -338,6 +343,7 @@ PYBIND11_MODULE(_fuyou, m) {
             spec.grad_dtype = ToDType(grad_dtype);
             spec.layout_fingerprint = layout_fingerprint;
             spec.segment_elements = std::move(segment_elements);
+            spec.store_weights = store_weights;
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
             Session& session = s.get();
@@ -347,13 +353,15 @@ PYBIND11_MODULE(_fuyou, m) {
           },
           py::arg("chunk_id"), py::arg("num_elements"), py::arg("param_dtype"),
           py::arg("grad_dtype"), py::arg("weights"), py::arg("layout_fingerprint") = 0,
-          py::arg("segment_elements") = std::vector<uint64_t>{},
+          py::arg("segment_elements") = std::vector<uint64_t>{}, py::arg("store_weights") = false,
           "Registers a chunk; `weights` (writable) gives a new chunk's initial weights or "
           "receives a resumed chunk's. `layout_fingerprint` (0: none) identifies the chunk's "
           "parameter layout; a resume with another is FailedPrecondition. "
-          "`segment_elements`: element counts of the chunk's segments (empty: one). Returns "
-          "(resumed, update_count, segment_update_counts); the last is empty when every "
-          "segment has update_count.")
+          "`segment_elements`: element counts of the chunk's segments (empty: one). "
+          "`store_weights`: the daemon keeps the chunk's working weights (fetched with "
+          "send_fetch_weights); fixed at creation, a resume with the other value is "
+          "FailedPrecondition. Returns (resumed, update_count, segment_update_counts); the last "
+          "is empty when every segment has update_count.")
       .def(
           "push_gradients",
           [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads, float lr,
@@ -430,6 +438,27 @@ PYBIND11_MODULE(_fuyou, m) {
           },
           py::arg("chunk_id"), py::arg("timeout"),
           "Waits for ParamsReady of the chunk; returns the slot holding its new weights.")
+      .def(
+          "send_fetch_weights",
+          [](PySession& s, uint32_t chunk_id, uint32_t slot) {
+            Session& session = s.get();
+            BlockingStatus([&] { return session.SendFetchWeights(chunk_id, slot); });
+          },
+          py::arg("chunk_id"), py::arg("slot"),
+          "Asks the daemon to copy the chunk's committed working weights (registered with "
+          "store_weights) into the slot's parameter region; `slot` must be held (acquire_slot) "
+          "and is in flight until wait_weights returns it.")
+      .def(
+          "wait_weights",
+          [](PySession& s, uint32_t chunk_id, double timeout) {
+            Session& session = s.get();
+            return Blocking<uint32_t>(
+                [&] { return session.WaitWeights(chunk_id, ToMillis(timeout)); });
+          },
+          py::arg("chunk_id"), py::arg("timeout"),
+          "Waits (up to `timeout` seconds) for the chunk's oldest weights fetch; returns the "
+          "slot whose parameter region holds the weights (param dtype). Release it with "
+          "release_slot. A refusal comes back as the exception, the slot already freed.")
       .def(
           "release_slot",
           [](PySession& s, uint32_t slot) {

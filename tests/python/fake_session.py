@@ -1,6 +1,15 @@
 """An in-process fake of fuyou._fuyou.Session: same methods, torch.optim.AdamW's
 arithmetic on fp32 masters, step commits and rollbacks, jobs kept across
-sessions. Lets the optimizer's logic be tested without a daemon."""
+sessions. Lets the optimizer's logic be tested without a daemon.
+
+Chunks registered with store_weights keep their working weights (param dtype)
+as the daemon does: a new chunk's are the weights it was registered with, each
+commit stores master.to(param dtype) of the chunks the step updated, and
+send_fetch_weights/wait_weights give the committed ones (also during a step,
+whatever the chunk's own update). Refused like the daemon and clientlib: a
+chunk not registered in the session (InvalidArgument), one without
+store_weights, a resume with the other store_weights, a slot not acquired or in
+flight (FailedPrecondition), a slot that does not exist (InvalidArgument)."""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ from collections import deque
 
 import torch
 
-from fuyou._errors import FailedPrecondition
+from fuyou._errors import FailedPrecondition, InvalidArgument
 
 DTYPES = {1: torch.float32, 2: torch.bfloat16, 3: torch.float16}
 JOBS: dict = {}
@@ -29,6 +38,8 @@ class FakeSession:
         self.free = deque(range(num_slots))
         self.specs = {}
         self.ready = {}
+        self.fetched = {}  # chunk_id -> deque of slots whose fetch was answered, oldest first
+        self.in_flight = set()  # slots of fetches not yet taken by wait_weights
         self.backup = {}
         self.log = []  # (kind, args) of every message, for assertions
         self.redone = []  # (chunk_id, RedoReason) of every redo
@@ -57,14 +68,19 @@ class FakeSession:
                 raise FailedPrecondition(
                     f"chunk {chunk_id} was created for the parameter layout with fingerprint "
                     f"{stored:#018x}, but this model registers fingerprint {layout_fingerprint:#018x}")
+            if chunks[chunk_id].get("store_weights", False) != bool(store_weights):  # as the daemon
+                have = "with" if chunks[chunk_id].get("store_weights", False) else "without"
+                raise FailedPrecondition(
+                    f"chunk {chunk_id} was created {have} store_weights; it cannot be resumed "
+                    f"with store_weights={bool(store_weights)}")
             chunks[chunk_id]["fingerprint"] = layout_fingerprint or stored
         self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:
             st = chunks[chunk_id]
             if bool(st.get("store_weights", False)) != bool(store_weights):
                 raise FailedPrecondition(f"chunk {chunk_id} store_weights differs from its creation")
-            master = st["master"]
-            torch.frombuffer(mv, dtype=dt, count=num_elements).copy_(master.to(dt))
+            committed = st["weights"] if st.get("store_weights") else st["master"]
+            torch.frombuffer(mv, dtype=dt, count=num_elements).copy_(committed.to(dt))
             counts = st["segment_t"]
             same = all(t == counts[0] for t in counts)
             return True, max(counts), ([] if same else list(counts))
@@ -73,6 +89,8 @@ class FakeSession:
                             "segments": segments, "segment_t": [0] * len(segments),
                             "fingerprint": layout_fingerprint,
                             "store_weights": bool(store_weights)}
+        if store_weights:  # the weights as given, in their own dtype
+            chunks[chunk_id]["weights"] = torch.frombuffer(mv, dtype=dt, count=num_elements).clone()
         return False, 0, []
 
     def send_fetch_weights(self, chunk_id, slot):
@@ -100,6 +118,7 @@ class FakeSession:
 
     def release_slot(self, slot):
         assert slot not in self.free
+        assert slot not in self.in_flight, f"slot {slot} is in flight (take it with wait_weights)"
         self.free.append(slot)
 
     def grad_region(self, slot):
@@ -154,9 +173,39 @@ class FakeSession:
     def wait_params(self, chunk_id, timeout):
         return self.ready.pop(chunk_id)
 
+    def send_fetch_weights(self, chunk_id, slot):
+        self.log.append(("fetch_weights", chunk_id, slot))
+        if chunk_id not in self.specs:
+            raise InvalidArgument(f"FetchWeights: chunk {chunk_id} is not registered in this session")
+        st = self.job["chunks"][chunk_id]
+        if not st.get("store_weights"):
+            raise FailedPrecondition(f"FetchWeights: chunk {chunk_id} was registered without store_weights")
+        if not 0 <= slot < self.num_slots:
+            raise InvalidArgument(f"FetchWeights of chunk {chunk_id}: slot {slot} does not exist")
+        if slot in self.free or slot in self.in_flight:
+            raise FailedPrecondition(f"FetchWeights of chunk {chunk_id}: slot {slot} is "
+                                     f"{'free' if slot in self.free else 'already in flight'}")
+        n, pdt, _ = self.specs[chunk_id]
+        # The committed weights: a step's updates reach them only at end_step.
+        torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(st["weights"])
+        self.in_flight.add(slot)
+        self.fetched.setdefault(chunk_id, deque()).append(slot)
+
+    def wait_weights(self, chunk_id, timeout):
+        slots = self.fetched.get(chunk_id)
+        if not slots:
+            raise FailedPrecondition(f"chunk {chunk_id} has no weights fetch in flight")
+        slot = slots.popleft()
+        self.in_flight.discard(slot)
+        return slot
+
     def end_step(self, step):
         self.log.append(("end_step", step))
         self.job["committed"] = step
+        for cid in self.backup:  # the daemon stores the new working weights at the commit
+            st = self.job["chunks"][cid]
+            if st.get("store_weights"):
+                st["weights"] = st["master"].to(self.specs[cid][1])
         n = len(self.backup)
         self.backup.clear()
         return step, n

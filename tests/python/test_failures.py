@@ -16,7 +16,8 @@ STATS_KEYS = {"scope", "uid", "storage", "bytes_read", "bytes_written", "read_gb
               "params_updated_per_second", "dram_bytes_in_use", "dram_budget_bytes",
               "cache_hits", "cache_misses", "live_sessions", "steps_committed",
               "uptime_seconds", "chunks_speculative", "chunks_redone_changed",
-              "chunks_redone_clipped", "chunks_rolled_back_skipped_step", "redo_seconds"}
+              "chunks_redone_clipped", "chunks_rolled_back_skipped_step", "redo_seconds",
+              "weights_fetches", "weights_fetch_cache_hits", "weights_bytes_read"}
 STORAGE_KEYS = {"path", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "direct_io"}
 
 

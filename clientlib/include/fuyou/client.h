@@ -69,6 +69,12 @@ struct ChunkSpec {
   // segment. GradReadyOptions::segments_without_grad indexes them; each segment
   // keeps its own update count (ChunkSpec.segment_elements in offload.proto).
   std::vector<uint64_t> segment_elements{};
+  // True: the daemon keeps the chunk's working weights (param_dtype) as a fourth
+  // state and stores the new ones after every update; SendFetchWeights copies
+  // the committed ones into a slot (streaming a model larger than the GPU).
+  // Fixed when the chunk is created: resuming it with the other value is
+  // refused (FAILED_PRECONDITION); see ChunkSpec.store_weights in offload.proto.
+  bool store_weights = false;
 
   uint64_t param_bytes() const { return num_elements * DTypeSize(param_dtype); }
   uint64_t grad_bytes() const { return num_elements * DTypeSize(grad_dtype); }
@@ -192,6 +198,27 @@ class Session {
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
   void ReleaseSlot(uint32_t slot);
 
+  // --- streaming weights (chunks registered with store_weights) -------------
+  // Asks the daemon to copy the chunk's committed working weights (those of the
+  // last committed step, spec.param_bytes() in param_dtype) into
+  // ParamRegion(slot). `slot` must be held (AcquireSlot) and not in flight; it
+  // is in flight until WaitWeights returns. Allowed during a step, also while
+  // the chunk's own update is in flight (the fetch still returns the committed
+  // weights). Several fetches may be in flight at once, of one chunk too (each
+  // in its own slot). Refused locally, nothing sent: a chunk not registered in
+  // this session (INVALID_ARGUMENT) or registered without store_weights, a slot
+  // not held or in flight, an export or import in progress
+  // (FAILED_PRECONDITION); a slot that does not exist (INVALID_ARGUMENT).
+  absl::Status SendFetchWeights(uint32_t chunk_id, uint32_t slot);
+  // Waits for WeightsFetched of the chunk's oldest fetch in flight; returns its
+  // slot, whose parameter region now holds the weights. The caller reads
+  // ParamRegion(slot), then calls ReleaseSlot(slot). When the daemon refused
+  // the fetch (or the connection was lost) the error comes back here and the
+  // slot is already freed; on DEADLINE_EXCEEDED the fetch stays in flight and
+  // WaitWeights may be called again. FAILED_PRECONDITION when the chunk has no
+  // fetch in flight.
+  absl::StatusOr<uint32_t> WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout);
+
   // --- step boundaries --------------------------------------------------------
   // Commits `step` (waits for the daemon's StepCommitted): after this the job
   // resumes after `step` even if the daemon crashes.
@@ -201,7 +228,8 @@ class Session {
   absl::Status AbortStep(int64_t step, AbortReason reason = AbortReason::kUnspecified);
 
   // --- export and import, between steps ------------------------------------
-  // These refuse (FAILED_PRECONDITION) while a step has chunks in flight. They
+  // These refuse (FAILED_PRECONDITION) while a step has chunks (or weight
+  // fetches) in flight. They
   // move values through one slot, in pieces of slot_bytes() / 4 elements, and
   // run one at a time per session. On DEADLINE_EXCEEDED the slot they used stays
   // held (the daemon may still write into it).
