@@ -151,6 +151,11 @@ def _owners(model: nn.Module):
 
 
 def _give_storage(p: nn.Parameter, shape) -> None:
+    if p.is_meta:
+        raise InvalidArgument(
+            f"fuyou.materialize: a parameter of shape {tuple(shape)} is on the meta device, "
+            "whose tensors torch 1.13 cannot give storage in place; build the model in "
+            "fuyou.init_empty(), which leaves empty CPU parameters")
     with torch.no_grad():
         p.data = torch.empty(shape, dtype=p.dtype)
 
@@ -212,7 +217,9 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
       is new, they are imported too (fp32 masters, moments, step counts and the
       groups' hyper-parameters; one chunk and one shard in memory at a time).
     - On a resumed job (``optimizer.offload.job_exists``) nothing is initialised
-      or loaded: registration takes the daemon's committed weights.
+      or loaded: registration takes the daemon's committed weights (parameters
+      the daemon does not hold, frozen ones, are still initialised or loaded,
+      with their module; the optimizer states are not imported).
 
     Buffers are given CPU storage (zeros when a module made them on ``meta``),
     loaded from the checkpoint when it holds them, and kept in the model.
@@ -232,19 +239,26 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
     if init is not None and checkpoint is not None:
         raise InvalidArgument("fuyou.materialize: give init= or checkpoint=, not both")
     reader = None
-    if checkpoint is not None and not resume:
+    if checkpoint is not None:
         reader = _sharded.ShardReader(checkpoint)
         reader.check_model(model)
-    shapes: Dict[int, torch.Size] = {}  # id(param) -> shape, for ties and placeholders
+    # Parameters the daemon will hold; others (frozen, or not given to the
+    # optimizer) stay in the model with their values, also on a resume.
+    offloaded = {id(p) for p in optimizer.pipeline.params} if offload is not None else set()
+    shapes: Dict[int, torch.Size] = {}  # id(param) -> shape, for ties
     try:
         for prefix, module, own in _owners(model):
             _materialize_buffers(prefix, module, reader)
             if not own:
                 continue
+            # A resumed module whose parameters are all in the daemon needs no
+            # values: registration takes the committed ones.
+            needs_values = not resume or any(id(p) not in offloaded for _n, _f, p in own)
             for _name, _full, p in own:
                 shapes[id(p)] = p.shape
-                _give_storage(p, p.shape)
-            if not resume:
+                if needs_values:
+                    _give_storage(p, p.shape)
+            if needs_values:
                 if reader is not None:
                     with torch.no_grad():
                         for _name, full, p in own:
@@ -253,12 +267,14 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
                     fresh = {id(p) for _n, _f, p in own}
                     with _scratch_for_shared(module, fresh, shapes):
                         _initialise(prefix, module, init)
-            for _name, _full, p in own:
-                if hasattr(p, _EMPTY):
-                    delattr(p, _EMPTY)
+                for _name, _full, p in own:
+                    if hasattr(p, _EMPTY):
+                        delattr(p, _EMPTY)
             if offload is not None:
                 offload.register_module(module)
-        if reader is not None and offload is not None and reader.has_optimizer_states:
+                _sharded.release_freed_memory()  # else the heap grows a module each time
+        if reader is not None and offload is not None and reader.has_optimizer_states \
+                and not resume:
             _sharded.import_optimizer_states(optimizer, reader, model)
     finally:
         if reader is not None:

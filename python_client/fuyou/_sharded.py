@@ -24,6 +24,8 @@ Reading keeps at most one weights shard and one optimizer shard in memory.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 from pathlib import Path
@@ -41,6 +43,30 @@ WEIGHTS_INDEX = "pytorch_model.bin.index.json"
 OPTIMIZER_INDEX = "optimizer.bin.index.json"
 FORMAT = "fuyou-sharded-v1"
 _INDEX_SUFFIX = ".index.json"
+
+
+_LIBC = None
+
+
+def release_freed_memory() -> None:
+    """Gives the pages of freed heap memory back to the kernel (glibc's
+    malloc_trim(0); nothing elsewhere). Module- and shard-sized buffers freed one
+    after another otherwise stay in the process: small allocations made in
+    between (gRPC, protobuf, Python) land in the freed block, the next large
+    buffer no longer fits there, and the heap grows by about one buffer each
+    time, so the peak RSS would follow the model's size. Measured: materializing
+    128 MiB of 4 MiB modules raised the peak RSS by 118 MiB without this, 15 MiB
+    with it (tests/python/materialize_worker.py)."""
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
+    if trim is not None:
+        trim(0)
 
 
 def is_sharded(path) -> bool:
@@ -100,6 +126,7 @@ class _ShardWriter:
             torch.save(self._pending, tmp)
             os.replace(tmp, self.directory / name)
             self._pending = {}
+            release_freed_memory()
 
     def write_index(self, filename: str, metadata: dict) -> None:
         if self._pending:
@@ -254,6 +281,7 @@ class _OneShard:
         if name != self._file:
             self._tensors = None  # let the previous shard go before the next one loads
             self._file = None
+            release_freed_memory()
             path = self.directory / name
             if not path.is_file():
                 raise InvalidArgument(f"checkpoint {self.directory}: shard {name} (holding "

@@ -204,3 +204,125 @@ def test_mismatched_sharded_checkpoint_is_refused(daemon, tmp_path):
     with pytest.raises(fuyou.InvalidArgument, match="parameter groups"):
         _adamw(daemon, model.parameters(), job="shard-b2", init_from=out)
     assert "shard-b2" not in [j["name"] for j in fuyou.admin_client(daemon.address).list_jobs()]
+
+
+# --------------------------------------------------------------------- offload_params
+def _offload(daemon, model_or_groups, job, **kw):
+    kw.setdefault("chunk_bytes", CHUNK_BYTES)
+    return fuyou.AdamW(model_or_groups, address=daemon.address, timeout=20.0, **HYPER,
+                       offload_params=True, job=job, **kw)
+
+
+def _shards(directory: Path, index_name: str) -> dict:
+    """Every tensor of a sharded checkpoint's index, by key."""
+    index = json.loads((directory / index_name).read_text())
+    out = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        out.update(torch.load(directory / shard))
+    assert set(out) == set(index["weight_map"])
+    return out
+
+
+def test_materialize_sends_each_module_to_the_daemon_and_frees_it(daemon, tmp_path):
+    with fuyou.init_empty(job="mat-offload-a"):
+        model = TinyGPT()
+    opt = _offload(daemon, split_groups(model), job=None)  # the job init_empty recorded
+    assert opt.job == "mat-offload-a"
+    torch.manual_seed(5)
+    fuyou.materialize(model, opt, init=_normal_init)
+    assert opt.offload.registered
+    for name, p in model.named_parameters():
+        assert p.numel() == 0, f"{name} still holds its weights"  # a placeholder
+    fuyou.export_checkpoint(opt, tmp_path / "ck", model=model, shard_bytes=16 << 10)
+    weights = _shards(tmp_path / "ck", "pytorch_model.bin.index.json")
+    ref = _reference_init(make_model(seed=0), _normal_init, seed=5)
+    for name, t in ref.state_dict().items():
+        if name != "head.weight":  # tied: written once, as tok.weight
+            assert torch.equal(weights[name], t), name
+    opt.close()
+
+
+def test_sharded_checkpoint_round_trips_into_an_offload_job(daemon, tmp_path):
+    """A trained job's sharded export, materialized into a new offload_params job
+    (weights through register_module, moments and step counts through the import),
+    exports again bit-exact; the chunk layouts differ (module-aligned), the
+    per-parameter states do not."""
+    model = make_model()
+    opt = _adamw(daemon, split_groups(model), job="mat-round-a")
+    _train(model, opt, 0, 4)
+    first = tmp_path / "first"
+    fuyou.export_checkpoint(opt, first, model=model, shard_bytes=16 << 10)
+    opt.close()
+
+    with fuyou.init_empty():
+        empty = TinyGPT()
+    opt2 = _offload(daemon, split_groups(empty, lr=9.0), job="mat-round-b")
+    fuyou.materialize(empty, opt2, checkpoint=first)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3)  # taken over
+    second = tmp_path / "second"
+    fuyou.export_checkpoint(opt2, second, model=empty, shard_bytes=16 << 10)
+    for index_name in ("pytorch_model.bin.index.json", "optimizer.bin.index.json"):
+        a, b = _shards(first, index_name), _shards(second, index_name)
+        assert set(a) == set(b), index_name
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{index_name}: {key}"
+    meta_a = json.loads((first / "optimizer.bin.index.json").read_text())["metadata"]["fuyou"]
+    meta_b = json.loads((second / "optimizer.bin.index.json").read_text())["metadata"]["fuyou"]
+    assert meta_a["steps"] == meta_b["steps"] and set(meta_a["steps"].values()) == {4}
+    assert meta_a["param_groups"] == meta_b["param_groups"]
+    opt2.close()
+
+
+def test_offload_materialize_refuses_a_mismatched_checkpoint_before_registering(daemon, tmp_path):
+    model = make_model()
+    opt = _adamw(daemon, split_groups(model), job="mat-bad-a")
+    fuyou.export_checkpoint(opt, tmp_path / "ck", model=model, shard_bytes=16 << 10)
+    opt.close()
+    with fuyou.init_empty():
+        wider = TinyGPT(d=48)
+    opt2 = _offload(daemon, split_groups(wider), job="mat-bad-b")
+    with pytest.raises(fuyou.InvalidArgument, match=r"'tok.weight' has shape \(64, 32\) there"):
+        fuyou.materialize(wider, opt2, checkpoint=tmp_path / "ck")
+    assert not any(b.registered for b in opt2.offload.blocks)
+    opt2.close()
+
+
+@pytest.mark.slow
+def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
+    """32 Linear(1024, 1024) layers (128 MiB of fp32 weights; 384 MiB of optimizer
+    states and 128 MiB of stored weights) into a fuyoud whose DRAM budget is 64 MiB.
+    Each phase's rise of the client's peak RSS stays under a bound set from the
+    largest module (4 MiB) and the shard size (8 MiB), below a third of the model:
+    materialize with init: 6 modules; the sharded export: 2 shards (weights and
+    moments being filled) + 6 modules (a chunk's three states read, the parameter's
+    three assembled); materialize from the checkpoint: a shard + 6 modules."""
+    from conftest import start_daemon
+    os.environ["FUYOU_TEST_DAEMON_ARGS"] = "--dram-budget 64MiB"
+    try:
+        d = start_daemon(tmp_path)
+    finally:
+        del os.environ["FUYOU_TEST_DAEMON_ARGS"]
+    shard = 8 << 20
+    try:
+        env = dict(os.environ, PYTHONPATH=f"{REPO / 'python_client'}:{REPO / 'tests' / 'python'}")
+        out = subprocess.run(
+            [sys.executable, str(Path(__file__).parent / "materialize_worker.py"),
+             "--address", d.address, "--job", "mat-rss", "--layers", "32", "--width", "1024",
+             "--shard-bytes", str(shard), "--checkpoint", str(tmp_path / "ck")],
+            env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        d.stop()
+    print(figures)
+    model, module = figures["model_bytes"], figures["largest_module_bytes"]
+    assert model >= 128 << 20 and module < (5 << 20)
+    assert 3 * model > 4 * figures["dram_budget_bytes"]  # the states exceed the budget
+    bounds = {"materialize_init": 6 * module,
+              "export_sharded": 2 * shard + 6 * module,
+              "materialize_checkpoint": shard + 6 * module}
+    for phase, bound in bounds.items():
+        assert bound < model / 2.5
+        assert figures[phase] < bound, (
+            f"{phase} raised the peak RSS by {figures[phase] >> 20} MiB (bound {bound >> 20} MiB, "
+            f"model {model >> 20} MiB)")
