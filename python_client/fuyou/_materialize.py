@@ -194,7 +194,7 @@ def _initialise(prefix: str, module: nn.Module, init: Optional[Callable]) -> Non
 
 
 def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = None,
-                checkpoint=None) -> nn.Module:
+                checkpoint=None, device=None) -> nn.Module:
     """Gives the parameters of `model` (built in ``init_empty``) their values,
     one module at a time in ``model.modules()`` order, and hands each module to
     ``optimizer.offload.register_module``, which sends them to fuyoud and frees
@@ -221,8 +221,13 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
       the daemon does not hold, frozen ones, are still initialised or loaded,
       with their module; the optimizer states are not imported).
 
+    - `device`: where the modules' weights are fetched to when streamed
+      (``register_module``'s device; default the CPU). Values are always made
+      on the CPU and sent from there.
+
     Buffers are given CPU storage (zeros when a module made them on ``meta``),
-    loaded from the checkpoint when it holds them, and kept in the model.
+    loaded from the checkpoint when it holds them, moved to `device` when given,
+    and kept in the model.
     """
     from . import _sharded
     offload = None
@@ -248,7 +253,7 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
     shapes: Dict[int, torch.Size] = {}  # id(param) -> shape, for ties
     try:
         for prefix, module, own in _owners(model):
-            _materialize_buffers(prefix, module, reader)
+            _materialize_buffers(prefix, module, reader, device)
             if not own:
                 continue
             # A resumed module whose parameters are all in the daemon needs no
@@ -271,7 +276,7 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
                     if hasattr(p, _EMPTY):
                         delattr(p, _EMPTY)
             if offload is not None:
-                offload.register_module(module)
+                offload.register_module(module, device=device)
                 _sharded.release_freed_memory()  # else the heap grows a module each time
         if reader is not None and offload is not None and reader.has_optimizer_states \
                 and not resume:
@@ -282,7 +287,7 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
     return model
 
 
-def _materialize_buffers(prefix: str, module: nn.Module, reader) -> None:
+def _materialize_buffers(prefix: str, module: nn.Module, reader, device) -> None:
     for name, b in list(module._buffers.items()):
         if b is None:
             continue
@@ -293,3 +298,5 @@ def _materialize_buffers(prefix: str, module: nn.Module, reader) -> None:
         if reader is not None and reader.has(full):
             with torch.no_grad():
                 b.copy_(reader.tensor(full))
+        if device is not None:
+            module._buffers[name] = b.to(device)

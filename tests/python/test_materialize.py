@@ -206,6 +206,54 @@ def test_mismatched_sharded_checkpoint_is_refused(daemon, tmp_path):
     assert "shard-b2" not in [j["name"] for j in fuyou.admin_client(daemon.address).list_jobs()]
 
 
+def _hf_checkpoint(model, directory: Path, names_per_shard: int) -> None:
+    """A HuggingFace-style sharded checkpoint of `model` written by hand: an index
+    without fuyou's metadata (no shapes), shards of a few tensors each."""
+    directory.mkdir()
+    sd = model.state_dict()
+    sd.pop("head.weight")  # tied: HF writes it once
+    names = list(sd)
+    groups = [names[i:i + names_per_shard] for i in range(0, len(names), names_per_shard)]
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        file = f"pytorch_model-{i:05d}-of-{len(groups):05d}.bin"
+        torch.save({n: sd[n].clone() for n in group}, directory / file)
+        weight_map.update({n: file for n in group})
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+
+
+def test_materialize_holds_one_shard_at_a_time(tmp_path, monkeypatch):
+    """A foreign (HuggingFace-style) checkpoint: shapes are checked by reading every
+    shard once first, then the weights load in one pass over the shards; a module
+    whose weight and bias sit in two shards never has both shards alive."""
+    ref = make_model(seed=4)
+    _hf_checkpoint(ref, tmp_path / "hf", names_per_shard=3)
+    from fuyou import _sharded
+    live, loads, real_load = [], [], torch.load
+
+    def tracked_load(path, **kw):
+        shard = real_load(path, **kw)
+        name = Path(path).name
+        assert not live, f"{name} loaded while {live} is still held"
+        live.append(name)
+        loads.append(name)
+        import weakref
+        weakref.finalize(next(iter(shard.values())), live.remove, name)
+        return shard
+
+    monkeypatch.setattr(_sharded.torch, "load", tracked_load)
+    with fuyou.init_empty():
+        model = TinyGPT()
+    fuyou.materialize(model, checkpoint=tmp_path / "hf")
+    assert_models_close(model, ref, rtol=0, atol=0, what="HF checkpoint")
+    index = json.loads((tmp_path / "hf" / "pytorch_model.bin.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert index["weight_map"]["blocks.0.proj.weight"] != index["weight_map"]["blocks.0.proj.bias"]
+    assert loads == files + files  # the shape check's pass, then the load's
+    assert not live
+
+
 # --------------------------------------------------------------------- offload_params
 def _offload(daemon, model_or_groups, job, **kw):
     kw.setdefault("chunk_bytes", CHUNK_BYTES)
