@@ -120,6 +120,32 @@ def test_materialize_asks_for_init_when_a_module_has_no_reset_parameters():
         fuyou.materialize(model)
 
 
+def test_a_tied_parameter_keeps_its_first_owners_values():
+    """B's weight is A's (tied) and B has a bias of its own: B's reset_parameters
+    runs for its bias, and what it writes into the shared weight is dropped."""
+    with fuyou.init_empty():
+        model = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 6))
+        model[1].weight = model[0].weight
+    torch.manual_seed(2)
+    fuyou.materialize(model)
+    torch.manual_seed(2)
+    a, b = nn.Linear(6, 6), nn.Linear(6, 6)  # the draws of both resets, in order
+    assert model[1].weight is model[0].weight
+    assert torch.equal(model[0].weight, a.weight) and torch.equal(model[0].bias, a.bias)
+    assert torch.equal(model[1].bias, b.bias)
+
+
+def test_adamw_takes_the_job_init_empty_recorded(fake_backend):
+    with fuyou.init_empty(job="recorded-job"):
+        model = TinyGPT()
+    fuyou.materialize(model)
+    opt = fuyou.AdamW(model.parameters(), address=fake_backend.address)
+    assert opt.job == "recorded-job"
+    opt.close()
+    with pytest.raises(ValueError, match=r"fuyou.init_empty\(job=...\)"):
+        fuyou.AdamW(make_model().parameters(), address=fake_backend.address)
+
+
 # --------------------------------------------------------------------- sharded checkpoints
 def _adamw(daemon, params, **kw):
     return fuyou.AdamW(params, address=daemon.address, timeout=20.0, chunk_bytes=CHUNK_BYTES,
