@@ -316,21 +316,24 @@ def test_materialize_sends_each_module_to_the_daemon_and_frees_it(daemon, tmp_pa
     opt.close()
 
 
-def test_sharded_checkpoint_round_trips_into_an_offload_job(daemon, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sharded_checkpoint_round_trips_into_an_offload_job(daemon, tmp_path, dtype):
     """A trained job's sharded export, materialized into a new offload_params job
     (weights through register_module, moments and step counts through the import),
     exports again bit-exact; the chunk layouts differ (module-aligned), the
-    per-parameter states do not."""
-    model = make_model()
-    opt = _adamw(daemon, split_groups(model), job="mat-round-a")
+    per-parameter states do not. In bf16 the fp32 masters survive too (the import
+    writes them; the registered bf16 weights are their rounding)."""
+    tag = str(dtype).split(".")[-1]
+    model = make_model(dtype=dtype)
+    opt = _adamw(daemon, split_groups(model), job=f"mat-round-a-{tag}")
     _train(model, opt, 0, 4)
     first = tmp_path / "first"
     fuyou.export_checkpoint(opt, first, model=model, shard_bytes=16 << 10)
     opt.close()
 
     with fuyou.init_empty():
-        empty = TinyGPT()
-    opt2 = _offload(daemon, split_groups(empty, lr=9.0), job="mat-round-b")
+        empty = TinyGPT().to(dtype)  # cast inside the block: free on meta
+    opt2 = _offload(daemon, split_groups(empty, lr=9.0), job=f"mat-round-b-{tag}")
     fuyou.materialize(empty, opt2, checkpoint=first)
     assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3)  # taken over
     second = tmp_path / "second"
