@@ -112,3 +112,17 @@ fuyou_add_test(NAME redo_integration_test
 target_compile_definitions(redo_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>"
   REDO_CLIENT_PATH="$<TARGET_FILE:redo_client>")
 add_dependencies(redo_integration_test fuyoud fuyouctl redo_client)
+
+# Working weights kept by the daemon and fetched by chunk id (issue 12), over
+# the raw protocol: committed weights between and during steps, hostile
+# fetches, restarts, the SSD bytes a step reads beyond the DRAM budget, GetStats
+# in both scopes (weights_client run as nobody) and fuyouctl stats.
+add_executable(weights_client ${FUYOU_INTEGRATION_DIR}/weights_client.cc)
+target_link_libraries(weights_client PRIVATE fuyou_raw_session)
+fuyou_add_test(NAME weights_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/weights_integration_test.cc
+  LIBS fuyou_raw_session
+  LABELS integration)
+target_compile_definitions(weights_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>"
+  WEIGHTS_CLIENT_PATH="$<TARGET_FILE:weights_client>")
+add_dependencies(weights_integration_test fuyoud fuyouctl weights_client)

@@ -80,6 +80,12 @@ std::string FormatRedoLine(uint64_t speculative, uint64_t redone_changed, uint64
       redo_seconds > 0 ? ThreeDigits(redo_seconds) : std::string("0"));
 }
 
+std::string FormatWeightsLine(uint64_t fetches, uint64_t cache_hits, uint64_t bytes_read) {
+  return fmt::format("fetches {}, {} from DRAM ({}), {} read from storage", fetches, cache_hits,
+                     FormatPercent(static_cast<double>(cache_hits), static_cast<double>(fetches)),
+                     FormatBytes(bytes_read));
+}
+
 std::string Printable(std::string_view text) { return PrintableText(text, Unprintable::kHexEscape); }
 
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}

@@ -26,6 +26,10 @@ std::string FormatPercent(double part, double whole);
 std::string FormatRedoLine(uint64_t speculative, uint64_t redone_changed, uint64_t redone_clipped,
                            uint64_t rolled_back_skipped_step, double redo_seconds);
 
+// Streamed working weights (GetStatsResponse fields 24-26), on one line:
+// "fetches 120, 90 from DRAM (75.0%), 1.50 MiB read from storage".
+std::string FormatWeightsLine(uint64_t fetches, uint64_t cache_hits, uint64_t bytes_read);
+
 // Text from the daemon made safe for the terminal: every control byte (ESC, CR,
 // LF, DEL, C1, bidirectional overrides) and invalid UTF-8 becomes "\xHH"
 // (fuyou/printable_text.h). Applied to everything fuyouctl prints that the

@@ -50,6 +50,12 @@ TEST(FormatRedoLineTest, NamesEveryCounter) {
             "speculative updates 1, redone 1 (changed 0, clipped 1), rolled back (skipped steps) 0, redo time 12.5 s");
 }
 
+TEST(FormatWeightsLineTest, NamesEveryCounter) {
+  EXPECT_EQ(FormatWeightsLine(120, 90, 1536 * 1024), "fetches 120, 90 from DRAM (75.0%), 1.50 MiB read from storage");
+  EXPECT_EQ(FormatWeightsLine(0, 0, 0), "fetches 0, 0 from DRAM (-), 0 B read from storage");
+  EXPECT_EQ(FormatWeightsLine(3, 0, 4096), "fetches 3, 0 from DRAM (0.0%), 4.00 KiB read from storage");
+}
+
 TEST(TableTest, PadsColumnsToTheWidestCell) {
   Table table({"NAME", "SIZE"});
   table.AddRow({"a-long-name", "1 B"});

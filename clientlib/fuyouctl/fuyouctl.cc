@@ -103,6 +103,10 @@ std::string SpeculationLine(const v1::GetStatsResponse& stats) {
                         stats.chunks_rolled_back_skipped_step(), stats.redo_seconds());
 }
 
+std::string WeightsLine(const v1::GetStatsResponse& stats) {
+  return FormatWeightsLine(stats.weights_fetches(), stats.weights_fetch_cache_hits(), stats.weights_bytes_read());
+}
+
 bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
 
 std::string RenderStats(const v1::GetStatsResponse& stats) {
@@ -118,6 +122,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
     Table summary({"", ""});
     summary.AddRow({"optimizer", OptimizerLine(stats)});
     summary.AddRow({"speculation", SpeculationLine(stats)});
+    summary.AddRow({"weights", WeightsLine(stats)});
     summary.AddRow({"cache", CacheLine(stats)});
     std::string rows = summary.ToString();
     out += rows.substr(rows.find('\n') + 1);
@@ -149,6 +154,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   Table summary({"", ""});
   summary.AddRow({"optimizer", OptimizerLine(stats)});
   summary.AddRow({"speculation", SpeculationLine(stats)});
+  summary.AddRow({"weights", WeightsLine(stats)});
   summary.AddRow({"DRAM", DramLine(stats)});
   summary.AddRow({"cache", CacheLine(stats)});
   std::string rows = summary.ToString();

@@ -119,6 +119,16 @@ std::string RenderMetrics(const MetricsInput& input) {
            "Seconds spent on redone updates (reading the committed states again, the kernel, the write-back).");
   w.Sample("fuyou_redo_seconds_total", "", stats.redo_seconds());
 
+  w.Family("fuyou_weights_fetches_total", "counter",
+           "Working weights of a chunk fetched by a client (FetchWeights of a chunk with store_weights).");
+  w.Sample("fuyou_weights_fetches_total", "", stats.weights_fetches());
+  w.Family("fuyou_weights_fetch_cache_hits_total", "counter",
+           "Weights fetches answered from DRAM (a cached chunk, or a read-ahead done or in flight).");
+  w.Sample("fuyou_weights_fetch_cache_hits_total", "", stats.weights_fetch_cache_hits());
+  w.Family("fuyou_weights_read_bytes_total", "counter",
+           "Bytes of working weights read from storage for fetches and their read-aheads (weights only).");
+  w.Sample("fuyou_weights_read_bytes_total", "", stats.weights_bytes_read());
+
   w.Histogram("fuyou_chunk_update_seconds", "AdamW kernel time of one chunk update.", input.chunk_update_seconds);
   w.Histogram("fuyou_step_seconds",
               "Time from one committed step to the next of the same session (EndStep to EndStep).",

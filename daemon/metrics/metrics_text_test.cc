@@ -44,6 +44,9 @@ v1::GetStatsResponse KnownStats() {
   stats.set_chunks_redone_clipped(4);
   stats.set_chunks_rolled_back_skipped_step(5);
   stats.set_redo_seconds(0.25);
+  stats.set_weights_fetches(60);
+  stats.set_weights_fetch_cache_hits(45);
+  stats.set_weights_bytes_read(3145728);
   return stats;
 }
 
@@ -81,6 +84,12 @@ TEST(MetricsTextTest, RendersEveryFigureOfGetStatsWithItsTypeAndHelp) {
            "fuyou_chunks_redone_total{reason=\"clipped\"} 4",
            "fuyou_chunks_rolled_back_total{reason=\"skipped_step\"} 5",
            "fuyou_redo_seconds_total 0.25",
+           "# TYPE fuyou_weights_fetches_total counter",
+           "fuyou_weights_fetches_total 60",
+           "# TYPE fuyou_weights_fetch_cache_hits_total counter",
+           "fuyou_weights_fetch_cache_hits_total 45",
+           "# TYPE fuyou_weights_read_bytes_total counter",
+           "fuyou_weights_read_bytes_total 3145728",
            "# TYPE fuyou_chunk_update_seconds histogram",
            "fuyou_chunk_update_seconds_bucket{le=\"0.001\"} 1",
            "fuyou_chunk_update_seconds_bucket{le=\"0.01\"} 2",
@@ -116,7 +125,7 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
-  EXPECT_EQ(families, 18);
+  EXPECT_EQ(families, 21);
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

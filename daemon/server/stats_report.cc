@@ -2,6 +2,12 @@
 
 namespace fuyou {
 
+void FillWeights(const WeightsCounters& counters, v1::GetStatsResponse& response) {
+  response.set_weights_fetches(counters.weights_fetches.load(std::memory_order_relaxed));
+  response.set_weights_fetch_cache_hits(counters.weights_fetch_cache_hits.load(std::memory_order_relaxed));
+  response.set_weights_bytes_read(counters.weights_bytes_read.load(std::memory_order_relaxed));
+}
+
 void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) const {
   response->set_uptime_seconds(stats_.uptime_seconds());
   response->set_scope(v1::STATS_SCOPE_DAEMON);
@@ -40,6 +46,7 @@ void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) co
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
   response->set_steps_committed(stats_.steps_committed.load());
   stats_.redo.Fill(*response);
+  FillWeights(stats_.weights, *response);
 }
 
 }  // namespace fuyou

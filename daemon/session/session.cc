@@ -138,7 +138,8 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     result->set_resumed((*registered)[i].resumed);
     result->set_update_count((*registered)[i].update_count);
     for (int64_t count : (*registered)[i].segment_update_counts) result->add_segment_update_counts(count);
-    registered_[chunk.chunk_id] = RegisteredChunk{chunk.num_elements, chunk.param_dtype, chunk.grad_dtype};
+    registered_[chunk.chunk_id] =
+        RegisteredChunk{chunk.num_elements, chunk.param_dtype, chunk.grad_dtype, chunk.store_weights};
   }
   return response;
 }
@@ -156,6 +157,7 @@ v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
     case v1::ClientMessage::kWriteState: return OnWriteState(message.write_state());
     case v1::ClientMessage::kSetUpdateCount: return OnSetUpdateCount(message.set_update_count());
     case v1::ClientMessage::kCommitImport: return OnCommitImport();
+    case v1::ClientMessage::kFetchWeights: return OnFetchWeights(message.fetch_weights());
     case v1::ClientMessage::kAttach:
       return ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {});
     default:

@@ -14,8 +14,10 @@
 // chunk's shadow extent and prefetches the next chunks. EndStep commits the
 // step; AbortStep, a failed write-back or the end of the session before EndStep
 // roll it back. Between steps, ReadState/WriteState/SetUpdateCount/CommitImport
-// export and import states (session_import.cc). The checks of every request
-// are in session_checks.cc.
+// export and import states (session_import.cc). At any time, a step in flight
+// included, FetchWeights copies a chunk's committed working weights (a chunk
+// registered with store_weights) into a slot (session_weights.cc). The checks
+// of every request are in session_checks.cc.
 //
 // Thread-safe: the stream handler, RegisterChunks and CloseSession may call in
 // from different threads; calls are serialised. I/O completions never take the
@@ -119,6 +121,7 @@ class Session {
     uint64_t num_elements = 0;
     DType param_dtype = DType::kFloat32;
     DType grad_dtype = DType::kFloat32;
+    bool store_weights = false;  // ChunkSpec.store_weights (the job's record agrees)
   };
 
   // Request checks (session_checks.cc). Each returns OK or the error to reply.
@@ -129,6 +132,9 @@ class Session {
   // adopts spec's) or equal to spec's. FAILED_PRECONDITION otherwise, a sent 0
   // included (see ChunkSpec.layout_fingerprint in offload.proto).
   absl::Status CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const;
+  // OK when `spec` may resume `record`: the same store_weights as the chunk was
+  // created with. FAILED_PRECONDITION otherwise (ChunkSpec.store_weights).
+  absl::Status CheckStoreWeights(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const;
   // OK when `slot` is a slot of this session's segment; else INVALID_ARGUMENT
   // "chunk <id>: slot <slot> does not exist (the session has <n> slots)".
   absl::Status CheckSlotExists(uint32_t chunk_id, uint32_t slot) const;
@@ -144,6 +150,12 @@ class Session {
   // no step is in flight.
   absl::Status CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,
                                  const char* verb) const;
+  // OK when a FetchWeights may be served now: a chunk registered in this
+  // session (INVALID_ARGUMENT), an existing slot (INVALID_ARGUMENT), a chunk
+  // registered with store_weights (FAILED_PRECONDITION). Messages are handled
+  // one at a time and none holds a slot past its reply, so no other message of
+  // the session uses the slot while a FetchWeights is handled.
+  absl::Status CheckFetchWeights(const v1::FetchWeights& request) const;
   // FAILED_PRECONDITION: RegisterChunks or Attach before the segment arrived.
   absl::Status NoSegmentError() const;
 
@@ -155,6 +167,8 @@ class Session {
   v1::DaemonMessage OnWriteState(const v1::WriteState& request);
   v1::DaemonMessage OnSetUpdateCount(const v1::SetUpdateCount& request);
   v1::DaemonMessage OnCommitImport();
+  // Streaming weights (session_weights.cc).
+  v1::DaemonMessage OnFetchWeights(const v1::FetchWeights& request);
   // Returns `status`; an ABORTED one (a commit happened, durability unknown)
   // breaks the session: every later request gets that error.
   absl::Status NoteCommitResult(absl::Status status);

@@ -54,6 +54,15 @@ absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, cons
       record.chunk_id(), job_name_, stored, sent));
 }
 
+absl::Status Session::CheckStoreWeights(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
+  if (record.stores_weights() == spec.store_weights()) return absl::OkStatus();
+  return absl::FailedPreconditionError(fmt::format(
+      "chunk {} of job '{}' was created {} store_weights, but this registration sends store_weights = {}: whether "
+      "the daemon keeps a chunk's working weights is fixed when the chunk is created; register it as it was "
+      "created, or use a new job name",
+      record.chunk_id(), job_name_, record.stores_weights() ? "with" : "without", spec.store_weights()));
+}
+
 absl::Status Session::CheckSlotExists(uint32_t chunk_id, uint32_t slot) const {
   if (slot < layout_.num_slots) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -119,6 +128,7 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
             id, job_name_, stored, spec.num_elements()));
       }
       FUYOU_RETURN_IF_ERROR(CheckLayoutFingerprint(*record, spec));
+      FUYOU_RETURN_IF_ERROR(CheckStoreWeights(*record, spec));
       FUYOU_RETURN_IF_ERROR(CheckResumedSegments(job_name_, *record, spec));
     }
   }
@@ -207,6 +217,31 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
         "between steps (after EndStep or AbortStep)",
         verb, chunk_id, step_, job_name_, store_->staged_count()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Session::CheckFetchWeights(const v1::FetchWeights& request) const {
+  const uint32_t chunk_id = request.chunk_id();
+  const uint32_t slot = request.slot();
+  auto registered = registered_.find(chunk_id);
+  if (registered == registered_.end()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "FetchWeights: chunk {} (into slot {}) is not registered in this session of job '{}'; register it with "
+        "store_weights first",
+        chunk_id, slot, job_name_));
+  }
+  if (absl::Status exists = CheckSlotExists(chunk_id, slot); !exists.ok()) {
+    return absl::InvalidArgumentError(fmt::format("FetchWeights: {}", exists.message()));
+  }
+  if (!registered->second.store_weights) {
+    return absl::FailedPreconditionError(fmt::format(
+        "FetchWeights: chunk {} of job '{}' (into slot {}) was registered without store_weights, so the daemon "
+        "keeps no working weights for it; a chunk that streams its weights is created with "
+        "ChunkSpec.store_weights (in a new job, since a chunk keeps what it was created with)",
+        chunk_id, job_name_, slot));
+  }
+  // The weights fit the slot's region: registration checked num_elements times
+  // the wider of param_dtype and grad_dtype against slot_bytes.
   return absl::OkStatus();
 }
 

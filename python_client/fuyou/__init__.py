@@ -19,10 +19,15 @@ from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
 from ._pipeline import LoopStats
 from ._materialize import init_empty, materialize
 from .optimizer import AdamW
+from ._stream import ParameterStream, stream_parameters
+from ._sizes import parse_size
 
 __all__ = [
     "AdamW",
     "LoopStats",
+    "stream_parameters",
+    "ParameterStream",
+    "parse_size",
     "EmbeddedDaemon",
     "FuyouError",
     "DaemonUnavailable",

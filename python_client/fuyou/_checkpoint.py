@@ -14,6 +14,7 @@ not advance the job's committed step.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
     `model` given: "model" is its state_dict with the trainable parameters replaced
     by their fp32 master weights; else "model" maps param index -> fp32 weights."""
     params = pipeline.params  # trainable, by param_index
-    per_param = [[torch.empty(p.numel(), dtype=torch.float32) for _ in range(3)] for p in params]
+    shapes = pipeline.param_shapes  # offload_params: the parameters are placeholders
+    per_param = [[torch.empty(math.prod(shape), dtype=torch.float32) for _ in range(3)]
+                 for shape in shapes]
     steps: List[set] = [set() for _ in params]
     for c in pipeline.chunks:
         states, _t = pipeline.read_states(c)
@@ -68,7 +71,7 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
     state: Dict[int, dict] = {}
     masters: Dict[int, torch.Tensor] = {}  # id(param) -> fp32 master, shaped like the param
     for pidx, p in enumerate(params):
-        master, m, v = (t.view(p.shape) for t in per_param[pidx])
+        master, m, v = (t.view(shapes[pidx]) for t in per_param[pidx])
         masters[id(p)] = master
         counts = steps[pidx]
         if len(counts) > 1:

@@ -522,6 +522,15 @@ class ChunkPipeline:
                         self.failed = e
                     raise
 
+    @property
+    def param_passes(self) -> List[int]:
+        """Per parameter, the backward passes of this step that accumulated into it."""
+        return self._param_passes
+
+    def sent_ids(self):
+        """Ids of the chunks sent in this step (a view)."""
+        return self._sent.keys()
+
     def chunk_rounds(self, chunk_id: int) -> int:
         """Backward passes of this step that completed the chunk's gradients."""
         return self._rounds[chunk_id]
@@ -641,8 +650,7 @@ class ChunkPipeline:
             missing_sent = missing
         parts, grads = [], []
         if packed is not None:
-            flat = packed[0]
-            grads.append(flat)
+            flat = packed[0]  # on the host: no device work to wait for
             for i, seg in enumerate(c.segments):
                 piece = None if i in missing else flat[seg.offset:seg.offset + seg.numel]
                 parts.append((seg.offset, seg.numel, piece))

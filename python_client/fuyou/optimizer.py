@@ -405,6 +405,8 @@ class AdamW(torch.optim.Optimizer):
                         raise
                 else:
                     pipeline.reset_passes()
+                if self.offload is not None:
+                    self.offload.reset_step()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -430,6 +432,8 @@ class AdamW(torch.optim.Optimizer):
             if closer is not None:
                 atexit.unregister(closer)
             try:
+                if self.offload is not None:
+                    self.offload.close()
                 if self._pipeline is not None:
                     self._pipeline.close()
             finally:
@@ -467,6 +471,8 @@ class AdamW(torch.optim.Optimizer):
             if self._pipeline.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
+            if self.offload is not None:
+                self.offload.drain_fetches()
             checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
@@ -546,6 +552,10 @@ class AdamW(torch.optim.Optimizer):
         if pipeline.in_step:
             raise FailedPrecondition(f"load_state_dict into job {self.job!r} during a step: "
                                      "call it between steps")
+        if self.offload is not None:
+            raise NotImplementedError(
+                f"load_state_dict of job {source!r} into job {self.job!r} with offload_params: "
+                "fork the job with fuyouctl copy-job and open the copy instead")
         other = _find_open(source, self._address)
         if other is not None:
             self._copy_from(other)
@@ -656,11 +666,18 @@ class AdamW(torch.optim.Optimizer):
 
     def _finish_step(self) -> None:
         pipeline = self._pipeline
+        offload = self.offload
+        if offload is not None:
+            offload.release_backward_holds()
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
         if not pipeline.overflow:
             clipping = self.max_grad_norm is not None
-            changed, squares = pipeline.validate(squares=clipping)
+            if offload is not None:  # the gradients sent were freed: nothing to validate
+                pipeline.wait_sent()
+                changed, squares = [], (offload.squares() if clipping else {})
+            else:
+                changed, squares = pipeline.validate(squares=clipping)
             clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
             if not math.isfinite(clip_coef):
                 pipeline.mark_overflow()
@@ -675,11 +692,19 @@ class AdamW(torch.optim.Optimizer):
                     if pipeline.overflow:
                         break
         if not pipeline.overflow:
-            pipeline.send_unsent(grad_scale)
+            if offload is not None:
+                offload.send_unsent(grad_scale)
+            else:
+                pipeline.send_unsent(grad_scale)
         if pipeline.overflow:
             pipeline.abort(ABORT_OVERFLOW)
+            if offload is not None:
+                offload.reset_step()
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
             return
         pipeline.commit()
+        if offload is not None:  # fetched weights are the previous step's now
+            offload.reset_step()
+            offload.drop_cache()
         self._scaler.update(overflow=False)

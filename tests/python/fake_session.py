@@ -44,16 +44,11 @@ class FakeSession:
         self.log = []  # (kind, args) of every message, for assertions
         self.redone = []  # (chunk_id, RedoReason) of every redo
         self.aborts = []  # (step, AbortReason) of every AbortStep
-        self.fetched = {}  # chunk_id -> slot of a FetchWeights not yet waited for
         self.closed = False
 
     @property
     def committed_step(self):
         return self.job["committed"]
-
-    @property
-    def existing_chunks(self):
-        return len(self.job["chunks"])
 
     def register_chunk(self, chunk_id, num_elements, param_dtype, grad_dtype, weights,
                        layout_fingerprint=0, segment_elements=(), store_weights=False):
@@ -77,8 +72,6 @@ class FakeSession:
         self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:
             st = chunks[chunk_id]
-            if bool(st.get("store_weights", False)) != bool(store_weights):
-                raise FailedPrecondition(f"chunk {chunk_id} store_weights differs from its creation")
             committed = st["weights"] if st.get("store_weights") else st["master"]
             torch.frombuffer(mv, dtype=dt, count=num_elements).copy_(committed.to(dt))
             counts = st["segment_t"]
@@ -92,24 +85,6 @@ class FakeSession:
         if store_weights:  # the weights as given, in their own dtype
             chunks[chunk_id]["weights"] = torch.frombuffer(mv, dtype=dt, count=num_elements).clone()
         return False, 0, []
-
-    def send_fetch_weights(self, chunk_id, slot):
-        """Copies the chunk's committed weights into the slot's parameter region
-        (the state before this step's update, when the chunk was updated in it)."""
-        st = self.job["chunks"].get(chunk_id)
-        if st is None:
-            raise FakeError(f"unknown chunk {chunk_id}")
-        if not st.get("store_weights"):
-            raise FailedPrecondition(f"chunk {chunk_id} was registered without store_weights")
-        assert slot not in self.free and slot not in self.fetched.values()
-        n, pdt, _gdt = self.specs[chunk_id]
-        master = self.backup[chunk_id]["master"] if chunk_id in self.backup else st["master"]
-        torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(master.to(pdt))
-        self.log.append(("fetch_weights", chunk_id))
-        self.fetched[chunk_id] = slot
-
-    def wait_weights(self, chunk_id, timeout):
-        return self.fetched.pop(chunk_id)
 
     def acquire_slot(self, timeout):
         if not self.free:

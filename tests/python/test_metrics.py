@@ -47,6 +47,19 @@ def metrics_daemon():
             daemon.stop()
 
 
+def fetch_weights_twice(daemon):
+    """Two FetchWeights of a chunk that stores its working weights (issue 12)."""
+    from fuyou import _fuyou
+    session = _fuyou.Session.open("metrics-weights", 2, 4096, address=daemon.address)
+    session.register_chunk(0, 1024, _fuyou.DTYPE_BFLOAT16, _fuyou.DTYPE_FLOAT32, bytearray(2048),
+                           store_weights=True)
+    for _ in range(2):
+        slot = session.acquire_slot(5.0)
+        session.send_fetch_weights(0, slot)
+        session.release_slot(session.wait_weights(0, 10.0))
+    session.close()
+
+
 def test_metrics_parse_and_show_the_figures_of_get_stats(metrics_daemon):
     daemon, port = metrics_daemon
     assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in daemon.log_tail(100000)
@@ -56,6 +69,7 @@ def test_metrics_parse_and_show_the_figures_of_get_stats(metrics_daemon):
     during, _ = samples(scrape(port))
     assert value(during, "fuyou_sessions") == 1
     opt.close()
+    fetch_weights_twice(daemon)
     stats = get_stats(daemon)
     values, types = samples(scrape(port))
     assert stats["scope"] == "STATS_SCOPE_DAEMON"
@@ -85,6 +99,10 @@ def test_metrics_parse_and_show_the_figures_of_get_stats(metrics_daemon):
     assert value(values, "fuyou_chunks_rolled_back_total", reason="skipped_step") == \
         stats["chunks_rolled_back_skipped_step"]
     assert value(values, "fuyou_redo_seconds_total") == pytest.approx(stats["redo_seconds"])
+    assert types["fuyou_weights_fetches"] == "counter"
+    assert value(values, "fuyou_weights_fetches_total") == stats["weights_fetches"] == 2
+    assert value(values, "fuyou_weights_fetch_cache_hits_total") == stats["weights_fetch_cache_hits"]
+    assert value(values, "fuyou_weights_read_bytes_total") == stats["weights_bytes_read"]
     health = admin.health()
     assert value(values, "fuyou_build_info", version=health["version"]) == 1
     assert value(values, "fuyou_uptime_seconds") > 0

@@ -1,0 +1,390 @@
+"""fuyou.stream_parameters: the module hooks that bring a model's weights in
+layer by layer from fuyoud (offload_params) and let them go again.
+
+One forward and backward, seen from here::
+
+    forward:  root pre-hook   saved-tensor hooks on (weights saved for backward
+                              are kept as handles, not as tensors)
+              module pre-hook acquire its blocks (fetch or cache hit), prefetch
+                              the next chunks in the order of the first step
+              module post-hook release them (placeholders again, buffer cached);
+                              wrap the outputs in _FetchForBackward
+              root post-hook  saved-tensor hooks off
+    backward: _FetchForBackward.backward (before the module's own backward)
+                              hold its blocks for backward, prefetch in the
+                              backward order of the first step
+              a saved handle  unpacked from the block's buffer (fetched on demand)
+              chunk complete  (the pipeline's hooks) sent, gradients freed, the
+                              block's backward hold released
+              end of backward every remaining hold released
+
+A parameter is a view of its block's buffer only while the block is in use;
+buffers are never reused (a fetch allocates a fresh one), so a saved view can
+never read another chunk's weights, and a handle unpacked after the step that
+saved it committed raises.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import List, Optional, Union
+
+import torch
+
+from ._errors import FailedPrecondition, InvalidArgument
+from ._offload import FETCH_SLOTS, Block, OffloadedParams
+from ._sizes import parse_size
+
+__all__ = ["stream_parameters", "ParameterStream"]
+
+
+def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[int, str] = "64MiB",
+                      prefetch: int = 2) -> "ParameterStream":
+    """Streams `model`'s weights from fuyoud into its modules, one module at a
+    time, for a model whose optimizer is ``fuyou.AdamW(..., offload_params=True)``.
+
+    Plans the chunks from the model's modules (``optimizer.offload.bind``) and
+    registers every module not registered yet (``register_module``: a new job
+    takes the modules' current weights, a resumed one the daemon's), which
+    releases the parameters' storage; then installs the hooks (see
+    :class:`ParameterStream`). ``device_budget`` (bytes, or a size such as
+    ``"64MiB"`` or ``"1.5GiB"`` as the daemon's flags take) bounds the weights and
+    gradients held on the device: live bytes never exceed it plus the largest
+    module's weights. ``prefetch``: chunks fetched ahead (0 to
+    ``FETCH_SLOTS - 1``), in the order the first step used them.
+
+    Use it like this (the loop itself does not change)::
+
+        opt = fuyou.AdamW(model.parameters(), lr=1e-4, job="big", offload_params=True,
+                          max_grad_norm=1.0)          # not clip_grad_norm_: see below
+        handle = fuyou.stream_parameters(model, opt, device_budget="2GiB")
+        for batch in data:
+            opt.scale_loss(model(batch)).backward()
+            opt.step()
+            opt.zero_grad()
+        handle.peak_live_bytes
+
+    A chunk's gradients go to the daemon as soon as they are complete and are
+    freed then, so ``torch.nn.utils.clip_grad_norm_`` and ``torch.cuda.amp.GradScaler``
+    see no gradients: use ``max_grad_norm=`` and ``loss_scale=`` of
+    ``fuyou.AdamW`` (as DeepSpeed's ZeRO-3 engine does), and ``accumulation_steps=k``
+    for k backward passes per step.
+    """
+    offload: Optional[OffloadedParams] = getattr(optimizer, "offload", None)
+    if offload is None:
+        raise InvalidArgument("fuyou.stream_parameters needs the model's optimizer opened as "
+                              "fuyou.AdamW(..., offload_params=True)")
+    budget = parse_size(device_budget, "device_budget")
+    if not isinstance(prefetch, int) or not 0 <= prefetch <= FETCH_SLOTS - 1:
+        raise ValueError(f"prefetch must be an int in 0..{FETCH_SLOTS - 1}, got {prefetch!r}")
+    with offload._lock:
+        offload.bind(model)
+        offload.register_all()
+        for old in list(offload._streams):
+            old.close()
+        return ParameterStream(offload, model, budget, prefetch)
+
+
+class _SavedWeight:
+    """What the pack hook keeps for a saved tensor that lives in a block's
+    buffer: where it is, not the tensor (which would pin the buffer)."""
+
+    __slots__ = ("block", "offset", "dtype", "shape", "stride", "step")
+
+    def __init__(self, block: Block, offset: int, t: torch.Tensor, step: int):
+        self.block = block
+        self.offset = offset
+        self.dtype = t.dtype
+        self.shape = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.step = step
+
+
+class _FetchForBackward(torch.autograd.Function):
+    """Identity on a module's outputs whose backward brings the module's weights
+    in before the module's own backward runs (as ZeRO-3's PreBackwardFunction)."""
+
+    @staticmethod
+    def forward(ctx, stream_ref, module_ref, *tensors):
+        ctx.stream_ref = stream_ref
+        ctx.module_ref = module_ref
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        stream, module = ctx.stream_ref(), ctx.module_ref()
+        if stream is not None and module is not None:
+            stream._before_module_backward(module)
+        return (None, None) + grads
+
+
+class ParameterStream:
+    """The hooks of :func:`stream_parameters` on one model (its handle).
+
+    ``live_bytes`` / ``peak_live_bytes``: bytes of fetched weights and of
+    gradients held on the device now / at most since the stream began (or
+    :meth:`reset_peak`). ``fetches`` and ``cache_hits`` count chunks fetched from
+    the daemon and blocks served from the cache. :meth:`close` removes the
+    hooks; the parameters stay empty placeholders (their weights are in the
+    daemon: ``optimizer.export_checkpoint``).
+    """
+
+    def __init__(self, offload: OffloadedParams, model: torch.nn.Module, device_budget: int,
+                 prefetch: int):
+        self._offload = offload
+        self._lock = offload._lock
+        self.model = model
+        self.device_budget = int(device_budget)
+        self.prefetch = int(prefetch)
+        offload.device_budget = self.device_budget
+        offload.peak_live_bytes = offload.live_bytes
+        self.largest_module_bytes = max((b.nbytes for b in offload.blocks), default=0)
+        self._orders = {"forward": [], "backward": []}
+        self._recorded = {"forward": False, "backward": False}
+        self._pos = {"forward": 0, "backward": 0}
+        self._forward_holds: List[List[Block]] = []
+        self._hooks_pushed = False
+        self._in_backward = False
+        self._handles = []
+        self._closed = False
+        ref = weakref.ref(self)
+        self._ref = ref
+
+        def root_pre(module, inputs):
+            stream = ref()
+            if stream is not None:
+                stream._root_pre()
+
+        def root_post(module, inputs, output):
+            stream = ref()
+            if stream is not None:
+                stream._root_post()
+
+        def pre(module, inputs):
+            stream = ref()
+            if stream is not None:
+                stream._module_pre(module)
+
+        def post(module, inputs, output):
+            stream = ref()
+            if stream is not None:
+                return stream._module_post(module, output)
+            return None
+
+        self._handles.append(model.register_forward_pre_hook(root_pre))
+        for _name, module in model.named_modules():
+            if offload.uses(module):
+                self._handles.append(module.register_forward_pre_hook(pre))
+                self._handles.append(module.register_forward_hook(post))
+        self._handles.append(model.register_forward_hook(root_post))
+        offload._streams.append(self)
+
+    # ------------------------------------------------------------ public
+    @property
+    def live_bytes(self) -> int:
+        return self._offload.live_bytes
+
+    @property
+    def peak_live_bytes(self) -> int:
+        return self._offload.peak_live_bytes
+
+    @property
+    def fetches(self) -> int:
+        return self._offload.fetches
+
+    @property
+    def cache_hits(self) -> int:
+        return self._offload.cache_hits
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._offload.peak_live_bytes = self._offload.live_bytes
+
+    def close(self) -> None:
+        """Removes the hooks and lets every fetched weight go (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self._pop_saved_hooks()
+            offload = self._offload
+            for blocks in self._forward_holds:
+                for b in blocks:
+                    offload.release(b)
+            self._forward_holds = []
+            offload.release_backward_holds()
+            try:
+                offload.drop_cache()
+            except Exception:
+                pass  # the session may be gone already
+            if self in offload._streams:
+                offload._streams.remove(self)
+
+    # ------------------------------------------------------------ forward
+    def _root_pre(self) -> None:
+        with self._lock:
+            self._pop_saved_hooks()  # left by a forward that raised
+            if self._forward_holds:  # the same
+                for blocks in self._forward_holds:
+                    for b in blocks:
+                        self._offload.release(b)
+                self._forward_holds = []
+            self._pos["forward"] = 0
+            if torch.is_grad_enabled():
+                torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+                self._hooks_pushed = True
+
+    def _root_post(self) -> None:
+        with self._lock:
+            self._pop_saved_hooks()
+            if self._orders["forward"]:
+                self._recorded["forward"] = True
+
+    def _pop_saved_hooks(self) -> None:
+        if self._hooks_pushed:
+            self._hooks_pushed = False
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _module_pre(self, module) -> None:
+        with self._lock:
+            blocks = self._offload.uses(module)
+            for b in blocks:
+                self._offload.acquire(b)
+                self._advance("forward", b)
+            self._forward_holds.append(blocks)
+
+    def _module_post(self, module, output):
+        with self._lock:
+            blocks = self._offload.uses(module)
+            for i in range(len(self._forward_holds) - 1, -1, -1):
+                if self._forward_holds[i] is blocks:
+                    del self._forward_holds[i]
+                    break
+            for b in blocks:
+                self._offload.release(b)
+        if not torch.is_grad_enabled():
+            return None
+        return _wrap_outputs(output, self._ref, weakref.ref(module))
+
+    # ------------------------------------------------------------ backward
+    def _backward_started(self) -> None:
+        if self._in_backward:
+            return
+        self._in_backward = True
+        self._pos["backward"] = 0
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        except RuntimeError:
+            self._in_backward = False  # not in a backward pass (a handle unpacked by hand)
+
+    def _backward_done(self) -> None:
+        with self._lock:
+            self._in_backward = False
+            self._offload.release_backward_holds()
+            if self._orders["backward"]:
+                self._recorded["backward"] = True
+
+    def _before_module_backward(self, module) -> None:
+        with self._lock:
+            self._backward_started()
+            for b in self._offload.uses(module):
+                if not b.backward_held:
+                    self._offload.hold_for_backward(b)
+                self._advance("backward", b)
+
+    def _pack(self, t: torch.Tensor):
+        with self._lock:
+            found = self._offload.block_holding(t)
+            if found is None:
+                return t
+            block, offset = found
+            return _SavedWeight(block, offset, t, self._offload.committed_step)
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _SavedWeight):
+            return saved
+        with self._lock:
+            offload = self._offload
+            if saved.step != offload.committed_step:
+                raise FailedPrecondition(
+                    f"backward needs the weights of module {saved.block.name!r} as saved in the "
+                    f"forward of step {saved.step + 1}, but step {offload.committed_step} was "
+                    "committed since: run backward before optimizer.step()")
+            self._backward_started()
+            offload.hold_for_backward(saved.block)
+            typed = saved.block.buffer.view(saved.dtype)
+            esize = typed.element_size()
+            return torch.as_strided(typed, saved.shape, saved.stride, saved.offset // esize)
+
+    # ------------------------------------------------------------ order
+    def _advance(self, direction: str, block: Block) -> None:
+        """Notes that `block` was needed now; prefetches the next chunks in the
+        order the first step needed them (recorded then)."""
+        order = self._orders[direction]
+        if not self._recorded[direction]:
+            order.append(block)
+            return
+        pos = self._pos[direction]
+        try:
+            j = order.index(block, pos)
+        except ValueError:
+            try:
+                j = order.index(block)
+            except ValueError:
+                return
+        self._pos[direction] = j + 1
+        if self.prefetch <= 0:
+            return
+        offload = self._offload
+        for b in order[j + 1:j + 1 + 4 * self.prefetch]:
+            if b.buffer is not None:
+                continue
+            for c in b.chunks:
+                if offload.fetches_in_flight >= self.prefetch:
+                    return
+                offload.prefetch(c)
+
+
+def _wrap_outputs(output, stream_ref, module_ref):
+    """`output` with its tensors that require grad passed through
+    _FetchForBackward (tensors, tuples, lists and dicts of them); None when
+    nothing needs it (the output stays as it is)."""
+    tensors: list = []
+
+    def collect(o):
+        if isinstance(o, torch.Tensor):
+            if o.requires_grad:
+                tensors.append(o)
+        elif isinstance(o, (tuple, list)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+
+    collect(output)
+    if not tensors:
+        return None
+    wrapped = _FetchForBackward.apply(stream_ref, module_ref, *tensors)
+    replacement = {id(t): w for t, w in zip(tensors, wrapped)}
+
+    def rebuild(o):
+        if isinstance(o, torch.Tensor):
+            return replacement.get(id(o), o)
+        if isinstance(o, tuple):
+            items = [rebuild(x) for x in o]
+            return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)
+        if isinstance(o, list):
+            return type(o)(rebuild(x) for x in o)
+        if isinstance(o, dict):
+            new = o.copy()
+            for k, v in o.items():
+                new[k] = rebuild(v)
+            return new
+        return o
+
+    return rebuild(output)
