@@ -38,11 +38,14 @@ class JobCopyTest : public ::testing::Test {
 
   // Job `name` of uid 1000: chunk 7 (1000 elements, one segment at 3 updates,
   // one at 5) whose committed extent holds bytes `fill`, committed at step 5.
-  void MakeJob(const std::string& name, std::byte fill) {
+  // With `stores_weights`, the chunk keeps its working weights (bf16) too, and
+  // its extent a weights checksum of 5678.
+  void MakeJob(const std::string& name, std::byte fill, bool stores_weights = false) {
     auto job = registry_->Acquire(name, kUid);
     ASSERT_TRUE(job.ok()) << job.status();
     v1::JobManifest next = (*job)->manifest();
-    ASSERT_TRUE((*job)->AddChunk(next, 7, 1000, DType::kFloat32, DType::kFloat32).ok());
+    ASSERT_TRUE((*job)->AddChunk(next, 7, 1000, stores_weights ? DType::kBFloat16 : DType::kFloat32,
+                                 DType::kFloat32, stores_weights).ok());
     v1::ChunkRecord& record = *next.mutable_chunks(0);
     record.add_segment_elements(400);
     record.add_segment_elements(600);
@@ -56,6 +59,7 @@ class JobCopyTest : public ::testing::Test {
     std::memset(buffer->data(), static_cast<int>(fill), extent.length());
     ASSERT_TRUE((*job)->states().Write(extent.offset(), buffer->span().first(extent.length())).ok());
     record.mutable_extents(0)->set_checksum(1234);
+    if (stores_weights) record.mutable_extents(0)->set_weights_checksum(5678);
     next.set_committed_step(5);
     ASSERT_TRUE((*job)->Commit(next).ok());
     registry_->Release(**job);
@@ -93,6 +97,28 @@ TEST_F(JobCopyTest, ACopyHasTheCommittedStatesCountsAndStep) {
   ASSERT_TRUE(buffer.ok());
   ASSERT_TRUE((*dst)->states().Read(extent.offset(), buffer->span().first(extent.length())).ok());
   for (uint64_t i = 0; i < extent.length(); ++i) ASSERT_EQ(buffer->data()[i], std::byte{0x5a}) << i;
+}
+
+// Issue 12: a chunk's working weights travel with its extent, and the copy
+// stores them as the source did.
+TEST_F(JobCopyTest, ACopyKeepsAChunksWorkingWeights) {
+  MakeJob("src", std::byte{0x3c}, /*stores_weights=*/true);
+  auto copied = registry_->Copy("src", "dst", kUid);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  auto dst = Job::Open(roots_, "dst", kUid, /*create=*/false, *io_, *stats_);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  const v1::ChunkRecord& record = (*dst)->manifest().chunks(0);
+  EXPECT_TRUE(record.stores_weights());
+  EXPECT_EQ(record.param_dtype(), v1::DTYPE_BFLOAT16);
+  const v1::StateExtent& extent = CommittedExtent(record);
+  EXPECT_EQ(extent.length(), 12288u + 4096u);
+  EXPECT_EQ(extent.checksum(), 1234u);
+  EXPECT_EQ(extent.weights_checksum(), 5678u);
+  EXPECT_EQ(*copied, extent.length());
+  auto buffer = storage::AlignedBuffer::Allocate(extent.length());
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE((*dst)->states().Read(extent.offset(), buffer->span().first(extent.length())).ok());
+  for (uint64_t i = 0; i < extent.length(); ++i) ASSERT_EQ(buffer->data()[i], std::byte{0x3c}) << i;
 }
 
 TEST_F(JobCopyTest, RefusalsChangeNothing) {

@@ -49,6 +49,7 @@ TEST_F(JobEditTest, ShadowWrittenFlipsTheCommittedExtentAtCommit) {
   EXPECT_EQ(CommittedExtent(*record).checksum(), 111u);
   EXPECT_EQ(record->layout_fingerprint(), 77u);
   EXPECT_EQ(ShadowVersion(*record), 1u);
+  EXPECT_FALSE(record->stores_weights());
 
   JobEdit step(*job_);
   step.ShadowWritten(3, {222});
@@ -62,6 +63,29 @@ TEST_F(JobEditTest, ShadowWrittenFlipsTheCommittedExtentAtCommit) {
   EXPECT_EQ(ShadowExtent(*record).checksum(), 111u);  // the old committed extent is the next shadow
   EXPECT_EQ(record->update_count(), 1);
   EXPECT_EQ(job_->manifest().committed_step(), 1);
+}
+
+// Issue 12: a chunk that stores its working weights records it, and both
+// checksums of each extent it writes.
+TEST_F(JobEditTest, AChunkWithWeightsRecordsBothChecksums) {
+  {
+    JobEdit edit(*job_);
+    ASSERT_TRUE(edit.AddChunk(4, 100, DType::kBFloat16, DType::kBFloat16, 0, /*stores_weights=*/true).ok());
+    edit.InitialStatesWritten(4, {.states = 111, .weights = 112});
+    ASSERT_TRUE(edit.Commit().ok());
+  }
+  const v1::ChunkRecord* record = job_->FindRecord(4);
+  ASSERT_NE(record, nullptr);
+  EXPECT_TRUE(record->stores_weights());
+  EXPECT_EQ(CommittedExtent(*record).length(), 4096u + 4096u);
+  EXPECT_EQ(CommittedExtent(*record).weights_checksum(), 112u);
+  JobEdit step(*job_);
+  step.ShadowWritten(4, {.states = 221, .weights = 222});
+  ASSERT_TRUE(step.Commit().ok());
+  record = job_->FindRecord(4);
+  EXPECT_EQ(CommittedExtent(*record).checksum(), 221u);
+  EXPECT_EQ(CommittedExtent(*record).weights_checksum(), 222u);
+  EXPECT_EQ(ShadowExtent(*record).weights_checksum(), 112u);
 }
 
 TEST_F(JobEditTest, AnUncommittedEditGivesItsReservationsBack) {

@@ -110,6 +110,76 @@ TEST(ChunkSizeTest, SizesAreCheckedNotWrapped) {
   EXPECT_FALSE(ChunkPayloadBytes(UINT64_MAX));
 }
 
+// Issue 12: a chunk that stores its working weights has them after
+// master|m|v, from a block boundary, in a region of their own; a chunk without
+// them keeps the bytes it always had.
+TEST(ChunkLayoutTest, TheWeightsFollowTheStatesOnABlockBoundary) {
+  const ChunkLayout plain(1000);
+  EXPECT_FALSE(plain.stores_weights());
+  EXPECT_EQ(plain.WeightsBytes(), 0u);
+  EXPECT_EQ(plain.ExtentBytes(), 12288u);
+  EXPECT_EQ(plain.ExtentBytes(), ChunkStateBytes(1000));
+  const ChunkLayout bf16(1000, DType::kBFloat16);
+  EXPECT_EQ(bf16.StatesBytes(), 12000u);
+  EXPECT_EQ(bf16.WeightsOffset(), 12288u);
+  EXPECT_EQ(bf16.WeightsBytes(), 2000u);
+  EXPECT_EQ(bf16.WeightsRegionBytes(), 4096u);
+  EXPECT_EQ(bf16.ExtentBytes(), 16384u);
+  EXPECT_EQ(ChunkLayout(1024, DType::kFloat32).ExtentBytes(), 12288u + 4096u);  // both exact multiples
+  // Checked: the largest chunk fits; one more element, or a dtype that is
+  // none, gives no size instead of a wrapped one.
+  EXPECT_EQ(ChunkLayout(kMaxChunkElements, DType::kFloat32).ExtentBytes(), kMaxChunkElements * 16);
+  EXPECT_FALSE(ChunkLayout(kMaxChunkElements + 1, DType::kBFloat16).ExtentBytes());
+  EXPECT_FALSE(ChunkLayout(UINT64_MAX, DType::kFloat32).WeightsBytes());
+  EXPECT_FALSE(ChunkLayout((uint64_t{1} << 62) + 1, DType::kFloat32).ExtentBytes());
+  EXPECT_FALSE(ChunkLayout(10, static_cast<DType>(9)).ExtentBytes());
+}
+
+TEST(ChunkLayoutTest, TheStatesAndTheWeightsAreChecksummedApart) {
+  const ChunkLayout layout(1000, DType::kBFloat16);
+  std::vector<std::byte> bytes(*layout.ExtentBytes(), std::byte{1});
+  const ChunkStates states(bytes.data(), layout);
+  EXPECT_EQ(states.weights(), bytes.data() + 12288);
+  EXPECT_EQ(states.weights_bytes(), 2000u);
+  EXPECT_EQ(ChunkStates(bytes.data(), 1000).weights(), nullptr);
+  const ChunkChecksums before = ComputeChunkChecksums(bytes.data(), layout);
+  EXPECT_EQ(before.states, ChunkPayloadChecksum(bytes.data(), 1000));
+  EXPECT_EQ(before.weights, WeightsChecksum(bytes.data() + 12288, layout));
+  EXPECT_EQ(ComputeChunkChecksums(bytes.data(), ChunkLayout(1000)).weights, 0u);
+  bytes[12288 + 2000] = std::byte{9};  // padding after the weights: neither changes
+  EXPECT_EQ(ComputeChunkChecksums(bytes.data(), layout), before);
+  bytes[12288 + 1999] = std::byte{9};  // the last weight byte: only the weights' checksum
+  ChunkChecksums after = ComputeChunkChecksums(bytes.data(), layout);
+  EXPECT_EQ(after.states, before.states);
+  EXPECT_NE(after.weights, before.weights);
+  bytes[11999] = std::byte{9};  // the last byte of v: only the states' checksum
+  const ChunkChecksums last = ComputeChunkChecksums(bytes.data(), layout);
+  EXPECT_NE(last.states, after.states);
+  EXPECT_EQ(last.weights, after.weights);
+}
+
+TEST_F(JobTest, AChunkThatStoresWeightsGetsExtentsWithTheirRegion) {
+  auto job = Job::Open(roots_, "gpt", ::getuid(), true, *io_, *stats_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::JobManifest next = (*job)->manifest();
+  ASSERT_TRUE((*job)->AddChunk(next, 1, 1000, DType::kFloat32, DType::kFloat32).ok());
+  ASSERT_TRUE((*job)->AddChunk(next, 2, 1000, DType::kBFloat16, DType::kBFloat16, /*stores_weights=*/true).ok());
+  const v1::ChunkRecord& plain = next.chunks(0);
+  const v1::ChunkRecord& weights = next.chunks(1);
+  EXPECT_FALSE(plain.stores_weights());
+  EXPECT_EQ(plain.extents(0).length(), 12288u);  // as before issue 12
+  EXPECT_TRUE(weights.stores_weights());
+  EXPECT_EQ(RecordLayout(weights).weights_dtype, DType::kBFloat16);
+  EXPECT_EQ(weights.extents(0).offset(), 2 * 12288u);
+  EXPECT_EQ(weights.extents(0).length(), 16384u);
+  EXPECT_EQ(weights.extents(1).offset(), 2 * 12288u + 16384u);
+  EXPECT_EQ(next.state_bytes(), 2 * 12288u + 2 * 16384u);
+  ASSERT_TRUE((*job)->Commit(next).ok());
+  auto reopened = Job::Open(roots_, "gpt", ::getuid(), false, *io_, *stats_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_TRUE((*reopened)->FindRecord(2)->stores_weights());
+}
+
 TEST_F(JobTest, AddChunkRefusesSizesThatWrapAndReservesNothing) {
   auto job = Job::Open(roots_, "gpt", ::getuid(), true, *io_, *stats_);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -173,6 +243,38 @@ TEST(ValidateManifestTest, ImpossibleChunkRecordsAreDataLoss) {
     manifest.add_path_bytes(UINT64_MAX);
     manifest.add_path_bytes(1);
     EXPECT_EQ(ValidateManifest(manifest).code(), absl::StatusCode::kDataLoss);
+  }
+  // Issue 12: a chunk that stores weights needs its weights region in both
+  // extents; one that does not carries no weights checksum.
+  auto stores_weights = [](v1::JobManifest& m, v1::DType dtype) {
+    m.mutable_chunks(0)->set_stores_weights(true);
+    m.mutable_chunks(0)->set_param_dtype(dtype);
+  };
+  {
+    v1::JobManifest manifest = GoodManifest();
+    stores_weights(manifest, v1::DTYPE_BFLOAT16);
+    for (int version = 0; version < 2; ++version) {  // 1000 elements: 12288 + 4096 bytes each
+      manifest.mutable_chunks(0)->mutable_extents(version)->set_offset(version * 16384);
+      manifest.mutable_chunks(0)->mutable_extents(version)->set_length(16384);
+    }
+    for (int version = 0; version < 2; ++version) {
+      manifest.mutable_chunks(1)->mutable_extents(version)->set_offset(2 * 16384 + version * 4096);
+    }
+    manifest.set_state_bytes(2 * 16384 + 2 * 4096);
+    EXPECT_TRUE(ValidateManifest(manifest).ok()) << ValidateManifest(manifest);
+  }
+  const std::vector<Case> weights_cases = {
+      {"weights beyond the extent", [&](v1::JobManifest& m) { stores_weights(m, v1::DTYPE_BFLOAT16); }},
+      {"weights of a bad dtype", [&](v1::JobManifest& m) { stores_weights(m, static_cast<v1::DType>(9)); }},
+      {"weights checksum without weights",
+       [](v1::JobManifest& m) { m.mutable_chunks(1)->mutable_extents(1)->set_weights_checksum(77); }},
+  };
+  for (const Case& c : weights_cases) {
+    v1::JobManifest manifest = GoodManifest();
+    c.damage(manifest);
+    absl::Status status = ValidateManifest(manifest);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.what << ": " << status;
+    EXPECT_NE(status.message().find("chunk "), std::string::npos) << c.what << ": " << status;
   }
   for (const Case& c : cases) {
     v1::JobManifest manifest = GoodManifest();

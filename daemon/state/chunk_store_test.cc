@@ -6,9 +6,12 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "common/status_util.h"
+#include "fmt/format.h"
+#include "optimizer/adamw_kernel.h"
 #include "stats/daemon_stats.h"
 #include "storage/io_engine.h"
 
@@ -98,7 +101,72 @@ class ChunkStoreTest : public ::testing::Test {
     return Committed(*store, chunk_id, which);
   }
 
+  // ---- Working weights (issue 12): chunks of kElements bf16 weights.
+  static constexpr uint64_t kWeightsBytes = kElements * 2;
+  // Its extent: 12000 bytes of states padded to 12288, then the weights region.
+  static constexpr uint64_t kWeightsOffset = 12288;
+  static constexpr uint64_t kWeightsRegion = 4096;
+  using Bytes = std::vector<std::byte>;
+
+  // The bf16 bytes of kElements weights `base` + i / 1024 (distinct values, so
+  // that equal bytes mean the same update).
+  static Bytes Bf16Weights(float base) {
+    std::vector<float> values(kElements);
+    for (uint64_t i = 0; i < kElements; ++i) values[i] = base + static_cast<float>(i) / 1024.0f;
+    Bytes bytes(kWeightsBytes);
+    optimizer::ConvertFromFloat32(values.data(), bytes.data(), DType::kBFloat16, kElements);
+    return bytes;
+  }
+  ChunkStore::Registration WeightsRegistration(uint32_t id, Bytes& slot, bool store_weights = true,
+                                               DType param_dtype = DType::kBFloat16) {
+    return {.chunk_id = id,
+            .num_elements = kElements,
+            .param_dtype = param_dtype,
+            .grad_dtype = DType::kBFloat16,
+            .layout_fingerprint = 42,
+            .weights = std::span(slot),
+            .store_weights = store_weights};
+  }
+  // Registers chunks 0..count-1 storing their bf16 working weights; chunk i
+  // starts at Bf16Weights(i) (kept in slots_).
+  void RegisterWithWeights(ChunkStore& store, uint32_t count) {
+    slots_.clear();
+    for (uint32_t id = 0; id < count; ++id) slots_.push_back(Bf16Weights(static_cast<float>(id)));
+    std::vector<ChunkStore::Registration> chunks;
+    for (uint32_t id = 0; id < count; ++id) chunks.push_back(WeightsRegistration(id, slots_[id]));
+    auto registered = store.Register(chunks, /*job_quota_bytes=*/0);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+  }
+  // An update as the session's kernel makes it for a chunk with weights: adds
+  // `delta` to master and m, then stores master in bf16 as the new working
+  // weights; `*produced` gets those weights.
+  static auto UpdateStoringWeights(float delta, Bytes* produced) {
+    return [delta, produced](const ChunkStates& states) {
+      ASSERT_NE(states.weights(), nullptr);
+      ASSERT_EQ(states.weights_bytes(), kWeightsBytes);
+      for (uint64_t i = 0; i < states.num_elements(); ++i) {
+        states.master()[i] += delta;
+        states.exp_avg()[i] += delta;
+      }
+      optimizer::ConvertFromFloat32(states.master(), states.weights(), DType::kBFloat16, states.num_elements());
+      produced->assign(states.weights(), states.weights() + states.weights_bytes());
+    };
+  }
+  // FetchWeights of `chunk_id` through `store`; `*source` gets where from.
+  static Bytes Fetch(ChunkStore& store, uint32_t chunk_id, ChunkStore::FetchSource* source = nullptr) {
+    Bytes out(kWeightsBytes);
+    auto fetched = store.FetchWeights(chunk_id, std::span(out));
+    EXPECT_TRUE(fetched.ok()) << fetched.status();
+    if (source != nullptr && fetched.ok()) *source = *fetched;
+    return out;
+  }
+  // Bytes the I/O engine read from the storage path (every read, whoever made it).
+  uint64_t StorageBytesRead() { return stats_->path_counters(0)->bytes_read.load(); }
+  WeightsCounters& UserWeights() { return stats_->ForUser(kUid).weights; }
+  fs::path StatesFile() const { return root_ / "users" / std::to_string(kUid) / "jobs" / "job" / "states.bin"; }
+
   fs::path root_;
+  std::vector<Bytes> slots_;
   WriteFailures faults_;
   std::unique_ptr<DaemonStats> stats_;
   std::unique_ptr<storage::IoEngine> io_;
@@ -460,6 +528,282 @@ TEST_F(ChunkStoreTest, WithAnIntervalAJobTooLargeForDramCommitsEveryStep) {
   EXPECT_EQ(store_->durable_step(), 1);
   EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
   store_.reset();
+}
+
+
+// ---- Working weights (issue 12).
+
+TEST_F(ChunkStoreTest, AFetchReadsOnlyTheWeightsAndReturnsWhatTheCommittedUpdateProduced) {
+  RegisterWithWeights(*store_, 2);
+  // A new chunk's weights are the slot's initial weights.
+  EXPECT_EQ(Fetch(*store_, 1), Bf16Weights(1.0f));
+  Bytes produced;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.5f, &produced)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_NE(produced, Bf16Weights(0.0f));
+  // The manifest carries their checksum beside the states'.
+  const v1::StateExtent& committed = CommittedExtent(*store_->Find(0));
+  EXPECT_EQ(committed.length(), kWeightsOffset + kWeightsRegion);
+  EXPECT_EQ(committed.weights_checksum(), WeightsChecksum(produced.data(), ChunkLayout(kElements, DType::kBFloat16)));
+
+  // Hot: the committed states in DRAM hold them; nothing is read.
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  uint64_t before = StorageBytesRead();
+  ChunkStore::FetchSource source;
+  EXPECT_EQ(Fetch(*store_, 0, &source), produced);
+  EXPECT_TRUE(source.from_dram);
+  EXPECT_EQ(StorageBytesRead(), before);
+
+  // Cold (a new store over an empty cache): only the weights region is read,
+  // never master, m or v.
+  StateCache cold(64 << 20);
+  auto store = MakeStore(cold);
+  const uint64_t fetches = UserWeights().weights_fetches.load();
+  const uint64_t hits = UserWeights().weights_fetch_cache_hits.load();
+  const uint64_t weights_read = UserWeights().weights_bytes_read.load();
+  before = StorageBytesRead();
+  EXPECT_EQ(Fetch(*store, 0, &source), produced);
+  ASSERT_TRUE(store->WaitForWriteBacks().ok());
+  EXPECT_FALSE(source.from_dram);
+  EXPECT_EQ(source.bytes_read, kWeightsRegion);
+  EXPECT_EQ(StorageBytesRead() - before, kWeightsRegion);
+  // Again: from the entry that read left in DRAM.
+  before = StorageBytesRead();
+  EXPECT_EQ(Fetch(*store, 0, &source), produced);
+  EXPECT_TRUE(source.from_dram);
+  EXPECT_EQ(StorageBytesRead(), before);
+  EXPECT_EQ(UserWeights().weights_fetches.load() - fetches, 2u);
+  EXPECT_EQ(UserWeights().weights_fetch_cache_hits.load() - hits, 1u);
+  EXPECT_EQ(UserWeights().weights_bytes_read.load() - weights_read, kWeightsRegion);
+  EXPECT_GE(stats_->weights.weights_fetches.load(), 4u);
+
+  // The weights are the committed master in bf16, as the kernel rounds it.
+  Bytes rounded(kWeightsBytes);
+  const std::vector<float> master = Committed(*store, 0, ChunkState::kMaster);
+  optimizer::ConvertFromFloat32(master.data(), rounded.data(), DType::kBFloat16, kElements);
+  EXPECT_EQ(rounded, produced);
+
+  // A wrong-sized buffer is refused.
+  Bytes small(kWeightsBytes - 2);
+  EXPECT_EQ(store->FetchWeights(0, std::span(small)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ChunkStoreTest, DuringTheStepAfterARollBackOrARedoAFetchReturnsTheCommittedWeights) {
+  RegisterWithWeights(*store_, 1);
+  Bytes step1;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  // Step 2 updates the chunk: its DRAM entry holds the uncommitted update.
+  Bytes step2;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step2)).ok());
+  ASSERT_NE(step2, step1);
+  EXPECT_EQ(Fetch(*store_, 0), step1);
+  // A redo drops the update and makes another.
+  ASSERT_TRUE(store_->RollBackChunk(0).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step1);
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(3.0f, &step2)).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step1);
+  // An aborted step.
+  store_->RollBackStep();
+  EXPECT_EQ(Fetch(*store_, 0), step1);
+  // Committed: the new weights, also once the chunk's states left DRAM and
+  // the weights entry read during the step would have the committed extent's
+  // version again (two commits later).
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(4.0f, &step2)).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step1);  // read from the committed extent (version 1) during step 2
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step2);
+  Bytes step3;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(5.0f, &step3)).ok());
+  ASSERT_TRUE(store_->CommitStep(3).ok());
+  ASSERT_EQ(store_->Find(0)->committed_version(), 1u);
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  cache_->Drop(job_->key(), 0);  // the states left DRAM
+  ChunkStore::FetchSource source;
+  EXPECT_EQ(Fetch(*store_, 0, &source), step3);
+  EXPECT_FALSE(source.from_dram);
+}
+
+TEST_F(ChunkStoreTest, WithAnIntervalAFetchReturnsTheAcknowledgedWeights) {
+  store_ = MakeStore(*cache_, 2, DurabilityInterval{.every_steps = 3});
+  RegisterWithWeights(*store_, 1);
+  Bytes step1;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_EQ(store_->durable_step(), 0);  // acknowledged only: in DRAM
+  ChunkStore::FetchSource source;
+  EXPECT_EQ(Fetch(*store_, 0, &source), step1);
+  EXPECT_TRUE(source.from_dram);
+  Bytes step2;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step2)).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step1);  // the undo copy
+  ASSERT_TRUE(store_->RollBackChunk(0).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step1);
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(3.0f, &step2)).ok());
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  EXPECT_EQ(Fetch(*store_, 0), step2);
+  // Closing makes step 2 durable, weights included.
+  store_.reset();
+  StateCache cold(64 << 20);
+  auto store = MakeStore(cold);
+  EXPECT_EQ(store->durable_step(), 2);
+  EXPECT_EQ(Fetch(*store, 0), step2);
+}
+
+TEST_F(ChunkStoreTest, CorruptedWeightsAreDataLossAndNothingIsCopied) {
+  RegisterWithWeights(*store_, 1);
+  Bytes produced;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &produced)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  const uint64_t weights_at = CommittedExtent(*store_->Find(0)).offset() + kWeightsOffset;
+  store_.reset();
+  {
+    std::fstream file(StatesFile(), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file.is_open());
+    file.seekp(static_cast<std::streamoff>(weights_at + 100));
+    const char flipped = static_cast<char>(std::to_integer<char>(produced[100]) ^ 0x40);
+    file.write(&flipped, 1);
+  }
+  StateCache cold(64 << 20);
+  auto store = MakeStore(cold);
+  Bytes out(kWeightsBytes, std::byte{0x55});
+  auto fetched = store->FetchWeights(0, std::span(out));
+  ASSERT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+  const std::string message(fetched.status().message());
+  EXPECT_NE(message.find("job 'job' chunk 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("working weights"), std::string::npos) << message;
+  EXPECT_NE(message.find("states.bin"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(weights_at)), std::string::npos) << message;
+  EXPECT_EQ(out, Bytes(kWeightsBytes, std::byte{0x55}));
+  // Again (nothing bad was kept in DRAM), and an update refuses the extent too.
+  EXPECT_EQ(store->FetchWeights(0, std::span(out)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store->StageUpdate(0, UpdateStoringWeights(1.0f, &produced)).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(ChunkStoreTest, TheSecondStepsFetchesHitReadAheadsInTheLearnedOrder) {
+  constexpr uint32_t kChunks = 4;
+  RegisterWithWeights(*store_, kChunks);
+  // A model larger than DRAM: no chunk's states are cached when a step starts.
+  auto evict_states = [&] {
+    ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+    for (uint32_t id = 0; id < kChunks; ++id) cache_->Drop(job_->key(), id);
+  };
+  // One step as stream_parameters makes it: forward 0..3, then backward
+  // 3..0, each chunk's update sent right after its backward.
+  std::vector<Bytes> produced(kChunks);
+  auto step = [&](int64_t number) {
+    for (uint32_t id = 0; id < kChunks; ++id) Fetch(*store_, id);
+    for (uint32_t id = kChunks; id-- > 0;) {
+      Fetch(*store_, id);
+      ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(1.0f, &produced[id])).ok());
+    }
+    ASSERT_TRUE(store_->CommitStep(number).ok());
+  };
+  evict_states();
+  WeightsCounters& counters = UserWeights();
+  uint64_t hits = counters.weights_fetch_cache_hits.load();
+  uint64_t read = counters.weights_bytes_read.load();
+  step(1);
+  // Nothing learned yet: each forward fetch read its chunk, backward found them.
+  EXPECT_EQ(counters.weights_fetch_cache_hits.load() - hits, kChunks);
+  EXPECT_EQ(counters.weights_bytes_read.load() - read, kChunks * kWeightsRegion);
+  EXPECT_EQ(store_->fetch_order().predicted(), (std::vector<uint32_t>{0, 1, 2, 3, 3, 2, 1, 0}));
+
+  evict_states();
+  hits = counters.weights_fetch_cache_hits.load();
+  read = counters.weights_bytes_read.load();
+  const uint64_t fetches = counters.weights_fetches.load();
+  step(2);
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  // The first fetch read on demand and every later one found its read-ahead
+  // (done or in flight); each chunk's weights were read once.
+  EXPECT_EQ(counters.weights_fetches.load() - fetches, 2 * kChunks);
+  EXPECT_EQ(counters.weights_fetch_cache_hits.load() - hits, 2 * kChunks - 1);
+  EXPECT_EQ(counters.weights_bytes_read.load() - read, kChunks * kWeightsRegion);
+  // And step 2's weights are what its updates produced.
+  for (uint32_t id = 0; id < kChunks; ++id) EXPECT_EQ(Fetch(*store_, id), produced[id]) << id;
+}
+
+TEST_F(ChunkStoreTest, AResumedChunkKeepsWhetherItStoresWeightsAndTheirDType) {
+  RegisterWithWeights(*store_, 1);  // chunk 0 stores weights
+  Bytes plain_slot = Bf16Weights(7.0f);
+  ChunkStore::Registration plain = WeightsRegistration(1, plain_slot, /*store_weights=*/false);
+  ASSERT_TRUE(store_->Register(std::span(&plain, 1), 0).ok());
+  const std::string manifest_before = job_->manifest().SerializeAsString();
+  Bytes slot = Bf16Weights(9.0f);
+  Bytes new_slot = Bf16Weights(9.0f);
+  struct Case {
+    const char* what;
+    ChunkStore::Registration chunk;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"weights chunk resumed without", WeightsRegistration(0, slot, false), "store_weights=true"},
+      {"plain chunk resumed with", WeightsRegistration(1, slot, true), "store_weights=false"},
+      {"weights chunk resumed as fp16", WeightsRegistration(0, slot, true, DType::kFloat16), "bfloat16"},
+  };
+  for (const Case& c : cases) {
+    // With a new chunk in the same request: nothing at all is registered.
+    std::vector<ChunkStore::Registration> chunks = {WeightsRegistration(5, new_slot), c.chunk};
+    auto refused = store_->Register(chunks, 0);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << c.what << ": " << refused.status();
+    const std::string message(refused.status().message());
+    EXPECT_NE(message.find(fmt::format("job 'job' chunk {}", c.chunk.chunk_id)), std::string::npos) << message;
+    EXPECT_NE(message.find(c.says), std::string::npos) << c.what << ": " << message;
+    EXPECT_EQ(store_->chunk_count(), 2u) << c.what;
+    EXPECT_EQ(job_->manifest().SerializeAsString(), manifest_before) << c.what;
+    EXPECT_EQ(slot, Bf16Weights(9.0f)) << c.what;
+  }
+  // Resumed as created: the slot gets the committed weights.
+  ChunkStore::Registration same = WeightsRegistration(0, slot);
+  auto resumed = store_->Register(std::span(&same, 1), 0);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE((*resumed)[0].resumed);
+  EXPECT_EQ(slot, Bf16Weights(0.0f));
+}
+
+TEST_F(ChunkStoreTest, AfterARestartAFetchAndAResumeGetTheCommittedWeights) {
+  RegisterWithWeights(*store_, 2);
+  std::vector<Bytes> produced(2);
+  for (uint32_t id = 0; id < 2; ++id) {
+    ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(0.5f, &produced[id])).ok());
+  }
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  // A restart: new Job, cache and store over the same files.
+  store_.reset();
+  cache_.reset();
+  job_.reset();
+  auto job = Job::Open({root_}, "job", kUid, /*create=*/false, *io_, *stats_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  job_ = std::move(*job);
+  ASSERT_TRUE(job_->FindRecord(0)->stores_weights());
+  cache_ = std::make_unique<StateCache>(64 << 20);
+  store_ = MakeStore(*cache_);
+  for (uint32_t id = 0; id < 2; ++id) EXPECT_EQ(Fetch(*store_, id), produced[id]) << id;
+  Bytes slot(kWeightsBytes);
+  ChunkStore::Registration again = WeightsRegistration(1, slot);
+  ASSERT_TRUE(store_->Register(std::span(&again, 1), 0).ok());
+  EXPECT_EQ(slot, produced[1]);
+}
+
+TEST_F(ChunkStoreTest, AnImportOfMasterRefreshesTheWeights) {
+  RegisterWithWeights(*store_, 1);
+  std::vector<float> master(kElements);
+  for (uint64_t i = 0; i < kElements; ++i) master[i] = -2.0f + static_cast<float>(i) / 512.0f;
+  Bytes imported(kWeightsBytes);
+  optimizer::ConvertFromFloat32(master.data(), imported.data(), DType::kBFloat16, kElements);
+  ASSERT_NE(imported, Bf16Weights(0.0f));
+  ASSERT_TRUE(store_->ImportState(0, ChunkState::kMaster, 0, master).ok());
+  EXPECT_EQ(Fetch(*store_, 0), Bf16Weights(0.0f));  // not committed yet
+  ASSERT_TRUE(store_->CommitImport().ok());
+  EXPECT_EQ(Fetch(*store_, 0), imported);
+  // m does not change them; storage holds them with a valid checksum.
+  ASSERT_TRUE(store_->ImportState(0, ChunkState::kExpAvg, 0, std::vector<float>(kElements, 0.5f)).ok());
+  ASSERT_TRUE(store_->CommitImport().ok());
+  EXPECT_EQ(Fetch(*store_, 0), imported);
+  StateCache cold(64 << 20);
+  auto store = MakeStore(cold);
+  EXPECT_EQ(Fetch(*store, 0), imported);
 }
 
 }  // namespace

@@ -173,5 +173,34 @@ TEST(StateCache, ContentsAreRecordedPerEntry) {
   EXPECT_GE(pinned.size(), kMiB);
 }
 
+
+// Issue 12: a weights fetch looks at a chunk's states without taking the
+// update's first use of a prefetch, and a read-ahead asks, without waiting,
+// whether an entry holds a committed version.
+TEST(StateCache, ALookIsNotAUseAndHoldsNeverWaits) {
+  StateCache cache(8 * kMiB);
+  auto prefetch = cache.Create("job", 1, kMiB, /*wait=*/true, /*loading=*/true);
+  ASSERT_TRUE(prefetch.ok());
+  cache.SetContents(*prefetch, 1, /*committed=*/true);
+  EXPECT_TRUE(cache.Holds("job", 1, 1));  // loading: it will hold version 1
+  EXPECT_FALSE(cache.Holds("job", 1, 0));
+  EXPECT_FALSE(cache.Holds("job", 2, 1));
+  cache.FinishLoad(*prefetch, absl::OkStatus());
+  prefetch->Reset();
+  StatePin look = cache.Pin("job", 1, /*use=*/false);
+  ASSERT_TRUE(look);
+  EXPECT_FALSE(look.first_use_of_prefetch());
+  look.Reset();
+  StatePin use = cache.Pin("job", 1);
+  EXPECT_TRUE(use.first_use_of_prefetch());  // still the update's first use
+  cache.SetContents(use, 0, /*committed=*/false);
+  EXPECT_FALSE(cache.Holds("job", 1, 0));  // an uncommitted update
+  use.Reset();
+  auto failed = cache.Create("job", 3, kMiB, true, /*loading=*/true);
+  ASSERT_TRUE(failed.ok());
+  cache.FinishLoad(*failed, absl::DataLossError("bad"));
+  EXPECT_FALSE(cache.Holds("job", 3, 0));
+}
+
 }  // namespace
 }  // namespace fuyou

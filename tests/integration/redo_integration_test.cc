@@ -489,6 +489,60 @@ TEST_F(RedoTest, AChunkCreatedWithoutSegmentsAdoptsThemOnResume) {
   }
 }
 
+// Issue 12: a chunk registered with store_weights keeps each update's working
+// weights itself, with the states, in the same commit: after a redo, a step
+// with a segment without gradient and a daemon restart, a resume gets exactly
+// the weights of the last committed update (here fp32: the master itself), and
+// resuming it without store_weights is refused.
+TEST_F(RedoTest, AChunkThatStoresItsWeightsResumesWithTheLastCommittedUpdatesWeights) {
+  constexpr size_t kN = 300;
+  const std::vector<float> w = Values(1, kN);
+  ExpectedChunk expected(w, {100, 200});
+  v1::ChunkSpec spec = ChunkSpecOf(0, kN, 0, {100, 200});
+  spec.set_store_weights(true);
+  {
+    auto session = Open("stored-weights");
+    ASSERT_NE(session, nullptr);
+    Register(*session, {spec}, {w});
+    const std::vector<float> speculative = Values(2, kN, 0.1f);
+    ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(1, 0, 0, Hyper()), speculative)));
+    const std::vector<float> g = Values(3, kN, 0.1f);
+    v1::GradReady redo = GradReadyOf(1, 0, 0, Hyper(0.5f));
+    redo.set_redo(v1::REDO_REASON_CLIPPED);
+    ASSERT_TRUE(IsParamsReady(session->SendGrad(redo, g)));
+    expected.Update(g, Hyper(0.5f));
+    EXPECT_BITS(session->Weights(0, kN), expected.master);
+    ASSERT_TRUE(session->EndStep(1).has_step_committed());
+    const std::vector<float> g2 = Values(4, kN, 0.1f);
+    v1::GradReady grad = GradReadyOf(2, 0, 0, Hyper());
+    grad.add_segments_without_grad(0);
+    ASSERT_TRUE(IsParamsReady(session->SendGrad(grad, g2)));
+    expected.Update(g2, Hyper(), {0});
+    EXPECT_BITS(session->Weights(0, kN), expected.master);
+    ASSERT_TRUE(session->EndStep(2).has_step_committed());
+    // A step that does not commit leaves them.
+    ASSERT_TRUE(IsParamsReady(session->SendGrad(GradReadyOf(3, 0, 0, Hyper()), g)));
+    ASSERT_TRUE(session->AbortStep(3, v1::ABORT_REASON_SKIPPED_STEP).has_step_aborted());
+    EXPECT_TRUE(session->Close().ok());
+  }
+  daemon_.reset();
+  StartDaemon();
+  auto session = Open("stored-weights");
+  ASSERT_NE(session, nullptr);
+  v1::ChunkSpec without = spec;
+  without.set_store_weights(false);
+  v1::RegisterChunksResponse response;
+  grpc::Status refused = session->Register({without}, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("store_weights"), std::string::npos) << refused.error_message();
+  std::memset(session->ParamRegion(0).data(), 0, kN * 4);
+  v1::RegisterChunksResponse registered = Register(*session, {spec}, {});
+  ASSERT_EQ(registered.chunks_size(), 1);
+  EXPECT_TRUE(registered.chunks(0).resumed());
+  EXPECT_BITS(session->Weights(0, kN), expected.master);
+  ExpectCommittedStates(*session, 0, 1, expected);
+}
+
 TEST_F(RedoTest, HostileSegmentListsAreRefusedAndTheDaemonServes) {
   constexpr size_t kN = 1000;
   auto session = Open("hostile");
