@@ -14,7 +14,7 @@ import torch.nn as nn
 import fuyou
 from fuyou import _materialize
 from helpers import TinyGPT, assert_models_close, make_model
-from train_util import CHUNK_BYTES, split_groups, step_loss
+from train_util import CHUNK_BYTES, StreamGPT, split_groups, step_loss, stream_batch
 
 REPO = Path(__file__).resolve().parents[2]
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
@@ -403,3 +403,94 @@ def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
         assert figures[phase] < bound, (
             f"{phase} raised the peak RSS by {figures[phase] >> 20} MiB (bound {bound >> 20} MiB, "
             f"model {model >> 20} MiB)")
+
+
+# --------------------------------------------------------------------- training
+LR, BETAS, EPS, WD = 3e-3, (0.9, 0.95), 1e-8, 0.1
+STREAM_RTOL, STREAM_ATOL = 1e-5, 1e-6  # fp32 tolerance against torch (test_stream_parameters)
+
+
+def _stream_adamw(daemon, model, job, **kw):
+    return fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                       address=daemon.address, timeout=20.0, chunk_bytes=8 << 10, num_slots=3,
+                       offload_params=True, job=job, **kw)
+
+
+def _train_streamed(model, opt, first, count):
+    for step in range(first, first + count):
+        model(*stream_batch(step)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _daemon_weights(opt, ref) -> list:
+    """The job's weights (export_checkpoint keyed by parameter index = the order
+    of ref.parameters())."""
+    weights = opt.export_checkpoint()["model"]
+    return [weights[i] for i in range(len(list(ref.parameters())))]
+
+
+def _assert_close_to(opt, ref, what):
+    for (name, b), a in zip(ref.named_parameters(), _daemon_weights(opt, ref)):
+        torch.testing.assert_close(a, b.detach(), rtol=STREAM_RTOL, atol=STREAM_ATOL,
+                                   msg=lambda m: f"{what}: {name}: {m}")
+
+
+def _never(module):
+    raise AssertionError(f"init called for {type(module).__name__} on a resumed job")
+
+
+def test_empty_model_materialized_streams_and_trains_like_the_normal_build(daemon, tmp_path):
+    """A StreamGPT built in init_empty, materialized (init=) into an offload_params
+    job and trained 4 steps through stream_parameters matches the same GPT built
+    normally, initialised alike and trained with torch.optim.AdamW. Then: the job
+    resumes in a new session without initialising anything (materialize takes the
+    daemon's weights), and its sharded export, materialized into a new job, trains
+    on bit-exact with it."""
+    job = "mat-train-a"
+    with fuyou.init_empty(job=job):
+        model = StreamGPT(n_layer=4)
+    opt = _stream_adamw(daemon, model, job=None)
+    torch.manual_seed(5)
+    fuyou.materialize(model, opt, init=_normal_init)
+    handle = fuyou.stream_parameters(model, opt, device_budget="24KiB", prefetch=2)
+    ref = _reference_init(StreamGPT(n_layer=4), _normal_init, seed=5)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    assert sum(b.nbytes for b in opt.offload.blocks) >= 8 * (24 << 10)
+    _assert_close_to(opt, ref, "as initialised")
+    for step in range(4):
+        _train_streamed(model, opt, step, 1)
+        _train_streamed(ref, ref_opt, step, 1)
+        _assert_close_to(opt, ref, f"step {step}")
+    assert opt.committed_step == 4
+    ckpt = tmp_path / "ckpt"
+    fuyou.export_checkpoint(opt, ckpt, model=model, shard_bytes=24 << 10)
+    handle.close()
+    opt.close()
+
+    # Resume: a new session on the job; nothing is initialised.
+    with fuyou.init_empty():
+        again = StreamGPT(n_layer=4)
+    opt = _stream_adamw(daemon, again, job=job)
+    fuyou.materialize(again, opt, init=_never)
+    assert opt.offload.job_exists and opt.resumed
+    handle = fuyou.stream_parameters(again, opt, device_budget="24KiB", prefetch=2)
+    _assert_close_to(opt, ref, "resumed")
+
+    # A new job from the sharded export trains on exactly like the original.
+    with fuyou.init_empty():
+        copy_model = StreamGPT(n_layer=4)
+    copy_opt = _stream_adamw(daemon, copy_model, job="mat-train-b")
+    fuyou.materialize(copy_model, copy_opt, checkpoint=ckpt)
+    assert not copy_opt.resumed and copy_opt.committed_step == 0
+    copy_handle = fuyou.stream_parameters(copy_model, copy_opt, device_budget="24KiB")
+    for step in range(4, 7):
+        _train_streamed(again, opt, step, 1)
+        _train_streamed(copy_model, copy_opt, step, 1)
+        _train_streamed(ref, ref_opt, step, 1)
+        for a, b in zip(_daemon_weights(copy_opt, ref), _daemon_weights(opt, ref)):
+            assert torch.equal(a, b), f"step {step}"
+        _assert_close_to(opt, ref, f"step {step}")
+    for h, o in ((handle, opt), (copy_handle, copy_opt)):
+        h.close()
+        o.close()
