@@ -69,6 +69,31 @@ def parse_args():
     return ap.parse_args()
 
 
+class StreamableGPT(GPT):
+    """examples/gpt.py's GPT with its tied LM head as a module (``head``, whose
+    weight is the token embedding's): stream_parameters fetches a module's
+    weights around the module's own forward, and the example's forward reads
+    ``tok_emb.weight`` from the root's."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight
+
+    def forward(self, idx, targets=None):
+        b, t = idx.shape
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                               targets.reshape(-1))
+        return logits, loss
+
+
 def init_weights(module: nn.Module) -> None:
     """GPT's own init (examples/gpt.py), module by module: N(0, 0.02) for Linear
     and Embedding weights, zero biases, LayerNorm's reset. The GPT-2 scaled init of
@@ -82,7 +107,7 @@ def init_weights(module: nn.Module) -> None:
 
 
 def build_resident(cfg, device):
-    model = GPT(cfg)
+    model = StreamableGPT(cfg)
     torch.manual_seed(1)
     seen = set()
     with torch.no_grad():
@@ -135,7 +160,7 @@ def main():
 def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
     # The streamed model: never whole anywhere but in the daemon.
     with fuyou.init_empty(job="param-stream-streamed"):
-        streamed = GPT(cfg)
+        streamed = StreamableGPT(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in streamed.parameters())
     largest_module = max(sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
                          for m in streamed.modules())
