@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import statistics
 import sys
 import tempfile
@@ -173,6 +174,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
     torch.manual_seed(1)
     fuyou.materialize(streamed, s_opt, init=init_weights, device=device)
     materialize_s = time.perf_counter() - t0
+    rss_after_materialize = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     handle = fuyou.stream_parameters(streamed, s_opt, device_budget=budget,
                                      prefetch=args.prefetch)
     variants = {"streamed": (streamed, s_opt)}
@@ -227,6 +229,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
             f"{k} loss {losses[k][-1]:.4f}" + (f" {times[k][-1]:.3f} s" if i > 0 else "")
             for k in variants), flush=True)
     peak_live = handle.peak_live_bytes
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     fetches, hits = handle.fetches, handle.cache_hits
     for _model, opt in variants.values():
         opt.close()
@@ -234,7 +237,8 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
                 budget=budget, cap=cap, device=str(device), materialize_s=materialize_s,
                 times=times, losses=losses, reads=reads, peak_live=peak_live,
                 fetches=fetches, cache_hits=hits, peak_device_memory=peak_mem,
-                resident_note=resident_note)
+                resident_note=resident_note, peak_rss_after_materialize=rss_after_materialize,
+                peak_rss=peak_rss)
 
 
 def report(args, r, tokens):
@@ -256,6 +260,8 @@ def report(args, r, tokens):
           f"{r['budget'] / 2**20:.1f} MiB (+ largest module = {bound / 2**20:.1f} MiB); "
           f"weights {w / 2**20:.1f} MiB = {w / r['budget']:.1f}x the budget; "
           f"client fetches {r['fetches']}, cache hits {r['cache_hits']}")
+    print(f"client peak RSS: {r['peak_rss_after_materialize'] / 2**20:.0f} MiB after materialize, "
+          f"{r['peak_rss'] / 2**20:.0f} MiB at the end (resident variant included when it ran)")
     if "resident" in med:
         print(f"streamed / resident step time = {med['streamed'] / med['resident']:.2f}; max loss "
               f"difference {max(abs(a - b) for a, b in zip(r['losses']['streamed'], r['losses']['resident'])):.2e}")
