@@ -220,7 +220,6 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
       or loaded: registration takes the daemon's committed weights (parameters
       the daemon does not hold, frozen ones, are still initialised or loaded,
       with their module; the optimizer states are not imported).
-
     - `device`: where the modules' weights are fetched to when streamed
       (``register_module``'s device; default the CPU). Values are always made
       on the CPU and sent from there.

@@ -463,28 +463,34 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
     meta = reader.optimizer_meta
     steps = {int(k): int(v) for k, v in (meta.get("steps") or {}).items()}
     names = {int(k): v for k, v in (meta.get("names") or {}).items()}
+    counts = {c.chunk_id: [steps.get(saved_index[id(seg.param)], 0) for seg in c.segments]
+              for c in pipeline.chunks}
+    # One state at a time over all chunks: one chunk's buffer and one shard in
+    # memory, each shard read once per pass (a pass per parameter group's
+    # chunks; the moments' shards are read twice, for exp_avg and exp_avg_sq).
+    passes = ((STATE_MASTER, reader.weights, lambda i: names[i]),
+              (STATE_EXP_AVG, reader.moments, lambda i: f"state.{i}.exp_avg"),
+              (STATE_EXP_AVG_SQ, reader.moments, lambda i: f"state.{i}.exp_avg_sq"))
+    for kind, shards, key in passes:
+        for c in pipeline.chunks:
+            if kind != STATE_MASTER and not any(counts[c.chunk_id]):
+                continue  # a new chunk's moments are already zero
+            values = torch.zeros(c.num_elements, dtype=torch.float32)
+            for seg, t in zip(c.segments, counts[c.chunk_id]):
+                if kind == STATE_MASTER or t:
+                    i = saved_index[id(seg.param)]
+                    values[seg.offset:seg.offset + seg.numel] = \
+                        shards.get(key(i)).reshape(-1)[seg.start:seg.end]
+            pipeline.write_state(c, kind, values)
+            if install and kind == STATE_MASTER:
+                with torch.no_grad():
+                    pipeline.install(c, values.to(c.dtype))
+            del values
+        shards.close()
+        release_freed_memory()
     for c in pipeline.chunks:
-        master = torch.empty(c.num_elements, dtype=torch.float32)
-        m = torch.zeros(c.num_elements, dtype=torch.float32)
-        v = torch.zeros(c.num_elements, dtype=torch.float32)
-        counts = []
-        for seg in c.segments:
-            i = saved_index[id(seg.param)]
-            dst = slice(seg.offset, seg.offset + seg.numel)
-            master[dst] = reader.tensor(names[i]).reshape(-1)[seg.start:seg.end]
-            t = steps.get(i, 0)
-            counts.append(t)
-            if t:
-                m[dst] = reader.moments.get(f"state.{i}.exp_avg").reshape(-1)[seg.start:seg.end]
-                v[dst] = reader.moments.get(f"state.{i}.exp_avg_sq").reshape(-1)[seg.start:seg.end]
-        pipeline.write_state(c, STATE_MASTER, master)
-        if any(counts):
-            pipeline.write_state(c, STATE_EXP_AVG, m)
-            pipeline.write_state(c, STATE_EXP_AVG_SQ, v)
-            pipeline.set_update_count(c, counts)
-        if install:
-            with torch.no_grad():
-                pipeline.install(c, master.to(c.dtype))
+        if any(counts[c.chunk_id]):
+            pipeline.set_update_count(c, counts[c.chunk_id])
     pipeline.commit_import()
     for group, sg in zip(opt.param_groups, meta["param_groups"]):
         hyper = {k: sg[k] for k in _HYPER_KEYS if k in sg}

@@ -1,17 +1,20 @@
 """The host-memory test of fuyou.materialize, in a process of its own: builds a
 stack of Linear layers in init_empty, materializes it into an offload_params job
-(init), exports it as a sharded checkpoint, and materializes it again from that
-checkpoint into a new job. Before each phase it resets the process's peak RSS
+(init), trains it one step through stream_parameters (so that it has moments),
+exports it as a sharded checkpoint, and materializes it again from that
+checkpoint into a new job (weights and optimizer states). Before each phase it resets the process's peak RSS
 (/proc/self/clear_refs 5) and prints, as one JSON line, how far each phase raised
 it above the RSS it started from."""
 
 import argparse
+import gc
 import json
 
 import torch
 import torch.nn as nn
 
 import fuyou
+from fuyou._sharded import release_freed_memory
 
 
 def rss() -> int:
@@ -34,6 +37,8 @@ class Phase:
     """Peak RSS growth over the RSS at entry."""
 
     def __enter__(self):
+        gc.collect()
+        release_freed_memory()  # what the last phase freed leaves the RSS first
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
         self.start = rss()
@@ -76,6 +81,14 @@ def main():
         torch.manual_seed(0)
         fuyou.materialize(model, opt, init=init)
     out["materialize_init"] = phase.growth
+    with Phase() as phase:
+        handle = fuyou.stream_parameters(model, opt, device_budget=4 * out["largest_module_bytes"])
+        x = torch.randn(8, args.width, generator=torch.Generator().manual_seed(0))
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        handle.close()
+    out["train_step"] = phase.growth
     with Phase() as phase:
         fuyou.export_checkpoint(opt, args.checkpoint, model=model, shard_bytes=args.shard_bytes)
     out["export_sharded"] = phase.growth

@@ -370,9 +370,12 @@ def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
     states and 128 MiB of stored weights) into a fuyoud whose DRAM budget is 64 MiB.
     Each phase's rise of the client's peak RSS stays under a bound set from the
     largest module (4 MiB) and the shard size (8 MiB), below a third of the model:
-    materialize with init: 6 modules; the sharded export: 2 shards (weights and
-    moments being filled) + 6 modules (a chunk's three states read, the parameter's
-    three assembled); materialize from the checkpoint: a shard + 6 modules."""
+    materialize with init: 6 modules; (one training step through
+    stream_parameters, so that there are moments to export;) the sharded export:
+    2 shards (weights and moments being filled) + 6 modules (a chunk's three states
+    read, the parameter's three assembled) + a module of slack for the allocator;
+    materialize from the checkpoint
+    (weights, then the optimizer states): 2 shards + 6 modules."""
     from conftest import start_daemon
     os.environ["FUYOU_TEST_DAEMON_ARGS"] = "--dram-budget 64MiB"
     try:
@@ -396,8 +399,8 @@ def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
     assert model >= 128 << 20 and module < (5 << 20)
     assert 3 * model > 4 * figures["dram_budget_bytes"]  # the states exceed the budget
     bounds = {"materialize_init": 6 * module,
-              "export_sharded": 2 * shard + 6 * module,
-              "materialize_checkpoint": shard + 6 * module}
+              "export_sharded": 2 * shard + 7 * module,
+              "materialize_checkpoint": 2 * shard + 6 * module}
     for phase, bound in bounds.items():
         assert bound < model / 2.5
         assert figures[phase] < bound, (
