@@ -19,7 +19,7 @@ from . import _checkpoint
 from ._chunking import plan_chunks, trainable_params
 from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
-from ._materialize import job_of
+from ._materialize import is_empty, job_of
 from ._offload import FETCH_SLOTS, OffloadedParams
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
@@ -250,6 +250,12 @@ class AdamW(torch.optim.Optimizer):
             if job is None:
                 raise ValueError("job must be a non-empty string (or the parameters built in "
                                  "fuyou.init_empty(job=...), which records it)")
+        if not offload_params and any(is_empty(p) for g in self.param_groups
+                                      for p in g["params"]):
+            raise InvalidArgument(
+                f"fuyou.AdamW of job {job!r}: parameters built in fuyou.init_empty (or on meta) "
+                "hold no values; fuyou.materialize(model) them first, or open the optimizer with "
+                "offload_params=True and call fuyou.materialize(model, optimizer)")
         for i, group in enumerate(self.param_groups):
             if group["amsgrad"]:
                 raise NotImplementedError(

@@ -146,6 +146,19 @@ def test_adamw_takes_the_job_init_empty_recorded(fake_backend):
         fuyou.AdamW(make_model().parameters(), address=fake_backend.address)
 
 
+def test_parameters_without_values_are_never_sent(daemon):
+    """An init_empty model is refused by an ordinary fuyou.AdamW, and by
+    stream_parameters (which registers every module) before materialize."""
+    with fuyou.init_empty(job="mat-unset"):
+        model = StreamGPT()
+    with pytest.raises(fuyou.InvalidArgument, match="hold no values; fuyou.materialize"):
+        fuyou.AdamW(model.parameters(), address=daemon.address)
+    opt = fuyou.AdamW(model.parameters(), address=daemon.address, offload_params=True)
+    with pytest.raises(fuyou.FailedPrecondition, match="built in fuyou.init_empty.*is new"):
+        fuyou.stream_parameters(model, opt)
+    opt.close()
+
+
 # --------------------------------------------------------------------- sharded checkpoints
 def _adamw(daemon, params, **kw):
     return fuyou.AdamW(params, address=daemon.address, timeout=20.0, chunk_bytes=CHUNK_BYTES,
