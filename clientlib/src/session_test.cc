@@ -184,6 +184,7 @@ class FakeOffload final : public v1::Offload::Service {
         const v1::FetchWeights& fetch = in.fetch_weights();
         std::lock_guard lock(mu_);
         ++fetches_seen;
+        if (fetch.chunk_id() == kSilentChunk) continue;  // never answered
         if (fetch.chunk_id() == kRefusedChunk || stores_weights_.count(fetch.chunk_id()) == 0) {
           out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
           out.mutable_error()->set_message(
@@ -710,10 +711,6 @@ TEST_F(SessionTest, FetchWeightsCopiesTheStoredWeightsIntoTheSlot) {
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_TRUE(s.SendFetchWeights(4, *a).ok());
   ASSERT_TRUE(s.SendFetchWeights(4, *b).ok());
-  // In flight: the slot cannot be sent again, nor states read.
-  EXPECT_EQ(s.SendFetchWeights(4, *a).code(), absl::StatusCode::kFailedPrecondition);
-  std::vector<float> out(100);
-  EXPECT_EQ(s.ReadState(4, StateKind::kMaster, 0, out).status().code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<uint32_t> first = s.WaitWeights(4, milliseconds(5000));
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(*first, *a);
@@ -726,8 +723,33 @@ TEST_F(SessionTest, FetchWeightsCopiesTheStoredWeightsIntoTheSlot) {
   s.ReleaseSlot(*second);
   EXPECT_EQ(fake_.fetches_seen.load(), 2);
   EXPECT_EQ(s.WaitWeights(4, milliseconds(10)).status().code(), absl::StatusCode::kFailedPrecondition);
-  // Every slot is free again.
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok());
+
+  // A fetch the daemon never answers: its slot stays in flight (not sent
+  // again, not released), states are not read meanwhile, and the wait times
+  // out without losing it.
+  std::vector<float> silent(8);
+  ASSERT_TRUE(s.RegisterChunk(StoredWeightsChunk(kSilentChunk, 8), Bytes(silent)).ok());
+  absl::StatusOr<uint32_t> c = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(s.SendFetchWeights(kSilentChunk, *c).ok());
+  absl::Status again = s.SendFetchWeights(4, *c);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(again, "already in flight")) << again;
+  std::vector<float> out(100);
+  absl::StatusOr<int64_t> read = s.ReadState(4, StateKind::kMaster, 0, out);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(read.status(), "weights fetches of 1 chunks are in flight")) << read.status();
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<uint32_t> waited = s.WaitWeights(kSilentChunk, milliseconds(100));
+    EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(Contains(waited.status(), "no WeightsFetched for chunk 777")) << waited.status();
+  }
+  EXPECT_EQ(fake_.fetches_seen.load(), 3);  // the refused one was not sent
+  s.ReleaseSlot(*c);                         // ignored: the daemon owns it
+  // The two other slots are free again; the third stays in flight.
+  EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok());
+  EXPECT_TRUE(s.AcquireSlot(milliseconds(100)).ok());
+  EXPECT_EQ(s.AcquireSlot(milliseconds(10)).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 // A fetch beside the chunk's own GradReady: each answer goes to its waiter, and

@@ -269,8 +269,10 @@ class ChunkStore {
   // evict pinned entries and never wait for budget; each is verified when its
   // read completes. Counts the fetch, a DRAM hit and the bytes read (this
   // fetch's and its read-aheads') into StoreCounters (WeightsCounters).
-  // Preconditions (checked by the caller): the chunk exists and stores
-  // weights. INVALID_ARGUMENT when `out` has the wrong size; nothing changes.
+  // Preconditions (checked by the caller, who answers the client): the chunk
+  // exists and stores weights; otherwise FAILED_PRECONDITION. INVALID_ARGUMENT
+  // when `out` has the wrong size. Neither changes anything. Any step state
+  // (between steps, staged chunks, a pending import) is allowed.
   absl::StatusOr<FetchSource> FetchWeights(uint32_t chunk_id, std::span<std::byte> out);
   // The learned order of weight fetches (tests, diagnostics).
   const FetchOrder& fetch_order() const { return fetch_order_; }

@@ -27,6 +27,13 @@ One step, seen from here::
 
 Every method is called with ``lock`` held (the optimizer's lock, shared).
 
+offload_params (``set_offload``): the chunks are planned per module after the
+pipeline is made (``set_chunks``) and registered one by one
+(``register_chunk(store_weights=True)``); a chunk a pass completes goes to the
+OffloadedParams (``chunks_done``), which sends it from ``.grad`` or from a host
+copy (``send(packed=)``) and frees the gradients; no fingerprints, no
+validation, and new weights are never installed (the daemon keeps them).
+
 Threads. A hook only *enqueues* a chunk: it takes the fingerprint (on the
 gradients' device, asynchronously on a GPU), keeps references to the gradient
 pieces and records a marker (``_device``: an event on the current CUDA stream,

@@ -124,8 +124,10 @@ class ParameterStream:
 
     ``live_bytes`` / ``peak_live_bytes``: bytes of fetched weights and of
     gradients held on the device now / at most since the stream began (or
-    :meth:`reset_peak`). ``fetches`` and ``cache_hits`` count chunks fetched from
-    the daemon and blocks served from the cache. :meth:`close` removes the
+    :meth:`reset_peak`). ``fetches``, ``prefetches`` and ``cache_hits`` count
+    chunks fetched from the daemon, those of them started ahead of their use,
+    and blocks served from the cache. ``largest_module_bytes``: the largest
+    block (a module's own weights). :meth:`close` removes the
     hooks; the parameters stay empty placeholders (their weights are in the
     daemon: ``optimizer.export_checkpoint``).
     """
@@ -137,8 +139,8 @@ class ParameterStream:
         self.model = model
         self.device_budget = int(device_budget)
         self.prefetch = int(prefetch)
-        offload.device_budget = self.device_budget
-        offload.peak_live_bytes = offload.live_bytes
+        offload.weights.device_budget = self.device_budget
+        offload.weights.peak_live_bytes = offload.weights.live_bytes
         self.largest_module_bytes = max((b.nbytes for b in offload.blocks), default=0)
         self._orders = {"forward": [], "backward": []}
         self._recorded = {"forward": False, "backward": False}
@@ -183,23 +185,28 @@ class ParameterStream:
     # ------------------------------------------------------------ public
     @property
     def live_bytes(self) -> int:
-        return self._offload.live_bytes
+        return self._offload.weights.live_bytes
 
     @property
     def peak_live_bytes(self) -> int:
-        return self._offload.peak_live_bytes
+        return self._offload.weights.peak_live_bytes
 
     @property
     def fetches(self) -> int:
-        return self._offload.fetches
+        return self._offload.weights.fetches
 
     @property
     def cache_hits(self) -> int:
-        return self._offload.cache_hits
+        return self._offload.weights.cache_hits
+
+    @property
+    def prefetches(self) -> int:
+        """Chunk fetches started ahead of their use (``prefetch``)."""
+        return self._offload.weights.prefetches
 
     def reset_peak(self) -> None:
         with self._lock:
-            self._offload.peak_live_bytes = self._offload.live_bytes
+            self._offload.weights.peak_live_bytes = self._offload.weights.live_bytes
 
     def close(self) -> None:
         """Removes the hooks and lets every fetched weight go (idempotent)."""
@@ -214,11 +221,11 @@ class ParameterStream:
             offload = self._offload
             for blocks in self._forward_holds:
                 for b in blocks:
-                    offload.release(b)
+                    offload.weights.release(b)
             self._forward_holds = []
-            offload.release_backward_holds()
+            offload.weights.release_backward_holds()
             try:
-                offload.drop_cache()
+                offload.weights.drop_cache()
             except Exception:
                 pass  # the session may be gone already
             if self in offload._streams:
@@ -231,7 +238,7 @@ class ParameterStream:
             if self._forward_holds:  # the same
                 for blocks in self._forward_holds:
                     for b in blocks:
-                        self._offload.release(b)
+                        self._offload.weights.release(b)
                 self._forward_holds = []
             self._pos["forward"] = 0
             if torch.is_grad_enabled():
@@ -253,7 +260,7 @@ class ParameterStream:
         with self._lock:
             blocks = self._offload.uses(module)
             for b in blocks:
-                self._offload.acquire(b)
+                self._offload.weights.acquire(b)
                 self._advance("forward", b)
             self._forward_holds.append(blocks)
 
@@ -265,7 +272,7 @@ class ParameterStream:
                     del self._forward_holds[i]
                     break
             for b in blocks:
-                self._offload.release(b)
+                self._offload.weights.release(b)
         if not torch.is_grad_enabled():
             return None
         return _wrap_outputs(output, self._ref, weakref.ref(module))
@@ -284,7 +291,7 @@ class ParameterStream:
     def _backward_done(self) -> None:
         with self._lock:
             self._in_backward = False
-            self._offload.release_backward_holds()
+            self._offload.weights.release_backward_holds()
             if self._orders["backward"]:
                 self._recorded["backward"] = True
 
@@ -293,12 +300,12 @@ class ParameterStream:
             self._backward_started()
             for b in self._offload.uses(module):
                 if not b.backward_held:
-                    self._offload.hold_for_backward(b)
+                    self._offload.weights.hold_for_backward(b)
                 self._advance("backward", b)
 
     def _pack(self, t: torch.Tensor):
         with self._lock:
-            found = self._offload.block_holding(t)
+            found = self._offload.weights.block_holding(t)
             if found is None:
                 return t
             block, offset = found
@@ -315,7 +322,7 @@ class ParameterStream:
                     f"forward of step {saved.step + 1}, but step {offload.committed_step} was "
                     "committed since: run backward before optimizer.step()")
             self._backward_started()
-            offload.hold_for_backward(saved.block)
+            offload.weights.hold_for_backward(saved.block)
             typed = saved.block.buffer.view(saved.dtype)
             esize = typed.element_size()
             return torch.as_strided(typed, saved.shape, saved.stride, saved.offset // esize)
@@ -344,9 +351,9 @@ class ParameterStream:
             if b.buffer is not None:
                 continue
             for c in b.chunks:
-                if offload.fetches_in_flight >= self.prefetch:
+                if offload.weights.fetches_in_flight >= self.prefetch:
                     return
-                offload.prefetch(c)
+                offload.weights.prefetch(c)
 
 
 def _wrap_outputs(output, stream_ref, module_ref):

@@ -160,6 +160,31 @@ class AdamW(torch.optim.Optimizer):
     ``chunk_bytes``); a job that already has trained states keeps them (a warning
     says so).
 
+    **Weights in the daemon (offload_params=True).** For a model larger than
+    the GPU: the daemon keeps each chunk's working weights too (in the
+    parameters' dtype, beside master, m and v, under the same DRAM budget and
+    commits) and the model holds them only while a module runs. The
+    constructor opens the session and registers nothing (the parameters may be
+    on ``meta``); :func:`fuyou.stream_parameters` plans the chunks from the
+    model's modules (``offload.bind``: a chunk never holds two modules'
+    parameters), registers the modules not registered yet (their current
+    values start a new job; a resumed job keeps the daemon's committed weights)
+    and installs the hooks that fetch each module's weights for its forward and
+    backward. ``offload`` is the :class:`fuyou._offload.OffloadedParams` of the
+    model (``bind``, ``job_exists``, ``register_module``, ``registered``; None
+    without offload_params); ``fuyou.materialize`` registers one module at a
+    time through it. A chunk's gradients go to the daemon as soon as backward
+    completes them and are freed then, and the new weights are not installed
+    (the next forward fetches them). So ``torch.nn.utils.clip_grad_norm_`` and
+    ``torch.cuda.amp.GradScaler`` see no gradients: use ``max_grad_norm=``
+    (the finished chunks' gradients wait on the host for the coefficient at
+    :meth:`step`; no overlap) and ``loss_scale=`` with :meth:`scale_loss`, as
+    with DeepSpeed's ZeRO-3 engine. ``accumulation_steps=k`` adds each pass's
+    gradients into a host copy and sends at the k-th; an undeclared second
+    backward pass is refused (FailedPrecondition, the step abandoned). Not
+    with ``init_from`` nor ``load_state_dict`` of another job. It takes
+    ``FETCH_SLOTS`` (4) more slots of ``chunk_bytes`` for the fetches.
+
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
     a ``torch.optim.AdamW``-compatible optimizer state (``step``, ``exp_avg``,
     ``exp_avg_sq`` per parameter) to a PyTorch checkpoint. ``init_from`` (a
@@ -205,6 +230,8 @@ class AdamW(torch.optim.Optimizer):
         timeout: seconds any wait on the daemon may take before
             :class:`fuyou.FuyouError` is raised (a dead daemon never hangs a job).
         init_from: checkpoint to start a new job from (see above).
+        offload_params: keep the working weights in the daemon and stream them
+            into the model (see above and :func:`fuyou.stream_parameters`).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -310,7 +337,7 @@ class AdamW(torch.optim.Optimizer):
             if offload_params:
                 pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
                 self.offload = OffloadedParams(self, pipeline, self.chunk_bytes, self.timeout)
-                pipeline.set_offload(self.offload)
+                pipeline.set_offload(self.offload.gradients)
             else:
                 self.resumed = pipeline.attach(session)
             if plan is not None:
@@ -412,7 +439,7 @@ class AdamW(torch.optim.Optimizer):
                 else:
                     pipeline.reset_passes()
                 if self.offload is not None:
-                    self.offload.reset_step()
+                    self.offload.gradients.reset_step()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -478,7 +505,7 @@ class AdamW(torch.optim.Optimizer):
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
             if self.offload is not None:
-                self.offload.drain_fetches()
+                self.offload.weights.drain_fetches()
             checkpoint = _checkpoint.export_state(self, self._pipeline, model)
         if path is not None:
             torch.save(checkpoint, path)
@@ -674,14 +701,14 @@ class AdamW(torch.optim.Optimizer):
         pipeline = self._pipeline
         offload = self.offload
         if offload is not None:
-            offload.release_backward_holds()
+            offload.weights.release_backward_holds()
         inv_scale = 1.0 / self._scaler.scale
         grad_scale = inv_scale
         if not pipeline.overflow:
             clipping = self.max_grad_norm is not None
             if offload is not None:  # the gradients sent were freed: nothing to validate
                 pipeline.wait_sent()
-                changed, squares = [], (offload.squares() if clipping else {})
+                changed, squares = [], (offload.gradients.squares() if clipping else {})
             else:
                 changed, squares = pipeline.validate(squares=clipping)
             clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
@@ -699,18 +726,18 @@ class AdamW(torch.optim.Optimizer):
                         break
         if not pipeline.overflow:
             if offload is not None:
-                offload.send_unsent(grad_scale)
+                offload.gradients.send_unsent(grad_scale)
             else:
                 pipeline.send_unsent(grad_scale)
         if pipeline.overflow:
             pipeline.abort(ABORT_OVERFLOW)
             if offload is not None:
-                offload.reset_step()
+                offload.gradients.reset_step()
             self._scaler.update(overflow=True)
             self.skipped_steps += 1
             return
         pipeline.commit()
         if offload is not None:  # fetched weights are the previous step's now
-            offload.reset_step()
-            offload.drop_cache()
+            offload.gradients.reset_step()
+            offload.weights.drop_cache()
         self._scaler.update(overflow=False)

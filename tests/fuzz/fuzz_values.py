@@ -120,6 +120,9 @@ def chunk_spec():
     # Fields that newer protos have (the pb2 modules come from the tree's protos).
     if "layout_fingerprint" in pb.ChunkSpec.DESCRIPTOR.fields_by_name:
         wild["layout_fingerprint"] = wild_u64()
+    if "store_weights" in pb.ChunkSpec.DESCRIPTOR.fields_by_name:
+        sane["store_weights"] = st.booleans()
+        wild["store_weights"] = st.booleans()
     return message(pb.ChunkSpec, sane, wild)
 
 
@@ -164,7 +167,13 @@ def stream_message(session_ids, step):
     grad_sane = dict(step=steps, chunk_id=st.integers(0, 4), slot=st.integers(0, 3), hyper=hyper())
     grad_wild = dict(step=wild_i64(), chunk_id=wild_u32(), slot=wild_u32())
     step_only = (dict(step=steps), dict(step=wild_i64()))
+    fetches = []
+    if "fetch_weights" in pb.ClientMessage.DESCRIPTOR.fields_by_name:
+        fetches.append(message(pb.FetchWeights, dict(chunk_id=st.integers(0, 4), slot=st.integers(0, 3)),
+                               dict(chunk_id=wild_u32(), slot=wild_u32())).map(
+                                   lambda m: pb.ClientMessage(fetch_weights=m)))
     return st.one_of(
+        *fetches,
         st.builds(lambda s: pb.ClientMessage(attach=pb.Attach(session_id=s)), ids),
         message(pb.GradReady, grad_sane, grad_wild).map(lambda m: pb.ClientMessage(grad_ready=m)),
         message(pb.EndStep, *step_only, max_wild=1).map(lambda m: pb.ClientMessage(end_step=m)),

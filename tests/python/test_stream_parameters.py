@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import fuyou
 from fuyou._offload import OffloadedParams
+from fuyou._weight_cache import WeightCache
 from train_util import StreamGPT, stream_batch
 
 HERE = Path(__file__).resolve().parent
@@ -208,13 +209,54 @@ def test_gpt_8x_the_budget_trains_10_steps_like_torch(stream_backend):
                 handle.peak_live_bytes, budget, largest)
         assert opt.committed_step == 10
         assert opt.loop_stats.speculative_updates > 0  # sent during backward
+        with torch.no_grad():  # evaluation streams too (nothing saved for backward)
+            x, y = stream_batch(100)
+            torch.testing.assert_close(model(x, y), ref(x, y), rtol=1e-4, atol=1e-5)
         assert handle.fetches >= 2 * 10 * len(opt.pipeline.chunks) * 0.5
+        assert handle.prefetches > 0
         print(f"\nstream GPT: {total} bytes of weights, budget {budget}, largest module "
               f"{largest}, peak live {handle.peak_live_bytes}, {handle.fetches} chunk fetches, "
-              f"{handle.cache_hits} cache hits in 10 steps")
+              f"({handle.prefetches} ahead), {handle.cache_hits} cache hits in 10 steps")
     finally:
         handle.close()
         opt.close()
+
+
+def test_bf16_streaming_is_bitwise_the_resident_fuyou_run(stream_backend):
+    """bf16 working weights: streamed, the model computes with the daemon's
+    stored bf16 weights exactly as a resident model with fuyou.AdamW computes
+    with the installed ones: the same weights after every step, bit for bit."""
+    torch.manual_seed(0)
+    model = StreamGPT(n_layer=2).to(torch.bfloat16)
+    resident = copy.deepcopy(model)
+    res_opt = stream_backend.adamw(resident.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                                   weight_decay=WD, chunk_bytes=CHUNK_BYTES)
+    opt = offload_adamw(stream_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget="16KiB")
+    try:
+        for step in range(4):
+            for m, o in ((resident, res_opt), (model, opt)):
+                m(*stream_batch(step)).backward()
+                o.step()
+                o.zero_grad()
+            got = opt.export_checkpoint()["model"]
+            want = res_opt.export_checkpoint()["model"]
+            for i in want:
+                assert torch.equal(got[i], want[i]), f"step {step}, parameter {i}"
+            # The working weights the next forward fetches are the masters in bf16.
+            handle_live = handle.live_bytes
+            for b in opt.offload.blocks:
+                opt.offload.weights.acquire(b)
+                for mem in b.members:
+                    assert mem.param.dtype == torch.bfloat16
+                    assert torch.equal(mem.param.detach().float(),
+                                       got[mem.index].to(torch.bfloat16).float())
+                opt.offload.weights.release(b)
+            assert handle.live_bytes <= max(handle_live, handle.device_budget)
+    finally:
+        handle.close()
+        opt.close()
+        res_opt.close()
 
 
 def test_saved_weight_views_do_not_pin_released_buffers(stream_backend, monkeypatch):
@@ -227,13 +269,13 @@ def test_saved_weight_views_do_not_pin_released_buffers(stream_backend, monkeypa
     ref_opt = torch_adamw(ref.parameters())
     opt = offload_adamw(stream_backend, model.parameters())
     buffers = []
-    load = OffloadedParams._load
+    load = WeightCache._load
 
     def recording_load(self, block):
         load(self, block)
         buffers.append(weakref.ref(block.buffer))
 
-    monkeypatch.setattr(OffloadedParams, "_load", recording_load)
+    monkeypatch.setattr(WeightCache, "_load", recording_load)
     handle = fuyou.stream_parameters(model, opt, device_budget=0, prefetch=1)
     try:
         for step in range(2):
@@ -395,6 +437,67 @@ def test_zero_grad_without_step_rolls_the_step_back(stream_backend):
             assert_matches_daemon(opt, ref, step, "skipped step")
         assert opt.committed_step == 3
         assert opt.loop_stats.rolled_back_skipped > 0
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_own_loss_scale_overflow_skips_the_step(stream_backend):
+    """loss_scale=1024 and opt.scale_loss(loss); an inf gradient in step 2 (in
+    `shared`, late in backward: later modules were already sent) skips that
+    step as GradScaler would: rolled back, nothing committed."""
+    steps, inf_at, scale = 4, 2, 1024.0
+    torch.manual_seed(1)
+    model = TwiceNet()
+    ref = copy.deepcopy(model)
+    ref_opt = torch_adamw(ref.parameters())
+    opt = offload_adamw(stream_backend, model.parameters(), loss_scale=scale)
+    handle = fuyou.stream_parameters(model, opt, device_budget="4KiB")
+    try:
+        for step in range(steps):
+            hooks = []
+            if step == inf_at:
+                hooks = [m.shared.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+                         for m in (ref, model)]
+            (ref(*twice_batch(step), step=step) * scale).backward()
+            if step != inf_at:
+                for p in ref.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(scale)
+                ref_opt.step()
+            ref_opt.zero_grad(set_to_none=True)
+            opt.scale_loss(model(*twice_batch(step), step=step)).backward()
+            opt.step()
+            opt.zero_grad()
+            for h in hooks:
+                h.remove()
+            assert_matches_daemon(opt, ref, step, "loss scale overflow")
+        assert opt.skipped_steps == 1 and opt.committed_step == steps - 1
+        assert opt.loop_stats.rolled_back_skipped > 0
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_backward_after_step_is_refused(stream_backend):
+    """A graph kept past step() (retain_graph) holds handles of the previous
+    step's weights: its backward raises instead of computing with new weights."""
+    torch.manual_seed(0)
+    model = StreamGPT(n_layer=1)
+    opt = offload_adamw(stream_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget=0)
+    try:
+        loss = model(*stream_batch(0))
+        loss.backward(retain_graph=True)
+        opt.step()
+        opt.zero_grad()
+        # Raised in the unpack hook: autograd passes it on as a RuntimeError.
+        with pytest.raises(RuntimeError, match="FAILED_PRECONDITION.*backward before optimizer.step"):
+            loss.backward()
+        opt.zero_grad()
+        model(*stream_batch(1)).backward()  # the next step goes on
+        opt.step()
+        assert opt.committed_step == 2
     finally:
         handle.close()
         opt.close()

@@ -1,0 +1,306 @@
+"""The fetched weights of an offload_params model on its devices: blocks (a
+module's chunks in one buffer), their residency, the LRU cache within the
+device budget, the fetches in flight, and the live-bytes count.
+
+A block is resident (``buffer`` set) or not; resident with ``refs`` > 0 it is in
+use (its parameters are views of the buffer), with 0 it is cached (its
+parameters are empty placeholders again; evicted least recently used first when
+the budget needs room, never one in use). A fetch allocates a fresh buffer:
+buffers are never reused, so a view of an old one can only read the weights it
+was fetched with. Live bytes are the resident blocks' bytes plus the gradients
+held on the devices; before a block is fetched, cached ones are evicted until it
+fits in the budget (for backward, its gradients too), so live bytes exceed the
+budget only by what is in use at once.
+
+Every method runs with the optimizer's lock held, except ``add_grad_bytes``,
+which the sender thread calls too.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ._chunking import Chunk
+from ._errors import FailedPrecondition
+
+__all__ = ["Block", "WeightCache", "make_block", "placeholder", "FETCH_SLOTS"]
+
+# Session slots reserved for weight fetches, beside the gradient slots
+# (num_slots): a demanded chunk and at most FETCH_SLOTS - 1 prefetched ones.
+FETCH_SLOTS = 4
+_ALIGN = 64  # bytes: where a chunk of another dtype starts in a block's buffer
+
+
+@dataclass
+class _Member:
+    """A parameter of a block: `numel` elements of `dtype` at `byte_offset`."""
+
+    param: torch.nn.Parameter
+    index: int  # param_index in the optimizer
+    byte_offset: int
+    numel: int
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(eq=False)
+class Block:
+    """One module's own trainable parameters and their chunks."""
+
+    name: str
+    chunks: List[Chunk]
+    chunk_offsets: List[int]  # byte offset of each chunk in the buffer
+    nbytes: int
+    members: List[_Member] = field(default_factory=list)
+    device: Optional[torch.device] = None  # where fetched weights go; set at registration
+    registered: bool = False
+    buffer: Optional[torch.Tensor] = None  # uint8 on `device` while resident
+    refs: int = 0
+    backward_held: bool = False
+    last_use: int = 0
+
+    def __repr__(self) -> str:
+        return f"Block({self.name!r}, {len(self.chunks)} chunks, {self.nbytes} bytes)"
+
+
+def make_block(name: str, chunks: List[Chunk]) -> Block:
+    """The block of a module's chunks: packed one after another (a chunk of
+    another dtype than the one before starts at a multiple of 64 bytes), its
+    parameters contiguous (a split parameter's pieces follow each other)."""
+    offsets, offset, prev = [], 0, None
+    for c in chunks:
+        if prev is not None and c.dtype != prev:
+            offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+        offsets.append(offset)
+        offset += c.nbytes
+        prev = c.dtype
+    nbytes = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+    block = Block(name, chunks, offsets, nbytes)
+    seen = set()
+    for c, base in zip(chunks, offsets):
+        for seg in c.segments:
+            if seg.param_index in seen:
+                continue  # its first piece gave the offset; the pieces are contiguous
+            seen.add(seg.param_index)
+            esize = c.element_size
+            start = base + (seg.offset - seg.start) * esize
+            block.members.append(_Member(seg.param, seg.param_index, start,
+                                         seg.param.numel(), tuple(seg.param.shape), c.dtype))
+    return block
+
+
+def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What a parameter is between uses: no storage (its shape is the block's)."""
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+class WeightCache:
+    """The blocks' buffers of one offload job (see the module doc).
+
+    Args:
+        pipeline: the optimizer's ChunkPipeline (session, slot views, sender).
+        blocks, block_of_chunk: filled by OffloadedParams.bind (shared, not copied).
+        timeout: seconds a wait on the daemon may take.
+    """
+
+    def __init__(self, pipeline, blocks: List[Block], block_of_chunk: Dict[int, Block],
+                 timeout: float):
+        self._pipeline = pipeline
+        self._blocks = blocks
+        self._block_of_chunk = block_of_chunk
+        self._timeout = float(timeout)
+        self.device_budget: Optional[int] = None  # None: no caching (released = evicted)
+        self._cache: "collections.OrderedDict[int, Block]" = collections.OrderedDict()
+        self._resident: Dict[int, Block] = {}  # id -> block with a buffer
+        self._resident_bytes = 0
+        self._count_lock = threading.Lock()
+        self._grad_bytes = 0
+        self.peak_live_bytes = 0
+        self._tick = 0
+        self._fetching: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self.fetches = 0  # chunks fetched from the daemon (not served by the cache)
+        self.cache_hits = 0  # blocks acquired while still resident
+        self.prefetches = 0  # chunk fetches started ahead of their use
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of fetched weights (in use and cached) plus gradients held on
+        the modules' devices now."""
+        return self._resident_bytes + self._grad_bytes
+
+    def _note_live(self) -> None:
+        live = self._resident_bytes + self._grad_bytes
+        if live > self.peak_live_bytes:
+            self.peak_live_bytes = live
+
+    def add_grad_bytes(self, n: int) -> None:
+        """Gradients of `n` bytes (negative: freed) on the modules' devices; the
+        sender thread calls it once it copied a chunk's gradients."""
+        with self._count_lock:
+            self._grad_bytes += n
+        self._note_live()
+
+    def acquire(self, block: Block, backward: bool = False) -> None:
+        """One more use of `block`: fetched (or taken from the cache) and its
+        parameters' ``.data`` made views of its buffer. Before a fetch, cached
+        blocks are evicted until the block fits in the budget, and for
+        `backward` its gradients too (when what is in use leaves no room, the
+        budget is exceeded by the block's own bytes)."""
+        self._tick += 1
+        block.last_use = self._tick
+        if block.buffer is None:
+            self._make_room(block.nbytes * (2 if backward else 1))
+            self._load(block)
+        elif block.refs == 0:
+            self._cache.pop(id(block), None)
+            self.cache_hits += 1
+        if block.refs == 0:
+            self._install_views(block)
+        block.refs += 1
+
+    def release(self, block: Block) -> None:
+        """One use of `block` less; at none its parameters are placeholders again
+        and the buffer stays cached (within the budget) or goes."""
+        if block.refs <= 0:
+            return
+        block.refs -= 1
+        if block.refs > 0:
+            return
+        for m in block.members:
+            m.param.data = placeholder(m.dtype, block.device)
+        self._cache[id(block)] = block
+        self._cache.move_to_end(id(block))
+        if not self.device_budget or self._resident_bytes + self._grad_bytes > self.device_budget:
+            self._make_room(0)
+
+    def hold_for_backward(self, block: Block) -> None:
+        """Acquires `block` for the backward pass (once per pass): released when
+        its chunks' gradients are complete or backward ends."""
+        if not block.backward_held:
+            self.acquire(block, backward=True)
+            block.backward_held = True
+
+    def release_backward(self, block: Block) -> None:
+        if block.backward_held:
+            block.backward_held = False
+            self.release(block)
+
+    def release_backward_holds(self) -> None:
+        """End of a backward pass (or of a step): every backward hold goes."""
+        for b in self._blocks:
+            self.release_backward(b)
+
+    def reset_grad_bytes(self) -> None:
+        """The step is over: no gradient is held any more."""
+        with self._count_lock:
+            self._grad_bytes = 0
+
+    def _make_room(self, need: int) -> None:
+        """Evicts cached blocks, least recently used first, until `need` more
+        bytes fit in the budget (no budget: every cached block goes); waits for
+        the sender thread to copy the gradients it holds when that is not enough."""
+        budget = self.device_budget or 0
+        for attempt in range(2):
+            while self._cache and self.live_bytes + need > budget:
+                _key, victim = self._cache.popitem(last=False)
+                self._evict(victim)
+            if self.live_bytes + need <= budget or attempt or not self._grad_bytes:
+                return
+            self._pipeline.wait_sent()  # gradients copied to the slots are freed
+
+    def _evict(self, block: Block) -> None:
+        block.buffer = None
+        self._resident.pop(id(block), None)
+        self._resident_bytes -= block.nbytes
+
+    def drop_cache(self) -> None:
+        """Forgets every cached block (their weights changed: a step committed)
+        and the fetches in flight."""
+        while self._cache:
+            _key, victim = self._cache.popitem(last=False)
+            self._evict(victim)
+        self.drain_fetches()
+
+    def drain_fetches(self) -> None:
+        session = self._pipeline.session
+        while self._fetching:
+            cid, _slot = self._fetching.popitem(last=False)
+            session.release_slot(session.wait_weights(cid, self._timeout))
+
+    def prefetch(self, chunk: Chunk) -> bool:
+        """Starts fetching `chunk` (FetchWeights into a reserved slot) unless it
+        is resident or in flight or every fetch slot is taken but one. Returns
+        False when no slot was left."""
+        block = self._block_of_chunk[chunk.chunk_id]
+        if block.buffer is not None or chunk.chunk_id in self._fetching:
+            return True
+        if len(self._fetching) >= FETCH_SLOTS - 1:
+            return False
+        self._start_fetch(chunk)
+        self.prefetches += 1
+        return True
+
+    @property
+    def fetches_in_flight(self) -> int:
+        return len(self._fetching)
+
+    def _start_fetch(self, chunk: Chunk) -> None:
+        session = self._pipeline.session
+        if len(self._fetching) >= FETCH_SLOTS:  # never with prefetch < FETCH_SLOTS
+            cid, _slot = self._fetching.popitem(last=False)
+            session.release_slot(session.wait_weights(cid, self._timeout))
+        slot = session.acquire_slot(self._timeout)
+        try:
+            session.send_fetch_weights(chunk.chunk_id, slot)
+        except BaseException:
+            session.release_slot(slot)
+            raise
+        self._fetching[chunk.chunk_id] = slot
+
+    def _load(self, block: Block) -> None:
+        """Fetches the block's chunks into a fresh buffer on its device."""
+        if not block.registered:
+            raise FailedPrecondition(f"module {block.name!r} is not registered with the daemon: "
+                                     "fuyou.stream_parameters or offload.register_module first")
+        session = self._pipeline.session
+        buf = torch.empty(block.nbytes, dtype=torch.uint8, device=block.device)
+        for c, offset in zip(block.chunks, block.chunk_offsets):
+            if c.chunk_id not in self._fetching:
+                self._start_fetch(c)
+            slot = session.wait_weights(c.chunk_id, self._timeout)
+            self._fetching.pop(c.chunk_id, None)
+            try:
+                src = self._pipeline.slot_view(slot, "param", c.dtype)[:c.num_elements]
+                buf[offset:offset + c.nbytes].view(c.dtype).copy_(src)
+            finally:
+                session.release_slot(slot)
+            self.fetches += 1
+        block.buffer = buf
+        self._resident[id(block)] = block
+        self._resident_bytes += block.nbytes
+        self._note_live()
+
+    def _install_views(self, block: Block) -> None:
+        buf = block.buffer
+        for m in block.members:
+            nbytes = m.numel * torch.empty((), dtype=m.dtype).element_size()
+            m.param.data = buf[m.byte_offset:m.byte_offset + nbytes].view(m.dtype).view(m.shape)
+
+    def block_holding(self, t: torch.Tensor) -> Optional[Tuple[Block, int]]:
+        """The resident block whose buffer holds `t`'s first element, and the
+        byte offset there (for saved tensors of backward)."""
+        if t.numel() == 0 or t.device.type == "meta":
+            return None
+        ptr = t.data_ptr()
+        for b in self._resident.values():
+            buf = b.buffer
+            if buf is not None and buf.device == t.device:
+                start = buf.data_ptr()
+                if start <= ptr < start + b.nbytes:
+                    return b, ptr - start
+        return None
