@@ -71,7 +71,7 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
             raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
                                      "call it after step()")
         if optimizer.offload is not None:
-            optimizer.offload.drain_fetches()  # states are read only with no fetch in flight
+            optimizer.offload.weights.drain_fetches()  # states are read only with no fetch in flight
         return _sharded.export_sharded(optimizer, optimizer.pipeline, path, model,
                                        int(shard_bytes))
 
