@@ -378,7 +378,7 @@ def test_offload_materialize_refuses_a_mismatched_checkpoint_before_registering(
 
 
 @pytest.mark.slow
-def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
+def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path, monkeypatch):
     """32 Linear(1024, 1024) layers (128 MiB of fp32 weights; 384 MiB of optimizer
     states and 128 MiB of stored weights) into a fuyoud whose DRAM budget is 64 MiB.
     Each phase's rise of the client's peak RSS stays under a bound set from the
@@ -390,11 +390,8 @@ def test_materialize_host_memory_is_bounded_by_a_module_not_the_model(tmp_path):
     materialize from the checkpoint
     (weights, then the optimizer states): 2 shards + 6 modules."""
     from conftest import start_daemon
-    os.environ["FUYOU_TEST_DAEMON_ARGS"] = "--dram-budget 64MiB"
-    try:
-        d = start_daemon(tmp_path)
-    finally:
-        del os.environ["FUYOU_TEST_DAEMON_ARGS"]
+    monkeypatch.setenv("FUYOU_TEST_DAEMON_ARGS", "--dram-budget 64MiB")
+    d = start_daemon(tmp_path)
     shard = 8 << 20
     try:
         env = dict(os.environ, PYTHONPATH=f"{REPO / 'python_client'}:{REPO / 'tests' / 'python'}")
