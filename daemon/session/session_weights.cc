@@ -8,6 +8,7 @@
 // nothing but the slot: the store reads the weights from DRAM or from the
 // committed extent (verified against their own checksum) and reads the next
 // ones ahead in the order it learned.
+#include "common/status_util.h"
 #include "fmt/format.h"
 #include "session/session.h"
 #include "session/stream_replies.h"
