@@ -17,6 +17,7 @@ from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, F
                       InvalidArgument)
 from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
 from ._pipeline import LoopStats
+from ._materialize import init_empty, materialize
 from .optimizer import AdamW
 from ._stream import ParameterStream, stream_parameters
 from ._sizes import parse_size
@@ -35,6 +36,8 @@ __all__ = [
     "DeadlineExceeded",
     "admin_stats",
     "export_checkpoint",
+    "init_empty",
+    "materialize",
     "admin_client",
     "default_socket_path",
     "find_daemon_binary",
@@ -43,10 +46,34 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def export_checkpoint(optimizer: AdamW, path=None, model=None) -> dict:
+def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
+                      shard_bytes: Optional[int] = None) -> dict:
     """``optimizer.export_checkpoint(path, model)``: the job's weights and a
-    torch.optim.AdamW-compatible optimizer state as a PyTorch checkpoint."""
-    return optimizer.export_checkpoint(path, model)
+    torch.optim.AdamW-compatible optimizer state as a PyTorch checkpoint.
+
+    ``shard_bytes`` given: a *sharded* checkpoint in the directory ``path``
+    instead (HuggingFace layout: ``pytorch_model.bin.index.json`` and shards of
+    fp32 weights by ``model``'s state_dict names, plus ``optimizer.bin.index.json``
+    and shards of the moments; see fuyou/_sharded.py), read from the daemon one
+    chunk at a time and written shard by shard, so the model is never whole in
+    memory. It works for an ``offload_params`` optimizer too. Load it back with
+    ``fuyou.materialize(model, opt, checkpoint=path)`` (weights, and the
+    optimizer states into a new job) or ``fuyou.AdamW(..., init_from=path)``.
+    Returns a summary (files, peak bytes held)."""
+    if shard_bytes is None:
+        return optimizer.export_checkpoint(path, model)
+    if path is None:
+        raise InvalidArgument("export_checkpoint(shard_bytes=...) needs the directory path")
+    from . import _sharded
+    with optimizer._lock:
+        optimizer._check_usable()
+        if optimizer.pipeline.in_step:
+            raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
+                                     "call it after step()")
+        if optimizer.offload is not None:
+            optimizer.offload.weights.drain_fetches()  # states are read only with no fetch in flight
+        return _sharded.export_sharded(optimizer, optimizer.pipeline, path, model,
+                                       int(shard_bytes))
 
 
 def admin_client(address: Optional[str] = None, timeout: float = 10.0):

@@ -150,11 +150,26 @@ def _tensor(value, what: str, shape: torch.Size) -> torch.Tensor:
     return value.detach().to(torch.float32).reshape(-1)
 
 
-def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
+@dataclass
+class ShardedImportPlan:
+    reader: object  # _sharded.ShardReader: read chunk by chunk when applied
+
+
+def plan_import(opt, pipeline: ChunkPipeline, init_from):
     """Validates a checkpoint against `opt`'s parameter groups and `pipeline`'s
     parameters and chunks and builds the
     per-chunk states to write. Talks to no daemon: a bad checkpoint raises
-    InvalidArgument before anything is written."""
+    InvalidArgument before anything is written. A sharded checkpoint (a
+    directory or index file, see _sharded.py) is checked from its indexes and
+    read chunk by chunk, one shard at a time, when the plan is applied."""
+    from . import _sharded
+    if _sharded.is_sharded(init_from):
+        reader = _sharded.ShardReader(init_from)
+        if not reader.has_optimizer_states:
+            raise InvalidArgument(f"init_from={str(init_from)!r} is a sharded checkpoint without "
+                                  f"optimizer states ({_sharded.OPTIMIZER_INDEX})")
+        _sharded.check_optimizer(opt, pipeline, reader)
+        return ShardedImportPlan(reader)
     saved, model = _load(init_from)
     groups = saved["param_groups"]
     if len(groups) != len(opt.param_groups):
@@ -213,11 +228,18 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from) -> ImportPlan:
     return ImportPlan(chunks, hyper)
 
 
-def apply_import(opt, pipeline: ChunkPipeline, plan: ImportPlan) -> None:
+def apply_import(opt, pipeline: ChunkPipeline, plan) -> None:
     """Writes the planned states into the freshly created job of `pipeline` (attached
     to its session), commits them, and takes the groups' hyper-parameters over into
     `opt`. The job must be new: importing over trained states would silently mix
     two runs."""
+    if isinstance(plan, ShardedImportPlan):
+        from . import _sharded
+        try:
+            _sharded.import_optimizer_states(opt, plan.reader, install=True, pipeline=pipeline)
+        finally:
+            plan.reader.close()
+        return
     if opt.resumed or pipeline.committed_step != 0:
         raise FailedPrecondition(
             f"init_from starts a new job, but job {opt.job!r} already exists (committed step "

@@ -37,6 +37,7 @@ import torch
 from ._chunking import plan_module_chunks
 from .daemon import socket_path_of, to_address
 from ._errors import FailedPrecondition, InvalidArgument
+from ._materialize import is_empty
 from ._offload_grads import OffloadedGradients
 from ._weight_cache import FETCH_SLOTS, Block, WeightCache, make_block, placeholder
 
@@ -186,11 +187,13 @@ class OffloadedParams:
                 return False
             opt = self._optimizer()
             pipeline = self._pipeline
-            exists = self.job_exists  # asked before this optimizer's first registration
-            on_meta = any(m.param.is_meta for m in block.members)
+            # Parameters without values: on meta, or fuyou.init_empty's empty ones.
+            on_meta = any(is_empty(m.param) for m in block.members)
+            exists = self.job_exists
             if on_meta and not exists:
                 raise FailedPrecondition(
-                    f"module {block.name!r} has parameters on the meta device and job "
+                    f"module {block.name!r} has parameters without values (on the meta device "
+                    f"or built in fuyou.init_empty) and job "
                     f"{opt.job!r} is new: initialise them (fuyou.materialize) before they are "
                     "registered")
             resumed_any = False

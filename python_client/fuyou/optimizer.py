@@ -19,6 +19,7 @@ from . import _checkpoint
 from ._chunking import plan_chunks, trainable_params
 from ._errors import FailedPrecondition, InvalidArgument
 from ._loss_scale import make_loss_scaler
+from ._materialize import is_empty, job_of
 from ._offload import FETCH_SLOTS, OffloadedParams
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
@@ -197,7 +198,9 @@ class AdamW(torch.optim.Optimizer):
     before anything is sent to the daemon, and the import commits atomically.
 
     Args:
-        job: name of the job on the daemon (1-64 of ``[A-Za-z0-9._-]``).
+        job: name of the job on the daemon (1-64 of ``[A-Za-z0-9._-]``). May be
+            left out for parameters built in ``fuyou.init_empty(job=...)``,
+            which recorded it.
         address: gRPC target of fuyoud (``unix:/path`` or a socket path). None:
             the default socket (``$FUYOU_SOCKET``, ``/run/fuyou/fuyoud.sock``, or
             the per-user one); when nothing answers there and ``embedded`` is not
@@ -235,7 +238,7 @@ class AdamW(torch.optim.Optimizer):
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 job: str, address: Optional[str] = None,
+                 job: Optional[str] = None, address: Optional[str] = None,
                  chunk_bytes: int = 32 << 20, num_slots: int = 4, overlap: bool = True,
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
@@ -249,7 +252,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid betas: {betas}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        if not isinstance(job, str) or not job:
+        if job is not None and (not isinstance(job, str) or not job):
             raise ValueError("job must be a non-empty string")
         if not 1 <= num_slots <= MAX_SLOTS:
             raise ValueError(f"num_slots must be in 1..{MAX_SLOTS}, got {num_slots}")
@@ -269,6 +272,17 @@ class AdamW(torch.optim.Optimizer):
                         capturable=bool(capturable), differentiable=bool(differentiable),
                         fused=fused)
         super().__init__(params, defaults)
+        if job is None:  # the job fuyou.init_empty(job=) recorded on the parameters
+            job = job_of(self.param_groups)
+            if job is None:
+                raise ValueError("job must be a non-empty string (or the parameters built in "
+                                 "fuyou.init_empty(job=...), which records it)")
+        if not offload_params and any(is_empty(p) for g in self.param_groups
+                                      for p in g["params"]):
+            raise InvalidArgument(
+                f"fuyou.AdamW of job {job!r}: parameters built in fuyou.init_empty (or on meta) "
+                "hold no values; fuyou.materialize(model) them first, or open the optimizer with "
+                "offload_params=True and call fuyou.materialize(model, optimizer)")
         for i, group in enumerate(self.param_groups):
             if group["amsgrad"]:
                 raise NotImplementedError(
