@@ -27,7 +27,7 @@ install(FILES ${FUYOU_DEB_STAGE}/fuyoud.service DESTINATION lib/systemd/system C
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/fuyoud.toml DESTINATION /etc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION share/doc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
 if(TARGET _fuyou)
-  file(GLOB fuyou_python_sources ${PROJECT_SOURCE_DIR}/python_client/fuyou/*.py)
+  file(GLOB fuyou_python_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python_client/fuyou/*.py)
   install(FILES ${fuyou_python_sources} DESTINATION lib/python3/dist-packages/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
   install(TARGETS _fuyou LIBRARY DESTINATION lib/python3/dist-packages/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
 endif()
