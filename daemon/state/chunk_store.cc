@@ -137,8 +137,8 @@ absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, const Ch
 }
 
 absl::Status ChunkStore::VerifyWeights(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
-                                       const v1::StateExtent& extent) const {
-  if (WeightsChecksum(pin.data(), layout) == extent.weights_checksum()) return absl::OkStatus();
+                                       const v1::StateExtent& extent, uint64_t at) const {
+  if (WeightsChecksum(pin.data() + at, layout) == extent.weights_checksum()) return absl::OkStatus();
   return absl::DataLossError(fmt::format(
       "job '{}' chunk {}: the working weights read from {} at offset {} ({} bytes) fail their checksum; the extent "
       "is corrupt and nothing was returned from it (the job's committed states cannot be trusted: delete the job "
@@ -147,7 +147,53 @@ absl::Status ChunkStore::VerifyWeights(const StatePin& pin, uint32_t chunk_id, c
       layout.WeightsBytes().value_or(0)));
 }
 
-absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& record) {
+namespace {
+
+// Bytes an update reads of `record`'s committed extent: only the states
+// region (its block-padded WeightsOffset) for a chunk that stores weights, the
+// whole extent otherwise (there the two are the same).
+uint64_t StatesReadBytes(const v1::ChunkRecord& record, const v1::StateExtent& extent) {
+  return record.stores_weights() ? *RecordLayout(record).WeightsOffset() : extent.length();
+}
+
+// After a states-only load: zeroes what follows the states (the padding and
+// the weights region), so that no stale DRAM contents reach storage in the
+// padding (the update writes the weights themselves).
+void ClearAfterStates(const StatePin& pin, const ChunkLayout& layout, uint64_t extent_bytes) {
+  const uint64_t states = *layout.StatesBytes();
+  std::memset(pin.data() + states, 0, extent_bytes - states);
+}
+
+}  // namespace
+
+absl::Status ChunkStore::VerifyStates(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                                      const v1::StateExtent& extent) const {
+  if (ChunkPayloadChecksum(pin.data(), layout.num_elements) == extent.checksum()) return absl::OkStatus();
+  return absl::DataLossError(fmt::format(
+      "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
+      "nothing was returned from it",
+      job_.name(), chunk_id, job_.states().path().string(), extent.offset()));
+}
+
+absl::Status ChunkStore::ReadStoredWeights(const StatePin& pin, const v1::ChunkRecord& record) {
+  const ChunkLayout layout = RecordLayout(record);
+  const v1::StateExtent& extent = CommittedExtent(record);
+  const uint64_t offset = *layout.WeightsOffset();
+  const uint64_t region = *layout.WeightsRegionBytes();
+  const int64_t read_start = trace::NowUs();
+  absl::Status status = job_.states().Read(extent.offset() + offset, std::span(pin.data() + offset, region));
+  trace::Record("ssd_read_weights", record.chunk_id(), read_start, trace::NowUs());
+  if (!status.ok()) {
+    return absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed working weights: {}",
+                                                   job_.name(), record.chunk_id(), status.message()));
+  }
+  counters_.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+  FUYOU_RETURN_IF_ERROR(VerifyWeights(pin, record.chunk_id(), layout, extent, offset));
+  cache_.SetContents(pin, record.committed_version(), /*committed=*/true, /*weights_valid=*/true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& record, bool states_only) {
   // A pending chunk's acknowledged states are in DRAM only, tagged as its shadow.
   const bool pending = pending_.count(record.chunk_id()) != 0;
   const uint32_t version = pending ? ShadowVersion(record) : record.committed_version();
@@ -159,6 +205,9 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
       auto& user_counter = pin.first_use_of_prefetch() ? counters_.user.cache_misses : counters_.user.cache_hits;
       daemon_counter.fetch_add(1, std::memory_order_relaxed);
       user_counter.fetch_add(1, std::memory_order_relaxed);
+      // Loaded for an update (states only) but wanted whole: the weights too.
+      // (A pending entry always holds its weights: an update made it.)
+      if (!states_only && !pin.weights_valid()) FUYOU_RETURN_IF_ERROR(ReadStoredWeights(pin, record));
       return pin;
     }
     if (pending) {
@@ -175,17 +224,23 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
   counters_.daemon.cache_misses.fetch_add(1, std::memory_order_relaxed);
   counters_.user.cache_misses.fetch_add(1, std::memory_order_relaxed);
   const v1::StateExtent& extent = CommittedExtent(record);
+  const bool partial = states_only && record.stores_weights();
+  const uint64_t read_bytes = partial ? StatesReadBytes(record, extent) : extent.length();
   FUYOU_ASSIGN_OR_RETURN(StatePin pin, cache_.Create(job_key_, record.chunk_id(), extent.length(), /*wait=*/true));
-  cache_.SetContents(pin, version, /*committed=*/true);
+  cache_.SetContents(pin, version, /*committed=*/true, /*weights_valid=*/!partial);
   const int64_t read_start = trace::NowUs();
-  absl::Status status = job_.states().Read(extent.offset(), std::span(pin.data(), extent.length()));
+  absl::Status status = job_.states().Read(extent.offset(), std::span(pin.data(), read_bytes));
   trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
-  if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
+  if (status.ok()) counters_.user.bytes_read.fetch_add(read_bytes, std::memory_order_relaxed);
+  const ChunkLayout layout = RecordLayout(record);
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job_.name(), record.chunk_id(), status.message()));
+  } else if (partial) {
+    status = VerifyStates(pin, record.chunk_id(), layout, extent);
+    ClearAfterStates(pin, layout, extent.length());
   } else {
-    status = Verify(pin, record.chunk_id(), RecordLayout(record), extent);
+    status = Verify(pin, record.chunk_id(), layout, extent);
   }
   if (!status.ok()) {
     cache_.FinishLoad(pin, status);  // not kept: freed as the pin goes
@@ -195,23 +250,31 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
 }
 
 void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
+  // For the chunks' updates: the states region only (StageUpdate).
   for (uint32_t chunk_id : chunk_ids) {
     const v1::ChunkRecord* record = Find(chunk_id);
     if (record == nullptr || IsStaged(chunk_id) || cache_.Contains(job_key_, chunk_id)) continue;
     const v1::StateExtent& extent = CommittedExtent(*record);
+    const bool partial = record->stores_weights();
+    const uint64_t read_bytes = StatesReadBytes(*record, extent);
     auto created = cache_.Create(job_key_, chunk_id, extent.length(), /*wait=*/false, /*loading=*/true);
     if (!created.ok()) continue;  // no budget free now: the update will read on demand
     auto pin = std::make_shared<StatePin>(std::move(*created));
-    cache_.SetContents(*pin, record->committed_version(), /*committed=*/true);
+    cache_.SetContents(*pin, record->committed_version(), /*committed=*/true, /*weights_valid=*/!partial);
     StartIo();
     // By value: a commit may replace the manifest `record` lives in meanwhile.
     job_.states().ReadAsync(
-        extent.offset(), std::span(pin->data(), extent.length()),
-        [this, pin, layout = RecordLayout(*record), extent, chunk_id,
+        extent.offset(), std::span(pin->data(), read_bytes),
+        [this, pin, layout = RecordLayout(*record), extent, chunk_id, partial, read_bytes,
          read_start = trace::NowUs()](absl::Status status) {
           trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
-          if (status.ok()) counters_.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
-          if (status.ok()) status = Verify(*pin, chunk_id, layout, extent);
+          if (status.ok()) counters_.user.bytes_read.fetch_add(read_bytes, std::memory_order_relaxed);
+          if (status.ok() && partial) {
+            status = VerifyStates(*pin, chunk_id, layout, extent);
+            ClearAfterStates(*pin, layout, extent.length());
+          } else if (status.ok()) {
+            status = Verify(*pin, chunk_id, layout, extent);
+          }
           cache_.FinishLoad(*pin, status);
           pin->Reset();
           FinishIo();
@@ -365,7 +428,8 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
     step_durable_ = NextStepDurable();
     step_begun_ = true;
   }
-  FUYOU_ASSIGN_OR_RETURN(StatePin pin, AcquireCommitted(*record));
+  // The states region only: the update writes the whole weights region.
+  FUYOU_ASSIGN_OR_RETURN(StatePin pin, AcquireCommitted(*record, /*states_only=*/true));
   // A pending chunk's acknowledged states exist only in these bytes: keep a
   // copy for a redo or a roll-back.
   StatePin undo;
@@ -751,7 +815,9 @@ bool ChunkStore::CopyWeightsFromDram(const v1::ChunkRecord& record, std::span<st
   } else if (StatePin pin = cache_.Pin(job_key_, chunk_id, /*use=*/false)) {
     // The chunk's states (a prefetch in flight is waited for); looking does not
     // count as the update's use of a prefetch.
-    if (pin.load_status().ok() && pin.committed() && pin.version() == record.committed_version()) {
+    // An entry loaded for an update (states only) does not hold the weights.
+    if (pin.load_status().ok() && pin.committed() && pin.version() == record.committed_version() &&
+        pin.weights_valid()) {
       return copy_from(pin);
     }
   }
@@ -769,7 +835,9 @@ bool ChunkStore::CopyWeightsFromDram(const v1::ChunkRecord& record, std::span<st
 bool ChunkStore::WeightsInDram(const v1::ChunkRecord& record) const {
   const uint32_t chunk_id = record.chunk_id();
   if (pending_.count(chunk_id) != 0) return true;  // pinned (the undo copy while staged)
-  if (!IsStaged(chunk_id) && cache_.Holds(job_key_, chunk_id, record.committed_version())) return true;
+  if (!IsStaged(chunk_id) && cache_.Holds(job_key_, chunk_id, record.committed_version(), /*whole=*/true)) {
+    return true;
+  }
   return cache_.Holds(weights_key_, chunk_id, record.committed_version());
 }
 

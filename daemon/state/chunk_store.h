@@ -4,7 +4,14 @@
 // (jobs/). It owns:
 //   - acquiring a chunk's committed states: from the DRAM tier (StateCache), a
 //     prefetch already in flight, or read from the committed extent and
-//     verified against its checksum;
+//     verified against its checksum. For an update (and the prefetch for it)
+//     of a chunk that stores working weights, only the states region
+//     (master|m|v, WeightsOffset bytes) is read and checked (StateExtent.
+//     checksum): the update writes the whole weights region, so a step reads
+//     the weights only for its forward and backward fetches. Such an entry's
+//     weights are not valid (StatePin::weights_valid) until the update ran;
+//     FetchWeights never serves from it, and acquiring the whole states
+//     (registration, import, export) reads its weights region first;
 //   - prefetching the next chunks in the learned order (LearnedOrder);
 //   - the step: StageUpdate runs the caller's update (the kernel) on a chunk's
 //     committed states in DRAM, then writes the result to the chunk's shadow
@@ -21,7 +28,8 @@
 //     issue 12): a fourth state after master, m and v in the same extent
 //     (jobs/chunk_layout.h), written by the same update, write-back and
 //     commit, with a checksum of its own. FetchWeights serves the committed
-//     weights from DRAM or reads only their region of the committed extent,
+//     weights from DRAM (an entry whose weights are valid) or reads only their
+//     region of the committed extent,
 //     and reads the next fetches ahead in the order learned from the last
 //     step (FetchOrder), into entries of their own under the same budget.
 //
@@ -260,7 +268,8 @@ class ChunkStore {
   // has the chunk staged: its DRAM entry then holds the uncommitted update, so
   // the committed weights come from the committed extent (or a weights-only
   // entry read from it). Served from DRAM when an entry holds the committed
-  // weights; else reads only the weights region of the committed extent
+  // weights (not a states entry loaded states-only for an update, whose
+  // weights region is not valid until the update ran); else reads only the weights region of the committed extent
   // (never master, m or v) into a weights-only cache entry, verified against
   // StateExtent.weights_checksum: DATA_LOSS naming the job, chunk, file and
   // offset when they fail it (nothing is copied then). Then reads the next
@@ -302,8 +311,17 @@ class ChunkStore {
     std::vector<int64_t> segment_update_counts{};  // empty: every segment at update_count
   };
 
-  // The committed states of `record`, pinned.
-  absl::StatusOr<StatePin> AcquireCommitted(const v1::ChunkRecord& record);
+  // The committed states of `record`, pinned. `states_only` (for an update,
+  // which writes the whole weights region): a chunk that stores weights read
+  // from storage reads only its states region (WeightsOffset bytes), verified
+  // against StateExtent.checksum alone, and its entry is marked as not holding
+  // the weights (StatePin::weights_valid false; FetchWeights never serves from
+  // it). Otherwise the whole extent; a states-only entry found in DRAM then
+  // gets its weights region read and verified (ReadStoredWeights).
+  absl::StatusOr<StatePin> AcquireCommitted(const v1::ChunkRecord& record, bool states_only = false);
+  // Reads the committed weights region of `record` into the pinned states-only
+  // entry `pin`, verifies it and marks the entry whole.
+  absl::Status ReadStoredWeights(const StatePin& pin, const v1::ChunkRecord& record);
   // The states of a chunk with pending import writes, pinned (cache or shadow extent).
   absl::StatusOr<StatePin> AcquireImported(const v1::ChunkRecord& record, const Imported& imported);
   // OK when `pin` holds states of a chunk laid out as `layout` that hash to
@@ -311,9 +329,16 @@ class ChunkStore {
   // offset. Safe on an I/O completion thread.
   absl::Status Verify(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
                       const v1::StateExtent& extent) const;
-  // The same for a weights-only entry (the extent's weights region).
+  // The same for the states region alone (master|m|v, StateExtent.checksum).
+  absl::Status VerifyStates(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                            const v1::StateExtent& extent) const;
+  // The same for the weights region, at byte `at` of `pin` (0: a weights-only
+  // entry; WeightsOffset: a states entry).
   absl::Status VerifyWeights(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
-                             const v1::StateExtent& extent) const;
+                             const v1::StateExtent& extent, uint64_t at = 0) const;
+  // Reads the committed states of `chunk_ids` ahead for their updates: the
+  // states region only for chunks that store weights (as AcquireCommitted
+  // with states_only).
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
   // Copies the committed weights of `record` from DRAM into `out` when an
   // entry holds them (see FetchWeights); false when none does.

@@ -675,9 +675,106 @@ TEST_F(ChunkStoreTest, CorruptedWeightsAreDataLossAndNothingIsCopied) {
   EXPECT_NE(message.find("states.bin"), std::string::npos) << message;
   EXPECT_NE(message.find(std::to_string(weights_at)), std::string::npos) << message;
   EXPECT_EQ(out, Bytes(kWeightsBytes, std::byte{0x55}));
-  // Again (nothing bad was kept in DRAM), and an update refuses the extent too.
+  // Again (nothing bad was kept in DRAM).
   EXPECT_EQ(store->FetchWeights(0, std::span(out)).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(store->StageUpdate(0, UpdateStoringWeights(1.0f, &produced)).code(), absl::StatusCode::kDataLoss);
+  // An update reads only the states region (which is intact) and writes new
+  // weights over the whole region: once committed, they are fetched again.
+  Bytes step2;
+  ASSERT_TRUE(store->StageUpdate(0, UpdateStoringWeights(1.0f, &step2)).ok());
+  ASSERT_TRUE(store->CommitStep(2).ok());
+  EXPECT_EQ(Fetch(*store, 0), step2);
+}
+
+TEST_F(ChunkStoreTest, AnUpdateOfAnEvictedChunkReadsOnlyItsStatesRegion) {
+  RegisterWithWeights(*store_, 1);
+  Bytes step1;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  cache_->DropJob(job_->key());  // evicted
+  const uint64_t before = StorageBytesRead();
+  const uint64_t weights_read = UserWeights().weights_bytes_read.load();
+  Bytes step2;
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step2)).ok());
+  // master|m|v padded to a block; never the weights region (the update writes it).
+  EXPECT_EQ(StorageBytesRead() - before, kWeightsOffset);
+  EXPECT_EQ(UserWeights().weights_bytes_read.load(), weights_read);
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  // The write-back wrote the whole extent: the new weights are on storage.
+  EXPECT_EQ(CommittedExtent(*store_->Find(0)).weights_checksum(),
+            WeightsChecksum(step2.data(), ChunkLayout(kElements, DType::kBFloat16)));
+  StateCache cold(64 << 20);
+  auto store = MakeStore(cold);
+  EXPECT_EQ(Fetch(*store, 0), step2);
+}
+
+TEST_F(ChunkStoreTest, AFetchAfterAStatesOnlyLoadReturnsTheCommittedWeights) {
+  RegisterWithWeights(*store_, 2);
+  std::vector<Bytes> step1(2);
+  ASSERT_TRUE(store_->StageUpdate(1, UpdateStoringWeights(1.0f, &step1[1])).ok());
+  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step1[0])).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  cache_->DropJob(job_->key());  // evicted
+  // Step 2 stages chunk 1 (acquired states only) and prefetches chunk 0 for
+  // its update (states only): neither entry holds the weights.
+  Bytes step2;
+  ASSERT_TRUE(store_->StageUpdate(1, UpdateStoringWeights(3.0f, &step2)).ok());
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // the prefetch too
+  ASSERT_TRUE(cache_->Contains(job_->key(), 0));
+  // A fetch of chunk 0 reads its weights region, not the prefetched entry's
+  // bytes after the states.
+  uint64_t before = StorageBytesRead();
+  ChunkStore::FetchSource source;
+  EXPECT_EQ(Fetch(*store_, 0, &source), step1[0]);
+  EXPECT_FALSE(source.from_dram);
+  EXPECT_EQ(source.bytes_read, kWeightsRegion);
+  EXPECT_EQ(StorageBytesRead() - before, kWeightsRegion);
+  EXPECT_EQ(Fetch(*store_, 1), step1[1]);  // staged: the committed extent's
+  store_->RollBackStep();
+  // Whole states wanted (a resumed registration returns the chunk's weights):
+  // the states-only entry gets its weights region read, verified, kept.
+  Bytes slot(kWeightsBytes, std::byte{0x55});
+  ChunkStore::Registration again = WeightsRegistration(0, slot);
+  before = StorageBytesRead();
+  auto registered = store_->Register(std::span(&again, 1), 0);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_EQ(slot, step1[0]);
+  EXPECT_EQ(StorageBytesRead() - before, kWeightsRegion);
+  cache_->DropJob(job_->key() + "#weights");  // only the states entry is left
+  before = StorageBytesRead();
+  EXPECT_EQ(Fetch(*store_, 0, &source), step1[0]);
+  EXPECT_TRUE(source.from_dram);
+  EXPECT_EQ(StorageBytesRead(), before);
+}
+
+TEST_F(ChunkStoreTest, PerStepWithStatesEvictedEachRegionIsReadOnceByItsUser) {
+  constexpr uint32_t kChunks = 4;
+  RegisterWithWeights(*store_, kChunks);
+  std::vector<Bytes> produced(kChunks);
+  for (int64_t number = 1; number <= 3; ++number) {
+    ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // also the commit's prefetch
+    cache_->DropJob(job_->key());                    // a model larger than DRAM
+    const uint64_t before = StorageBytesRead();
+    const uint64_t weights_before = UserWeights().weights_bytes_read.load();
+    for (uint32_t id = 0; id < kChunks; ++id) Fetch(*store_, id);  // forward
+    for (uint32_t id = kChunks; id-- > 0;) {                        // backward and updates
+      Fetch(*store_, id);
+      ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(1.0f, &produced[id])).ok());
+    }
+    ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+    const uint64_t weights_read = UserWeights().weights_bytes_read.load() - weights_before;
+    const uint64_t states_read = StorageBytesRead() - before - weights_read;
+    // The weights: at most once for the forward and once for the backward
+    // (here the backward finds the forward's entries); the states once, for
+    // the update, without the weights region.
+    EXPECT_LE(weights_read, 2 * kChunks * kWeightsRegion) << number;
+    EXPECT_EQ(weights_read, kChunks * kWeightsRegion) << number;
+    EXPECT_EQ(states_read, kChunks * kWeightsOffset) << number;
+    ASSERT_TRUE(store_->CommitStep(number).ok());
+  }
+  for (uint32_t id = 0; id < kChunks; ++id) EXPECT_EQ(Fetch(*store_, id), produced[id]) << id;
 }
 
 TEST_F(ChunkStoreTest, TheSecondStepsFetchesHitReadAheadsInTheLearnedOrder) {
@@ -782,7 +879,8 @@ TEST_F(ChunkStoreTest, AfterARestartAFetchAndAResumeGetTheCommittedWeights) {
   for (uint32_t id = 0; id < 2; ++id) EXPECT_EQ(Fetch(*store_, id), produced[id]) << id;
   Bytes slot(kWeightsBytes);
   ChunkStore::Registration again = WeightsRegistration(1, slot);
-  ASSERT_TRUE(store_->Register(std::span(&again, 1), 0).ok());
+  auto registered = store_->Register(std::span(&again, 1), 0);
+  ASSERT_TRUE(registered.ok()) << registered.status();
   EXPECT_EQ(slot, produced[1]);
 }
 

@@ -17,6 +17,7 @@ struct StatePin::Entry {
   bool loading = false;  // a read fills the buffer; load_status is its result afterwards
   absl::Status load_status;
   bool uncommitted = false;  // the bytes are an update not yet committed
+  bool weights_valid = true;  // false: only the states region was loaded
   int pins = 0;
   bool discarded = false;  // dropped from the map; freed at the last unpin
   // True once the entry has been used (pinned by a reader, or created with its
@@ -61,6 +62,11 @@ uint32_t StatePin::version() const {
 bool StatePin::committed() const {
   std::lock_guard lock(cache_->mutex_);
   return !entry_->uncommitted;
+}
+
+bool StatePin::weights_valid() const {
+  std::lock_guard lock(cache_->mutex_);
+  return entry_->weights_valid;
 }
 
 absl::Status StatePin::load_status() const {
@@ -133,10 +139,11 @@ void StateCache::FinishLoad(const StatePin& pin, absl::Status status) {
   changed_.notify_all();
 }
 
-void StateCache::SetContents(const StatePin& pin, uint32_t version, bool committed) {
+void StateCache::SetContents(const StatePin& pin, uint32_t version, bool committed, bool weights_valid) {
   std::lock_guard lock(mutex_);
   pin.entry_->version = version;
   pin.entry_->uncommitted = !committed;
+  pin.entry_->weights_valid = weights_valid;
 }
 
 void StateCache::MarkCommitted(const std::string& job, uint32_t chunk_id, uint32_t version) {
@@ -227,12 +234,13 @@ bool StateCache::Contains(const std::string& job, uint32_t chunk_id) const {
   return entries_.count({job, chunk_id}) != 0;
 }
 
-bool StateCache::Holds(const std::string& job, uint32_t chunk_id, uint32_t version) const {
+bool StateCache::Holds(const std::string& job, uint32_t chunk_id, uint32_t version, bool whole) const {
   std::lock_guard lock(mutex_);
   auto it = entries_.find({job, chunk_id});
   if (it == entries_.end()) return false;
   const Entry& entry = *it->second;
-  return entry.version == version && !entry.uncommitted && (entry.loading || entry.load_status.ok());
+  return entry.version == version && !entry.uncommitted && (entry.loading || entry.load_status.ok()) &&
+         (!whole || entry.weights_valid);
 }
 
 bool StateCache::TryHold(uint64_t bytes) {

@@ -68,6 +68,10 @@ class StatePin {
   bool committed() const;
   // The result of the load that filled the bytes (OK for an entry made with its contents).
   absl::Status load_status() const;
+  // False when only the states region was loaded (a chunk that stores working
+  // weights, read for its update): the bytes after the states are not the
+  // extent's weights (see SetContents).
+  bool weights_valid() const;
   // True when this pin (from StateCache::Pin) is the first use of bytes a
   // prefetch read from storage: they are in DRAM now, but not because they
   // stayed there (the cache-hit counters tell the two apart).
@@ -106,15 +110,17 @@ class StateCache {
   // True when (job, chunk) has an entry (loaded or loading); never waits.
   bool Contains(const std::string& job, uint32_t chunk_id) const;
   // True when (job, chunk) has an entry that holds extent `version`, committed,
-  // and is loaded without error or still loading; never waits, pins nothing.
-  bool Holds(const std::string& job, uint32_t chunk_id, uint32_t version) const;
+  // and is loaded without error or still loading (and, when `whole`, whose
+  // weights are valid); never waits, pins nothing.
+  bool Holds(const std::string& job, uint32_t chunk_id, uint32_t version, bool whole = false) const;
 
   // Marks the load of a pinned entry finished (wakes those waiting in Pin). A
   // failed load is not kept: the entry is freed at its last release.
   void FinishLoad(const StatePin& pin, absl::Status status);
-  // Records what the pinned entry's bytes now are: extent `version`, and
-  // whether that is committed.
-  void SetContents(const StatePin& pin, uint32_t version, bool committed);
+  // Records what the pinned entry's bytes now are: extent `version`, whether
+  // that is committed, and whether the whole extent is there (`weights_valid`
+  // false: only its states region, the rest is not the extent's).
+  void SetContents(const StatePin& pin, uint32_t version, bool committed, bool weights_valid = true);
   // The update in the entry of (job, chunk) was committed as extent `version`:
   // if the entry holds that version, loaded, it is marked committed. Takes no
   // pin and leaves the eviction order as it is.

@@ -23,6 +23,22 @@ TEST(StateCache, KeepsEntriesAndCountsBytes) {
   again.Reset();
 }
 
+TEST(StateCache, AnEntryLoadedStatesOnlyIsNotHeldWhole) {
+  StateCache cache(8 * kMiB);
+  auto entry = cache.Create("job", 1, kMiB, /*wait=*/true);
+  ASSERT_TRUE(entry.ok());
+  EXPECT_TRUE(entry->weights_valid());  // made with its contents
+  cache.SetContents(*entry, 1, /*committed=*/true, /*weights_valid=*/false);
+  EXPECT_FALSE(entry->weights_valid());
+  EXPECT_TRUE(cache.Holds("job", 1, 1));
+  EXPECT_FALSE(cache.Holds("job", 1, 1, /*whole=*/true));
+  // The update wrote the whole buffer.
+  cache.SetContents(*entry, 0, /*committed=*/true);
+  EXPECT_TRUE(entry->weights_valid());
+  EXPECT_TRUE(cache.Holds("job", 1, 0, /*whole=*/true));
+  entry->Reset();
+}
+
 // One training step: every chunk used once, in order, as a session does.
 void ScanOnce(StateCache& cache, uint32_t chunks, uint64_t bytes, int* reads) {
   for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
