@@ -102,7 +102,9 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (bytes_in_use_ + bytes > budget_bytes_) {
-    if (EvictOneLocked()) continue;
+    // A prefetch never evicts another prefetch not used yet: that one was read
+    // for a use that comes sooner, and evicting it only reads it twice.
+    if (EvictOneLocked(/*prefetched_too=*/!loading)) continue;
     if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return absl::DeadlineExceededError(fmt::format(
@@ -195,13 +197,13 @@ void StateCache::ListLocked(Entry& entry, std::list<Key>& list) {
   entry.eviction_position = std::prev(list.end());
 }
 
-bool StateCache::EvictOneLocked() {
+bool StateCache::EvictOneLocked(bool prefetched_too) {
   const Key* victim = nullptr;
   if (!cold_.empty()) {
     victim = &cold_.front();
   } else if (!used_.empty()) {
     victim = &used_.back();
-  } else if (!prefetched_.empty()) {
+  } else if (prefetched_too && !prefetched_.empty()) {
     victim = &prefetched_.front();
   } else {
     return false;

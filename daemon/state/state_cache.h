@@ -101,7 +101,8 @@ class StateCache {
 
   // A new pinned entry of `bytes` for (job, chunk), replacing an unpinned one;
   // it holds version 0, committed, until SetContents. Evicts unpinned entries to
-  // make room. When `wait`, waits (up to `timeout_ms`) for pinned entries to be
+  // make room (a `loading` entry, a prefetch, never evicts another prefetch
+  // not used yet). When `wait`, waits (up to `timeout_ms`) for pinned entries to be
   // released; otherwise returns UNAVAILABLE at once. RESOURCE_EXHAUSTED when
   // `bytes` exceeds the budget. `loading` marks the entry as being filled by
   // this pin's holder (see FinishLoad); a loading entry counts as a prefetch.
@@ -151,7 +152,9 @@ class StateCache {
   // Releases one pin. Unpinned entries become evictable.
   void Unpin(Entry& entry);
   void DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it);
-  bool EvictOneLocked();
+  // Evicts one unpinned entry (the order above); prefetched entries not used
+  // yet only when `prefetched_too`. False when nothing could be evicted.
+  bool EvictOneLocked(bool prefetched_too);
   void UnlistLocked(Entry& entry);
   void ListLocked(Entry& entry, std::list<Key>& list);
 

@@ -39,6 +39,30 @@ TEST(StateCache, AnEntryLoadedStatesOnlyIsNotHeldWhole) {
   entry->Reset();
 }
 
+TEST(StateCache, APrefetchNeverEvictsAnotherPrefetchNotUsedYet) {
+  StateCache cache(4 * kMiB);
+  for (uint32_t chunk : {1u, 2u}) {  // two read-aheads fill the budget, neither used yet
+    auto ahead = cache.Create("job", chunk, 2 * kMiB, /*wait=*/false, /*loading=*/true);
+    ASSERT_TRUE(ahead.ok());
+    cache.FinishLoad(*ahead, absl::OkStatus());
+  }
+  // A third read-ahead would only throw away one read for a sooner use.
+  auto third = cache.Create("job", 3, 2 * kMiB, /*wait=*/false, /*loading=*/true);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(cache.Contains("job", 1));
+  EXPECT_TRUE(cache.Contains("job", 2));
+  // A use that needs the room now (not a prefetch) takes the oldest read-ahead.
+  auto needed = cache.Create("job", 4, 2 * kMiB, /*wait=*/false);
+  ASSERT_TRUE(needed.ok());
+  EXPECT_FALSE(cache.Contains("job", 1));
+  EXPECT_TRUE(cache.Contains("job", 2));
+  needed->Reset();
+  // Once used, a read-ahead may make room for the next one.
+  cache.Pin("job", 2).Reset();
+  auto next = cache.Create("job", 5, 2 * kMiB, /*wait=*/false, /*loading=*/true);
+  EXPECT_TRUE(next.ok());
+}
+
 // One training step: every chunk used once, in order, as a session does.
 void ScanOnce(StateCache& cache, uint32_t chunks, uint64_t bytes, int* reads) {
   for (uint32_t chunk = 0; chunk < chunks; ++chunk) {
