@@ -48,6 +48,23 @@ def _torch_indices(param_groups) -> Dict[int, int]:
 
 
 # --------------------------------------------------------------------- export
+def torch_param_groups(opt, index: Dict[int, int]) -> List[dict]:
+    """`opt`'s param_groups as torch.optim.AdamW.state_dict() gives them: the
+    parameters as their indices (`index`: id(param) -> index), and the keys of
+    torch 1.13's AdamW groups."""
+    groups = []
+    for g in opt.param_groups:
+        saved = {k: v for k, v in g.items() if k != "params"}
+        for key, value in _TORCH_GROUP_DEFAULTS.items():
+            saved.setdefault(key, value)
+        for key in ("fused", "differentiable"):  # not in torch 1.13's AdamW groups
+            if saved.get(key) in (None, False):
+                saved.pop(key, None)
+        saved["params"] = [index[id(p)] for p in g["params"]]
+        groups.append(saved)
+    return groups
+
+
 def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] = None) -> dict:
     """The checkpoint dict of `opt` (its param_groups, job and committed_step) and
     its chunks' `pipeline` at the last committed step (see the module doc).
@@ -82,16 +99,7 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
             continue  # never updated: torch.optim.AdamW has no state for it either
         state[index[id(p)]] = {"step": torch.tensor(float(t)), "exp_avg": m, "exp_avg_sq": v}
 
-    groups = []
-    for g in opt.param_groups:
-        saved = {k: v for k, v in g.items() if k != "params"}
-        for key, value in _TORCH_GROUP_DEFAULTS.items():
-            saved.setdefault(key, value)
-        for key in ("fused", "differentiable"):  # not in torch 1.13's AdamW groups
-            if saved.get(key) in (None, False):
-                saved.pop(key, None)
-        saved["params"] = [index[id(p)] for p in g["params"]]
-        groups.append(saved)
+    groups = torch_param_groups(opt, index)
 
     if model is not None:
         weights = {}

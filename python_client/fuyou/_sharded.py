@@ -139,18 +139,11 @@ class _ShardWriter:
 
 
 def _groups_json(opt, index: Dict[int, int]) -> list:
-    from ._checkpoint import _TORCH_GROUP_DEFAULTS
-    groups = []
-    for g in opt.param_groups:
-        saved = {k: v for k, v in g.items() if k != "params"}
-        for key, value in _TORCH_GROUP_DEFAULTS.items():
-            saved.setdefault(key, value)
-        for key in ("fused", "differentiable"):  # not in torch 1.13's AdamW groups
-            if saved.get(key) in (None, False):
-                saved.pop(key, None)
+    """torch's param_groups of `opt`, as JSON takes them (betas a list)."""
+    from ._checkpoint import torch_param_groups
+    groups = torch_param_groups(opt, index)
+    for saved in groups:
         saved["betas"] = list(saved["betas"])
-        saved["params"] = [index[id(p)] for p in g["params"]]
-        groups.append(saved)
     return groups
 
 
