@@ -124,18 +124,6 @@ absl::Status ChunkStore::WaitForWriteBacks() {
 
 // ---- Committed states.
 
-absl::Status ChunkStore::Verify(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
-                                const v1::StateExtent& extent) const {
-  const ChunkChecksums sums = Checksums(pin, layout);
-  if (sums.states == extent.checksum() && sums.weights == extent.weights_checksum()) return absl::OkStatus();
-  const bool states_bad = sums.states != extent.checksum();
-  return absl::DataLossError(fmt::format(
-      "job '{}' chunk {}: the {} read from {} at offset {} fail their checksum; the extent is corrupt and "
-      "nothing was returned from it",
-      job_.name(), chunk_id, states_bad ? "states" : "working weights", job_.states().path().string(),
-      states_bad ? extent.offset() : extent.offset() + layout.WeightsOffset().value_or(0)));
-}
-
 absl::Status ChunkStore::VerifyWeights(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
                                        const v1::StateExtent& extent, uint64_t at) const {
   if (WeightsChecksum(pin.data() + at, layout) == extent.weights_checksum()) return absl::OkStatus();
@@ -173,6 +161,18 @@ absl::Status ChunkStore::VerifyStates(const StatePin& pin, uint32_t chunk_id, co
       "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
       "nothing was returned from it",
       job_.name(), chunk_id, job_.states().path().string(), extent.offset()));
+}
+
+absl::Status ChunkStore::CheckRead(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                                   const v1::StateExtent& extent, bool states_only) const {
+  absl::Status status = VerifyStates(pin, chunk_id, layout, extent);
+  if (!layout.stores_weights()) return status;
+  if (states_only) {
+    ClearAfterStates(pin, layout, extent.length());
+    return status;
+  }
+  if (!status.ok()) return status;
+  return VerifyWeights(pin, chunk_id, layout, extent, *layout.WeightsOffset());
 }
 
 absl::Status ChunkStore::ReadStoredWeights(const StatePin& pin, const v1::ChunkRecord& record) {
@@ -236,11 +236,8 @@ absl::StatusOr<StatePin> ChunkStore::AcquireCommitted(const v1::ChunkRecord& rec
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job_.name(), record.chunk_id(), status.message()));
-  } else if (partial) {
-    status = VerifyStates(pin, record.chunk_id(), layout, extent);
-    ClearAfterStates(pin, layout, extent.length());
   } else {
-    status = Verify(pin, record.chunk_id(), layout, extent);
+    status = CheckRead(pin, record.chunk_id(), layout, extent, partial);
   }
   if (!status.ok()) {
     cache_.FinishLoad(pin, status);  // not kept: freed as the pin goes
@@ -269,12 +266,7 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
          read_start = trace::NowUs()](absl::Status status) {
           trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
           if (status.ok()) counters_.user.bytes_read.fetch_add(read_bytes, std::memory_order_relaxed);
-          if (status.ok() && partial) {
-            status = VerifyStates(*pin, chunk_id, layout, extent);
-            ClearAfterStates(*pin, layout, extent.length());
-          } else if (status.ok()) {
-            status = Verify(*pin, chunk_id, layout, extent);
-          }
+          if (status.ok()) status = CheckRead(*pin, chunk_id, layout, extent, partial);
           cache_.FinishLoad(*pin, status);
           pin->Reset();
           FinishIo();

@@ -324,12 +324,14 @@ class ChunkStore {
   absl::Status ReadStoredWeights(const StatePin& pin, const v1::ChunkRecord& record);
   // The states of a chunk with pending import writes, pinned (cache or shadow extent).
   absl::StatusOr<StatePin> AcquireImported(const v1::ChunkRecord& record, const Imported& imported);
-  // OK when `pin` holds states of a chunk laid out as `layout` that hash to
-  // the extent's checksums; else DATA_LOSS naming the job, chunk, file and
-  // offset. Safe on an I/O completion thread.
-  absl::Status Verify(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
-                      const v1::StateExtent& extent) const;
-  // The same for the states region alone (master|m|v, StateExtent.checksum).
+  // OK when `pin` holds what a read of `extent` brought in, hashing to the
+  // extent's checksums: the states, and the weights of a chunk that stores
+  // them unless the read was `states_only` (then what follows the states is
+  // zeroed, see StatePin::weights_valid). Else DATA_LOSS naming the job, chunk,
+  // file and offset. Safe on an I/O completion thread.
+  absl::Status CheckRead(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
+                         const v1::StateExtent& extent, bool states_only) const;
+  // The states region alone (master|m|v, StateExtent.checksum), as CheckRead.
   absl::Status VerifyStates(const StatePin& pin, uint32_t chunk_id, const ChunkLayout& layout,
                             const v1::StateExtent& extent) const;
   // The same for the weights region, at byte `at` of `pin` (0: a weights-only
