@@ -62,6 +62,7 @@ import torch
 from . import _device
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, FuyouError
+from ._freed_grad import FreedGrad
 from ._sender import Sender
 
 __all__ = ["ChunkPipeline", "Hyper", "LoopStats", "STATE_MASTER", "STATE_EXP_AVG",
@@ -73,6 +74,8 @@ STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
 # fuyou.v1.RedoReason and fuyou.v1.AbortReason values.
 REDO_GRADIENTS_CHANGED, REDO_CLIPPED = 1, 2
 ABORT_SKIPPED_STEP, ABORT_OVERFLOW = 1, 2
+# fuyou.v1.JournalUse values (the daemon's per-step gradient journal).
+JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY = 1, 2, 3
 # ChunkSpec.segment_elements holds at most this many entries (kMaxChunkSegments);
 # a chunk with more is registered as one segment (a missing gradient then counts
 # as zeros in it).
@@ -124,6 +127,8 @@ class _Job:
     redo: int
     earlier: Optional["_Sent"]
     on_copied: Optional[Callable[[], None]] = None  # on the sender thread, after the copy
+    journal: int = 0  # fuyou.v1.JournalUse; REPLAY: parts is None from the start
+    grad_ops: Tuple[Tuple[int, float], ...] = ()  # fuyou.v1.GradOp (kind, operand)
 
 
 @dataclass
@@ -133,6 +138,7 @@ class _Sent:
     missing: Tuple[int, ...]  # segments without a gradient
     fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
     not_updated: Tuple[int, ...]  # segments the daemon leaves alone (segments_without_grad)
+    journal_added: bool = False  # the daemon's journal holds an accumulating pass's sum
 
 
 
@@ -599,24 +605,110 @@ class ChunkPipeline:
         """Sends chunk `c` again in this step with its gradients as they are now:
         the daemon drops its update of the step and updates again from the
         committed states. Its earlier new weights (in flight or staged) are dropped."""
+        self._drop_earlier(c.chunk_id)
+        earlier = self._sent.pop(c.chunk_id)
+        self.send(c, grad_scale, redo=reason, earlier=earlier)
+        self._count_redo(reason)
+
+    def _drop_earlier(self, cid: int) -> None:
+        """Before a chunk is sent again in the step: its earlier new weights (in
+        flight or staged) are dropped, on the sender thread in order with the sends."""
         session = self._session
         if self._redo_started is None:
             self._redo_started = time.monotonic()
-        cid = c.chunk_id
 
-        def drop() -> None:  # on the sender thread, in order with the sends
+        def drop() -> None:
             if cid in self._inflight:
                 del self._inflight[cid]
                 session.release_slot(self._wait(session, cid))
             self._staged.discard(cid)
 
         self._sender.submit(drop)
-        earlier = self._sent.pop(cid)
-        self.send(c, grad_scale, redo=reason, earlier=earlier)
+
+    def _count_redo(self, reason: int) -> None:
         if reason == REDO_CLIPPED:
             self.stats.redone_clipped += 1
         else:
             self.stats.redone_changed += 1
+
+    def replay(self, c: Chunk, grad_scale: float, grad_ops, reason: int) -> None:
+        """Updates chunk `c` again in this step from the daemon's journal of its
+        gradients (sent with ``journal=True``) after `grad_ops` (the loop's
+        in-place mul_/div_ since), with `grad_scale`: nothing is copied."""
+        cid = c.chunk_id
+        self._drop_earlier(cid)
+        earlier = self._sent.pop(cid)
+        self._enqueue(c, None, grad_scale, earlier.not_updated, redo=reason, earlier=earlier,
+                      journal=JOURNAL_REPLAY, grad_ops=grad_ops)
+        self._sent[cid] = _Sent(earlier.missing, None, earlier.not_updated,
+                                earlier.journal_added)
+        self._count_redo(reason)
+
+    def journal_add(self, c: Chunk, grad_scale: float, grad_ops, earlier: "_Sent") -> None:
+        """An undeclared backward pass completed chunk `c`, whose gradients the
+        daemon journaled in this step (``earlier``: ``take_sent``): its ``.grad``
+        (zeros where a parameter has no new gradient) is added to the journal
+        after `grad_ops`, and the chunk updated again from the sum."""
+        cid = c.chunk_id
+        self._drop_earlier(cid)
+        parts, grads, now_missing = [], [], set()
+        for i, seg in enumerate(c.segments):
+            g = seg.param.grad
+            if g is None or isinstance(g, FreedGrad):  # no new gradient: zeros
+                parts.append((seg.offset, seg.numel, None))
+                now_missing.add(i)
+            else:
+                g = g.detach()
+                grads.append(g)
+                parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
+        missing = tuple(i for i in earlier.missing if i in now_missing)
+        not_updated = missing if len(c.segments) <= MAX_CHUNK_SEGMENTS else ()
+        self._enqueue(c, parts, grad_scale, not_updated, redo=REDO_GRADIENTS_CHANGED,
+                      earlier=earlier, journal=JOURNAL_ADD, grad_ops=grad_ops,
+                      marker=self._device.marker(grads))
+        self._sent[cid] = _Sent(missing, None, not_updated, journal_added=True)
+        self._count_redo(REDO_GRADIENTS_CHANGED)
+
+    def take_sent(self, chunk_id: int) -> "_Sent":
+        """Takes chunk `chunk_id` out of the step's sent chunks (an accumulating
+        pass will send it again: ``journal_add``)."""
+        return self._sent.pop(chunk_id)
+
+    def sent_info(self, chunk_id: int) -> Optional["_Sent"]:
+        return self._sent.get(chunk_id)
+
+    def chunk_params(self, chunk_id: int) -> List[int]:
+        """Indices of the parameters with a segment in the chunk."""
+        return self._chunk_params[chunk_id]
+
+    def mark_accumulating(self) -> None:
+        """The loop made one more backward pass into a chunk sent in this step:
+        commit() learns the passes per step."""
+        self._accumulating = True
+
+    def journal_stats(self, c: Chunk) -> Tuple[List[float], List[float]]:
+        """Per segment, the sum of squares and the largest magnitude of the
+        chunk's journaled gradients after its last update (waits for it)."""
+        session = self._session
+        self._flush()
+        if c.chunk_id in self._inflight:
+            del self._inflight[c.chunk_id]
+            session.release_slot(self._wait(session, c.chunk_id))
+        stats = session.journal_stats(c.chunk_id)
+        if stats is None:
+            raise FuyouError(f"fuyoud sent no journal statistics for chunk {c.chunk_id:#x}")
+        return [float(x) for x in stats[0]], [float(x) for x in stats[1]]
+
+    def _enqueue(self, c: Chunk, parts, grad_scale: float, missing_sent, *, redo: int,
+                 earlier, journal: int, grad_ops, marker=None) -> None:
+        lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
+        if maximize:
+            grad_scale = -grad_scale
+        job = _Job(c, parts, marker, float(grad_scale),
+                   (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
+                   self._committed + 1, tuple(missing_sent), False, redo, earlier,
+                   journal=journal, grad_ops=tuple(grad_ops))
+        self._sender.submit(lambda: self._send_now(job))
 
     def send_unsent(self, grad_scale: float) -> None:
         """Sends every chunk not sent yet in this step (stops at an overflow)."""
@@ -634,15 +726,16 @@ class ChunkPipeline:
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
              redo: int = 0, earlier: Optional[_Sent] = None,
              packed: Optional[Tuple[torch.Tensor, Tuple[int, ...]]] = None,
-             on_copied: Optional[Callable[[], None]] = None) -> bool:
+             on_copied: Optional[Callable[[], None]] = None, journal: bool = False) -> bool:
         """Enqueues the chunk for the sender thread, which copies its gradients
         into a slot and sends GradReady; never blocks. A chunk without any
         gradient is not sent, unless it is a redo (which then undoes the step's
         update of it). `packed` (offload_params): the gradients as one flat
         tensor laid out as the chunk, and the segments without any, instead of
         the parameters' ``.grad``; no fingerprint is taken then. `on_copied`
-        runs on the sender thread once the gradients are in the slot. Returns
-        whether the chunk was enqueued."""
+        runs on the sender thread once the gradients are in the slot.
+        `journal`: the daemon keeps the gradients for the step (JOURNAL_KEEP),
+        for ``replay`` and ``journal_add``. Returns whether the chunk was enqueued."""
         missing = packed[1] if packed is not None else self._missing(c)
         if len(missing) == len(c.segments) and not redo:
             return False  # no gradient at all: the chunk is not updated this step
@@ -674,7 +767,8 @@ class ChunkPipeline:
             grad_scale = -grad_scale
         job = _Job(c, parts, self._device.marker(grads), float(grad_scale),
                    (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
-                   self._committed + 1, missing_sent, speculative, redo, earlier, on_copied)
+                   self._committed + 1, missing_sent, speculative, redo, earlier, on_copied,
+                   journal=JOURNAL_KEEP if journal else 0)
         self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
         if speculative:
             self.stats.speculative_updates += 1
@@ -690,20 +784,23 @@ class ChunkPipeline:
             self._drain_oldest(session)
         slot = session.acquire_slot(self.timeout)
         try:
-            dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
-            self._device.copy_grads(dst, job.parts, job.marker)
-            job.parts = job.marker = None  # the gradients may go now
-            if job.on_copied is not None:
-                job.on_copied()
-            if self._check_finite and not bool(torch.isfinite(dst).all()):
-                session.release_slot(slot)
-                self._overflowed.append(job)
-                return
+            if job.journal != JOURNAL_REPLAY:  # a replay's gradients are in the daemon
+                dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
+                self._device.copy_grads(dst, job.parts, job.marker)
+                job.parts = job.marker = None  # the gradients may go now
+                if job.on_copied is not None:
+                    job.on_copied()
+                if self._check_finite and not bool(torch.isfinite(dst).all()):
+                    session.release_slot(slot)
+                    self._overflowed.append(job)
+                    return
             lr, beta1, beta2, eps, weight_decay = job.hyper
+            journal = ({"journal": job.journal, "grad_ops": [list(op) for op in job.grad_ops]}
+                       if job.journal else {})
             session.send_grad_ready(c.chunk_id, slot, job.step, lr, beta1, beta2, eps,
                                     weight_decay, job.grad_scale,
                                     segments_without_grad=list(job.missing_sent),
-                                    speculative=job.speculative, redo=job.redo)
+                                    speculative=job.speculative, redo=job.redo, **journal)
         except BaseException:
             try:
                 session.release_slot(slot)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import inspect
 import math
 import os
 import socket
@@ -28,6 +29,9 @@ from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
 __all__ = ["AdamW"]
 
 MAX_SLOTS = 64
+# torch.optim.Optimizer.zero_grad's own default: False on torch 1.13, True on 2.x.
+_TORCH_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
+    "set_to_none"].default
 _STATE_VERSION = 1
 
 
@@ -425,8 +429,9 @@ class AdamW(torch.optim.Optimizer):
                 raise
         return loss
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clears the gradients (to None by default, as torch 2 does)."""
+    def zero_grad(self, set_to_none: bool = _TORCH_SET_TO_NONE) -> None:
+        """Clears the gradients: to None, or to zeros (which update the parameter
+        as torch does); the default is the installed torch's."""
         with self._lock:
             pipeline = self._pipeline
             if pipeline is not None and pipeline.attached and pipeline.failed is None:
@@ -706,14 +711,22 @@ class AdamW(torch.optim.Optimizer):
         grad_scale = inv_scale
         if not pipeline.overflow:
             clipping = self.max_grad_norm is not None
-            if offload is not None:  # the gradients sent were freed: nothing to validate
+            if offload is not None:
+                # The gradients sent are in the daemon's journal: what the loop
+                # did to them (FreedGrad ops) and the clip are replayed there.
+                offload.gradients.finish_adding(inv_scale)
                 pipeline.wait_sent()
-                changed, squares = [], (offload.gradients.squares() if clipping else {})
+                changed, squares = [], (offload.gradients.squares() if clipping else [])
             else:
                 changed, squares = pipeline.validate(squares=clipping)
-            clip_coef = self._clip_coefficient(squares.values()) if clipping else 1.0
+                squares = list(squares.values())
+            clip_coef = self._clip_coefficient(squares) if clipping else 1.0
             if not math.isfinite(clip_coef):
                 pipeline.mark_overflow()
+            elif offload is not None:
+                grad_scale = clip_coef * inv_scale
+                offload.gradients.replay(grad_scale, clip_coef < 1.0,
+                                         (REDO_GRADIENTS_CHANGED, REDO_CLIPPED))
             else:
                 grad_scale = clip_coef * inv_scale
                 changed_ids = {c.chunk_id for c in changed}

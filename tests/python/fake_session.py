@@ -44,6 +44,8 @@ class FakeSession:
         self.log = []  # (kind, args) of every message, for assertions
         self.redone = []  # (chunk_id, RedoReason) of every redo
         self.aborts = []  # (step, AbortReason) of every AbortStep
+        self.journal = {}  # chunk_id -> gradients kept for the step (grad dtype), as the daemon's
+        self.journal_stats_ = {}  # chunk_id -> (sum of squares, max |x|) per segment
         self.closed = False
 
     @property
@@ -103,7 +105,8 @@ class FakeSession:
         return memoryview(self.param[slot])
 
     def send_grad_ready(self, chunk_id, slot, step, lr, beta1, beta2, eps, weight_decay,
-                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0):
+                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0,
+                        journal=0, grad_ops=()):
         assert step == self.job["committed"] + 1, (step, self.job["committed"])
         self.log.append(("grad_ready", chunk_id, step, lr, weight_decay, grad_scale))
         self.log.append(("grad_ready_flags", chunk_id, tuple(segments_without_grad),
@@ -122,6 +125,9 @@ class FakeSession:
                                          (list(v) if isinstance(v, list) else v))
                                      for k, v in st.items()}
         g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
+        if journal:
+            g = self._journal(chunk_id, journal, grad_ops, g.to(gdt), segments_without_grad,
+                              redo, st["segments"]).float()
         if grad_scale not in (0.0, 1.0):
             g = g * torch.tensor(grad_scale, dtype=torch.float32)
         skip = set(segments_without_grad)
@@ -144,6 +150,39 @@ class FakeSession:
             p.addcdiv_(m, denom, value=-lr / bc1)
         torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(st["master"].to(pdt))
         self.ready[chunk_id] = slot
+
+    def _journal(self, chunk_id, use, ops, slot_grads, without, redo, segments):
+        """GradReady.journal as the daemon does it: KEEP copies the slot (zeros
+        for segments without a gradient), ADD adds it after the ops, REPLAY
+        takes the journal after the ops; each op in grad dtype, rounded."""
+        if use == 1:
+            assert not ops, "grad_ops with JOURNAL_KEEP"
+            kept = slot_grads.clone()
+            offset = 0
+            for i, size in enumerate(segments):
+                if i in set(without):
+                    kept[offset:offset + size] = 0
+                offset += size
+        else:
+            if not redo or chunk_id not in self.journal:
+                raise FailedPrecondition(f"chunk {chunk_id} has no gradient journal in this step")
+            kept = self.journal[chunk_id]
+            for kind, x in ops:  # as torch's mul_/div_ on a tensor of that dtype
+                kept = kept.mul(x) if kind == 1 else kept.div(x)
+            if use == 2:
+                kept = kept + slot_grads
+        self.journal[chunk_id] = kept
+        sums, maxes, offset = [], [], 0
+        for size in segments:
+            piece = kept[offset:offset + size].double()
+            offset += size
+            sums.append(float(piece.square().sum()))
+            maxes.append(float(piece.abs().max()) if size else 0.0)
+        self.journal_stats_[chunk_id] = (sums, maxes)
+        return kept
+
+    def journal_stats(self, chunk_id):
+        return self.journal_stats_.get(chunk_id)
 
     def wait_params(self, chunk_id, timeout):
         return self.ready.pop(chunk_id)
@@ -183,6 +222,7 @@ class FakeSession:
                 st["weights"] = st["master"].to(self.specs[cid][1])
         n = len(self.backup)
         self.backup.clear()
+        self.journal.clear()
         return step, n
 
     def abort_step(self, step, reason=0):
@@ -191,6 +231,7 @@ class FakeSession:
         for cid, saved in self.backup.items():
             self.job["chunks"][cid] = saved
         self.backup.clear()
+        self.journal.clear()
 
     def read_state(self, chunk_id, which, first, out):
         st = self.job["chunks"][chunk_id]
