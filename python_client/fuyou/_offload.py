@@ -81,6 +81,7 @@ class OffloadedParams:
         self.gradients = OffloadedGradients(optimizer, pipeline, self.weights,
                                             self._block_of_chunk, self._block_of_param)
         self._streams: list = []
+        self.state_dict_hooks = None  # a StreamedStateDict once fuyou.stream_parameters ran
 
     # ------------------------------------------------------------ planning
     @property
