@@ -106,15 +106,16 @@ class _SavedWeight:
     """What the pack hook keeps for a saved tensor that lives in a block's
     buffer: where it is, not the tensor (which would pin the buffer)."""
 
-    __slots__ = ("block", "offset", "dtype", "shape", "stride", "step")
+    __slots__ = ("block", "offset", "dtype", "shape", "stride", "step", "loaded")
 
-    def __init__(self, block: Block, offset: int, t: torch.Tensor, step: int):
+    def __init__(self, block: Block, offset: int, t: torch.Tensor, step: int, loaded: int):
         self.block = block
         self.offset = offset
         self.dtype = t.dtype
         self.shape = tuple(t.shape)
         self.stride = tuple(t.stride())
         self.step = step
+        self.loaded = loaded  # offload.weights_loaded then
 
 
 class _FetchForBackward(torch.autograd.Function):
@@ -338,7 +339,8 @@ class ParameterStream:
             if found is None:
                 return t
             block, offset = found
-            return _SavedWeight(block, offset, t, self._offload.committed_step)
+            return _SavedWeight(block, offset, t, self._offload.committed_step,
+                                self._offload.weights_loaded)
 
     def _unpack(self, saved):
         if not isinstance(saved, _SavedWeight):
@@ -350,6 +352,11 @@ class ParameterStream:
                     f"backward needs the weights of module {saved.block.name!r} as saved in the "
                     f"forward of step {saved.step + 1}, but step {offload.committed_step} was "
                     "committed since: run backward before optimizer.step()")
+            if saved.loaded != offload.weights_loaded:
+                raise FailedPrecondition(
+                    f"backward needs the weights of module {saved.block.name!r} as saved in its "
+                    "forward, but model.load_state_dict replaced them since: run backward before "
+                    "load_state_dict")
             self._backward_started()
             offload.weights.hold_for_backward(saved.block)
             typed = saved.block.buffer.view(saved.dtype)

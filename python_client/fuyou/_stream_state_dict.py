@@ -316,4 +316,5 @@ class StreamedStateDict:
             pipeline.write_state(c, STATE_MASTER, master)
         pipeline.commit_import()
         self.generation += 1
+        offload.weights_loaded += 1  # weights saved for backward before it are stale
         weights.drop_cache()

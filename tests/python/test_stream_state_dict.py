@@ -337,3 +337,30 @@ def test_bf16_load_rounds_to_the_parameters_dtype(real):
     finally:
         handle.close()
         opt.close()
+
+
+def test_state_dict_after_the_stream_or_the_optimizer_closed(stream_backend):
+    model, ref, opt, ref_opt, handle = _pair(stream_backend)
+    _train(model, opt, 1)
+    _train(ref, ref_opt, 1)
+    handle.close()  # the streaming hooks go; the weights are still the daemon's
+    got = model.state_dict()
+    for name, p in ref.named_parameters():
+        assert _close(got[name], p), name
+    opt.close()
+    with pytest.raises(fuyou.FailedPrecondition, match="closed"):
+        model.state_dict()  # never the empty placeholders
+
+
+def test_backward_of_a_forward_before_a_load_is_refused(real):
+    model, _ref, opt, _ref_opt, handle = _pair(real)
+    try:
+        _train(model, opt, 1)
+        values = model.state_dict()
+        loss = model(*stream_batch(1))  # saves weights for backward
+        model.load_state_dict({k: v + 1.0 for k, v in values.items()})
+        with pytest.raises(RuntimeError, match="load_state_dict replaced them"):
+            loss.backward()
+    finally:
+        handle.close()
+        opt.close()
