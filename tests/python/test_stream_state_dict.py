@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 
 import pytest
 import torch
