@@ -81,6 +81,8 @@ class OffloadedParams:
         self.gradients = OffloadedGradients(optimizer, pipeline, self.weights,
                                             self._block_of_chunk, self._block_of_param)
         self._streams: list = []
+        self.state_dict_hooks = None  # a StreamedStateDict once fuyou.stream_parameters ran
+        self.weights_loaded = 0  # model.load_state_dict calls that wrote new weights
 
     # ------------------------------------------------------------ planning
     @property

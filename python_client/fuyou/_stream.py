@@ -34,12 +34,14 @@ import torch
 from ._errors import FailedPrecondition, InvalidArgument
 from ._offload import FETCH_SLOTS, Block, OffloadedParams
 from ._sizes import parse_size
+from ._stream_state_dict import StreamedStateDict, default_state_dict_limit
 
 __all__ = ["stream_parameters", "ParameterStream"]
 
 
 def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[int, str] = "64MiB",
-                      prefetch: int = 2) -> "ParameterStream":
+                      prefetch: int = 2,
+                      state_dict_limit_bytes: Union[int, str, None] = None) -> "ParameterStream":
     """Streams `model`'s weights from fuyoud into its modules, one module at a
     time, for a model whose optimizer is ``fuyou.AdamW(..., offload_params=True)``.
 
@@ -69,12 +71,24 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
     see no gradients: use ``max_grad_norm=`` and ``loss_scale=`` of
     ``fuyou.AdamW`` (as DeepSpeed's ZeRO-3 engine does), and ``accumulation_steps=k``
     for k backward passes per step.
+
+    ``model.state_dict()`` (of the model or any of its modules) holds the
+    streamed parameters' weights at the last committed step, fetched module by
+    module, and ``model.load_state_dict(sd)`` writes new values into the daemon
+    (fp32 masters and working weights; m, v and step counts stay), both between
+    steps (see _stream_state_dict.py). ``state_dict_limit_bytes`` (bytes or a
+    size; None: ``$FUYOU_STATE_DICT_LIMIT``, else 8 GiB or a quarter of the
+    host's RAM when less) bounds the weights one ``state_dict()`` call may hold:
+    beyond it, it raises and names ``fuyou.export_checkpoint(opt, path, model,
+    shard_bytes=...)``, which writes a sharded checkpoint one chunk at a time.
     """
     offload: Optional[OffloadedParams] = getattr(optimizer, "offload", None)
     if offload is None:
         raise InvalidArgument("fuyou.stream_parameters needs the model's optimizer opened as "
                               "fuyou.AdamW(..., offload_params=True)")
     budget = parse_size(device_budget, "device_budget")
+    limit = (default_state_dict_limit() if state_dict_limit_bytes is None
+             else parse_size(state_dict_limit_bytes, "state_dict_limit_bytes"))
     if not isinstance(prefetch, int) or not 0 <= prefetch <= FETCH_SLOTS - 1:
         raise ValueError(f"prefetch must be an int in 0..{FETCH_SLOTS - 1}, got {prefetch!r}")
     with offload._lock:
@@ -82,6 +96,9 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
         offload.register_all()
         for old in list(offload._streams):
             old.close()
+        if offload.state_dict_hooks is None:
+            offload.state_dict_hooks = StreamedStateDict(offload, limit)
+        offload.state_dict_hooks.limit_bytes = limit
         return ParameterStream(offload, model, budget, prefetch)
 
 
@@ -89,15 +106,16 @@ class _SavedWeight:
     """What the pack hook keeps for a saved tensor that lives in a block's
     buffer: where it is, not the tensor (which would pin the buffer)."""
 
-    __slots__ = ("block", "offset", "dtype", "shape", "stride", "step")
+    __slots__ = ("block", "offset", "dtype", "shape", "stride", "step", "loaded")
 
-    def __init__(self, block: Block, offset: int, t: torch.Tensor, step: int):
+    def __init__(self, block: Block, offset: int, t: torch.Tensor, step: int, loaded: int):
         self.block = block
         self.offset = offset
         self.dtype = t.dtype
         self.shape = tuple(t.shape)
         self.stride = tuple(t.stride())
         self.step = step
+        self.loaded = loaded  # offload.weights_loaded then
 
 
 class _FetchForBackward(torch.autograd.Function):
@@ -127,9 +145,11 @@ class ParameterStream:
     :meth:`reset_peak`). ``fetches``, ``prefetches`` and ``cache_hits`` count
     chunks fetched from the daemon, those of them started ahead of their use,
     and blocks served from the cache. ``largest_module_bytes``: the largest
-    block (a module's own weights). :meth:`close` removes the
-    hooks; the parameters stay empty placeholders (their weights are in the
-    daemon: ``optimizer.export_checkpoint``).
+    block (a module's own weights). ``state_dict_limit_bytes``: see
+    :func:`stream_parameters`. :meth:`close` removes the streaming hooks; the
+    parameters stay empty placeholders (their weights are in the daemon:
+    ``model.state_dict()``, whose hooks stay while the optimizer is open, or
+    ``optimizer.export_checkpoint``).
     """
 
     def __init__(self, offload: OffloadedParams, model: torch.nn.Module, device_budget: int,
@@ -203,6 +223,16 @@ class ParameterStream:
     def prefetches(self) -> int:
         """Chunk fetches started ahead of their use (``prefetch``)."""
         return self._offload.weights.prefetches
+
+    @property
+    def state_dict_limit_bytes(self) -> int:
+        """The most bytes of streamed weights one ``model.state_dict()`` may hold."""
+        return self._offload.state_dict_hooks.limit_bytes
+
+    @state_dict_limit_bytes.setter
+    def state_dict_limit_bytes(self, value) -> None:
+        with self._lock:
+            self._offload.state_dict_hooks.limit_bytes = parse_size(value, "state_dict_limit_bytes")
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -309,7 +339,8 @@ class ParameterStream:
             if found is None:
                 return t
             block, offset = found
-            return _SavedWeight(block, offset, t, self._offload.committed_step)
+            return _SavedWeight(block, offset, t, self._offload.committed_step,
+                                self._offload.weights_loaded)
 
     def _unpack(self, saved):
         if not isinstance(saved, _SavedWeight):
@@ -321,6 +352,11 @@ class ParameterStream:
                     f"backward needs the weights of module {saved.block.name!r} as saved in the "
                     f"forward of step {saved.step + 1}, but step {offload.committed_step} was "
                     "committed since: run backward before optimizer.step()")
+            if saved.loaded != offload.weights_loaded:
+                raise FailedPrecondition(
+                    f"backward needs the weights of module {saved.block.name!r} as saved in its "
+                    "forward, but model.load_state_dict replaced them since: run backward before "
+                    "load_state_dict")
             self._backward_started()
             offload.weights.hold_for_backward(saved.block)
             typed = saved.block.buffer.view(saved.dtype)
