@@ -96,6 +96,10 @@ class LoopStats:
     sent to the last redone chunk's weights back). fingerprint_seconds: wall time
     spent taking the gradients' fingerprints (at send time and at step(); on a
     GPU, launching the reductions and the one wait for their results).
+    journaled_bytes: gradient bytes fuyoud kept in its per-step journal
+    (offload_params: every chunk sent during backward, and each undeclared
+    accumulation pass into one). replayed: chunk updates redone from the
+    journal (also counted in redone_changed / redone_clipped).
     """
 
     steps: int = 0
@@ -106,6 +110,8 @@ class LoopStats:
     rolled_back_skipped: int = 0
     redo_seconds: float = 0.0
     fingerprint_seconds: float = 0.0
+    journaled_bytes: int = 0
+    replayed: int = 0
 
 
 # (lr, beta1, beta2, eps, weight_decay, maximize) of a chunk's parameter group, now.
@@ -643,6 +649,7 @@ class ChunkPipeline:
         self._sent[cid] = _Sent(earlier.missing, None, earlier.not_updated,
                                 earlier.journal_added)
         self._count_redo(reason)
+        self.stats.replayed += 1
 
     def journal_add(self, c: Chunk, grad_scale: float, grad_ops, earlier: "_Sent") -> None:
         """An undeclared backward pass completed chunk `c`, whose gradients the
@@ -668,6 +675,8 @@ class ChunkPipeline:
                       marker=self._device.marker(grads))
         self._sent[cid] = _Sent(missing, None, not_updated, journal_added=True)
         self._count_redo(REDO_GRADIENTS_CHANGED)
+        self.stats.replayed += 1
+        self.stats.journaled_bytes += c.nbytes
 
     def take_sent(self, chunk_id: int) -> "_Sent":
         """Takes chunk `chunk_id` out of the step's sent chunks (an accumulating
@@ -770,6 +779,8 @@ class ChunkPipeline:
                    self._committed + 1, missing_sent, speculative, redo, earlier, on_copied,
                    journal=JOURNAL_KEEP if journal else 0)
         self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
+        if journal:
+            self.stats.journaled_bytes += c.nbytes
         if speculative:
             self.stats.speculative_updates += 1
         self._sender.submit(lambda: self._send_now(job))

@@ -14,7 +14,8 @@ same data, same kernels):
   1. gradscaler: fp32 weights, torch.autocast(fp16) forward,
      torch.cuda.amp.GradScaler: scale(loss).backward(), unscale_(opt),
      clip_grad_norm_(1.0), scaler.step(opt), scaler.update(), zero_grad();
-     an inf injected into one gradient in one step, which GradScaler skips.
+     an inf injected into one gradient in one step, which GradScaler skips;
+     then the same loop with the model streamed (offload_params, issue 19).
   2. trainer: transformers.Trainer on a small LlamaForCausalLM built from a
      config (no download), optimizers=(opt, LambdaLR warmup), max_grad_norm=1.0,
      gradient_accumulation_steps=2, a few steps; the weights are snapshotted
@@ -79,7 +80,11 @@ class Compare:
 
 
 def snapshot(model):
-    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    """The weights by parameter name (a streamed model's state_dict() fetches
+    them from the daemon)."""
+    names = {n for n, _ in model.named_parameters()}
+    return {n: t.detach().float().cpu().clone() for n, t in model.state_dict().items()
+            if n in names}
 
 
 def print_loop_stats(opt):
@@ -87,10 +92,10 @@ def print_loop_stats(opt):
     print(f"  fuyou loop_stats: {stats if stats is not None else 'absent (issue 10 not in)'}")
 
 
-def new_fuyou(daemon, params, job):
+def new_fuyou(daemon, params, job, **kw):
     return fuyou.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, job=job,
                        address=daemon.address, chunk_bytes=CHUNK_BYTES, num_slots=NUM_SLOTS,
-                       timeout=60.0)
+                       timeout=60.0, **kw)
 
 
 def new_torch(params):
@@ -115,15 +120,21 @@ class SmallNet(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, self.vocab), targets.reshape(-1))
 
 
-def check_gradscaler(daemon, compare, steps=8, inf_at=3):
-    print("gradscaler: torch.cuda.amp.GradScaler, fp16 autocast, clip_grad_norm_(1.0)")
+def check_gradscaler(daemon, compare, steps=8, inf_at=3, streamed=False):
+    """`streamed`: fuyou with offload_params + stream_parameters (issue 19): the
+    gradients are freed once sent; GradScaler's unscale_ and the clip work on
+    their FreedGrads and are replayed on the daemon's journal."""
+    check = "gradscaler-streamed" if streamed else "gradscaler"
+    print(f"{check}: torch.cuda.amp.GradScaler, fp16 autocast, clip_grad_norm_(1.0)")
     torch.manual_seed(0)
     ref = SmallNet().cuda()
     model = copy.deepcopy(ref)
+    fuyou_opt = new_fuyou(daemon, model.parameters(), f"gpu-{check}-{os.getpid()}",
+                          offload_params=streamed)
+    stream = fuyou.stream_parameters(model, fuyou_opt) if streamed else None
     runs = {}
     for name, m, opt in (("torch", ref, new_torch(ref.parameters())),
-                         ("fuyou", model, new_fuyou(daemon, model.parameters(),
-                                                    f"gpu-scaler-{os.getpid()}"))):
+                         ("fuyou", model, fuyou_opt)):
         scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 12, growth_interval=3)
         snaps, skipped = [], []
         for step in range(steps):
@@ -147,13 +158,15 @@ def check_gradscaler(daemon, compare, steps=8, inf_at=3):
             snaps.append(snapshot(m))
         if name == "fuyou":
             print_loop_stats(opt)
+            if stream is not None:
+                stream.close()
             opt.close()
         runs[name] = (snaps, skipped)
     print(f"  steps skipped by GradScaler: torch {runs['torch'][1]}, fuyou {runs['fuyou'][1]}")
     if runs["torch"][1] != runs["fuyou"][1] or not runs["torch"][1][inf_at]:
-        compare.failures.append("gradscaler: the skipped steps differ or the inf was not seen")
+        compare.failures.append(f"{check}: the skipped steps differ or the inf was not seen")
     for step, (got, want) in enumerate(zip(runs["fuyou"][0], runs["torch"][0])):
-        compare.weights("gradscaler", step, got, want)
+        compare.weights(check, step, got, want)
 
 
 # ---------------------------------------------------------------- Trainer
@@ -254,6 +267,7 @@ def main() -> int:
                                       extra_args=["--dram-budget", "1GiB"], binary=binary)
         try:
             check_gradscaler(daemon, compare)
+            check_gradscaler(daemon, compare, streamed=True)
             check_trainer(daemon, compare)
         finally:
             daemon.stop()

@@ -136,6 +136,31 @@ def test_grad_scaler_shaped_loop_with_a_skipped_step(loop_backend):
     assert opt.loop_stats.rolled_back_skipped > 0
 
 
+def test_grad_scalers_fused_unscale_on_freed_grads(loop_backend):
+    """GradScaler.unscale_ calls torch._amp_foreach_non_finite_check_and_unscale_
+    on every .grad (CUDA only for real tensors; the FreedGrads answer it anywhere):
+    found_inf and the unscale as torch's manual equivalent."""
+    found = []
+
+    def body(m, o, step):
+        (_loss(m, step) * 512).backward()
+        grads = [p.grad for p in m.parameters() if p.grad is not None]
+        freed = [g for g in grads if isinstance(g, FreedGrad)]
+        if freed:
+            found_inf = torch.zeros(1)
+            torch._amp_foreach_non_finite_check_and_unscale_(freed, found_inf,
+                                                             torch.tensor([1 / 512]))
+            found.append(float(found_inf))
+        for g in grads:  # torch's own op is CUDA only: the same by hand on the CPU
+            if not isinstance(g, FreedGrad):
+                g.mul_(1 / 512)
+        return True
+
+    opt, _ = run_side_by_side(loop_backend, 3, body, what="fused unscale")
+    assert found == [0.0, 0.0, 0.0]
+    assert opt.loop_stats.replayed > 0 and opt.loop_stats.journaled_bytes > 0
+
+
 @pytest.mark.parametrize("passes", [2, 4])
 def test_undeclared_accumulation_with_clip(loop_backend, passes):
     def body(m, o, step):
