@@ -5,7 +5,8 @@ stream into the model module by module, against the same GPT fully resident.
     /usr/bin/python3 benchmarks/param_stream_bench.py --fuyoud BUILD/daemon/fuyoud \\
         [--layers 8] [--embd 512] [--heads 8] [--batch 4] [--seq 128] [--steps 4] \\
         [--dram-budget 64MiB] [--device-budget BYTES|SIZE] [--prefetch 2] \\
-        [--chunk-mib 4] [--gpu [--gpu-cap 1GiB]] [--no-resident] [--json out.json]
+        [--chunk-mib 4] [--gpu [--gpu-cap 1GiB]] [--no-resident] [--clip MAX_NORM]
+        [--json out.json]
 
 Variants, each with its own job on one fuyoud, steps interleaved:
   resident   the GPT built normally and kept whole in the model (fuyou.AdamW: the
@@ -18,6 +19,13 @@ batches, so their losses must agree; the table gives step time and tokens/s, the
 SSD bytes read per step (the daemon's GetStats: all reads, and weights_bytes_read,
 the working weights streamed) against the model's weight bytes, and the stream's
 peak live bytes against device_budget (+ the largest module, the issue's bound).
+
+--clip MAX_NORM: every variant calls torch.nn.utils.clip_grad_norm_(model.parameters(),
+MAX_NORM) between backward and step() (the HF Trainer loop). The streamed variant's
+gradients are freed once sent and kept in the daemon's per-step journal; a clip that
+scales them replays every chunk's update there. The table's journal columns give its
+cost: bytes journaled a step, chunk updates replayed a step and the seconds step()
+spent on redos (loop_stats).
 
 --gpu: the model runs on CUDA, with device memory capped at --gpu-cap by
 torch.cuda.set_per_process_memory_fraction; the resident variant runs only when
@@ -65,6 +73,8 @@ def parse_args():
     ap.add_argument("--gpu-cap", default="1GiB",
                     help="device memory cap (set_per_process_memory_fraction) with --gpu")
     ap.add_argument("--no-resident", action="store_true", help="skip the resident variant")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="external clip_grad_norm_(model.parameters(), CLIP) before step()")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json")
     return ap.parse_args()
@@ -202,6 +212,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
     times = {k: [] for k in variants}
     losses = {k: [] for k in variants}
     reads = {k: [] for k in variants}
+    journal = {k: [] for k in variants}  # per step: journaled bytes, replays, redo seconds
     peak_mem = {k: 0 for k in variants}
     for i in range(args.steps + 1):  # step 0 warms up (and records the streaming order)
         batch = data[i % len(data)].to(device)
@@ -211,9 +222,12 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             before = daemon_reads(daemon.address)
+            stats_before = opt.loop_stats
             t0 = time.perf_counter()
             _, loss = model(x, y)
             loss.backward()
+            if args.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
@@ -225,6 +239,10 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
             if i > 0:
                 times[name].append(dt)
                 reads[name].append([a - b for a, b in zip(after, before)])
+                st = opt.loop_stats
+                journal[name].append((st.journaled_bytes - stats_before.journaled_bytes,
+                                      st.replayed - stats_before.replayed,
+                                      st.redo_seconds - stats_before.redo_seconds))
         print(f"  step {i}{' (warm-up)' if i == 0 else ''}: " + ", ".join(
             f"{k} loss {losses[k][-1]:.4f}" + (f" {times[k][-1]:.3f} s" if i > 0 else "")
             for k in variants), flush=True)
@@ -235,7 +253,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
         opt.close()
     return dict(n_params=n_params, weight_bytes=weight_bytes, largest_module=largest_module,
                 budget=budget, cap=cap, device=str(device), materialize_s=materialize_s,
-                times=times, losses=losses, reads=reads, peak_live=peak_live,
+                times=times, losses=losses, reads=reads, journal=journal, peak_live=peak_live,
                 fetches=fetches, cache_hits=hits, peak_device_memory=peak_mem,
                 resident_note=resident_note, peak_rss_after_materialize=rss_after_materialize,
                 peak_rss=peak_rss)
@@ -255,6 +273,11 @@ def report(args, r, tokens):
               f"{w_read / w:>10.2f} {fetches:>8.0f}")
     if r["resident_note"]:
         print(f"resident   {r['resident_note']}")
+    print(f"\n{'variant':<10} {'journaled MiB/step':>19} {'replays/step':>13} "
+          f"{'redo s/step':>12}   (clip_grad_norm_: {args.clip})")
+    for k, steps in r["journal"].items():
+        b, n, sec = (statistics.median(x) for x in zip(*steps))
+        print(f"{k:<10} {b / 2**20:>19.1f} {n:>13.0f} {sec:>12.3f}")
     bound = r["budget"] + r["largest_module"]
     print(f"\nstreamed peak live bytes {r['peak_live'] / 2**20:.1f} MiB; device_budget "
           f"{r['budget'] / 2**20:.1f} MiB (+ largest module = {bound / 2**20:.1f} MiB); "
