@@ -161,8 +161,13 @@ class AdamW(torch.optim.Optimizer):
     step keeps its weights, moments and Adam step count, as in torch, even when
     its chunk holds parameters with gradients (the GradReady names the chunk's
     segments without one). A chunk in which no parameter has a gradient is not
-    sent at all. ``state_dict()`` holds the hyper-parameters, the loss-scale state
-    and the step counters; the moments themselves stay in the daemon under ``job``.
+    sent at all.
+
+    **state_dict.** :meth:`state_dict` is torch's, with each parameter's ``step``,
+    ``exp_avg`` and ``exp_avg_sq`` read from the daemon (up to
+    ``state_dict_max_bytes`` of moments), so ``torch.optim.AdamW`` continues from
+    it; :meth:`load_state_dict` imports torch's (or another step's) moments into
+    the daemon. ``opt.state[p]`` reads the daemon's states of ``p`` (read-only).
 
     **load_state_dict from another job.** A state dict that :meth:`state_dict`
     took from an optimizer on another job *forks* that job into this one, as
@@ -248,6 +253,10 @@ class AdamW(torch.optim.Optimizer):
         init_from: checkpoint to start a new job from (see above).
         offload_params: keep the working weights in the daemon and stream them
             into the model (see above and :func:`fuyou.stream_parameters`).
+        state_dict_max_bytes: most bytes of moments (fp32 exp_avg + exp_avg_sq)
+            :meth:`state_dict` puts in ``state`` (2 GiB; None: no limit); above
+            it the state dict holds a job reference only and a warning names
+            :meth:`export_checkpoint`. Also an attribute, settable.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,

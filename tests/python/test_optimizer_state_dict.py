@@ -29,6 +29,7 @@ import fuyou
 import state_dict_worker as worker
 from conftest import start_daemon
 from helpers import make_model
+from test_stream_parameters import stream_backend  # noqa: F401
 from test_training_loops import (ATOL, RTOL, StatsLog, assert_matches, fuyou_adamw,  # noqa: F401
                                  loss_of, make_pair, torch_adamw)
 
@@ -259,3 +260,45 @@ def test_mismatched_state_dicts_are_refused_before_anything_is_written(fuyou_ada
     for i in before:
         assert torch.equal(before[i]["exp_avg"], after[i]["exp_avg"])
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+
+
+# ------------------------------------------------ the streamed mode (offload_params)
+def test_streamed_state_dict_holds_the_moments_and_refuses_an_import(stream_backend):
+    """With offload_params the daemon holds the weights: state_dict() holds the
+    moments as torch has them; a state dict of the job at its committed step
+    loads (nothing to import); torch's, or this job's at another step, raise
+    NotImplementedError naming the alternative (never accepted and ignored)."""
+    import copy
+    from test_stream_parameters import offload_adamw, torch_adamw as stream_torch_adamw
+    from train_util import StreamGPT, stream_batch
+    torch.manual_seed(0)
+    model = StreamGPT(n_layer=2)
+    ref = copy.deepcopy(model)
+    ref_opt = stream_torch_adamw(ref.parameters())
+    opt = offload_adamw(stream_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget="32KiB")
+    try:
+        for step in range(2):
+            ref(*stream_batch(step)).backward()
+            ref_opt.step()
+            ref_opt.zero_grad(set_to_none=True)
+            model(*stream_batch(step)).backward()
+            opt.step()
+            opt.zero_grad()
+        sd = opt.state_dict()
+        assert sd["fuyou"]["state_included"]
+        want = ref_opt.state_dict()["state"]
+        assert set(sd["state"]) == set(want)
+        for i, st in want.items():
+            assert float(sd["state"][i]["step"]) == float(st["step"]) == 2.0
+            torch.testing.assert_close(sd["state"][i]["exp_avg"], st["exp_avg"],
+                                       rtol=1e-5, atol=1e-7)
+        opt.load_state_dict(sd)  # this job at its step: nothing to import
+        with pytest.raises(NotImplementedError, match="offload_params"):
+            opt.load_state_dict(ref_opt.state_dict())
+        older = dict(sd, fuyou=dict(sd["fuyou"], committed_step=1))
+        with pytest.raises(NotImplementedError, match="offload_params"):
+            opt.load_state_dict(older)
+    finally:
+        handle.close()
+        opt.close()
