@@ -556,9 +556,10 @@ class AdamW(torch.optim.Optimizer):
         with each parameter's ``step``, ``exp_avg`` and ``exp_avg_sq`` read from the
         daemon at the last committed step, when the moments take at most
         ``state_dict_max_bytes`` (2 GiB by default). Above that, ``state`` is empty
-        and a warning says to use :meth:`export_checkpoint`. ``"fuyou"`` holds the
-        job, committed step, loss scaler and chunk layout, so that a fuyou.AdamW of
-        the same job loads it without reading anything. Call it between steps."""
+        and a warning says to use :meth:`export_checkpoint`; so too (with a warning)
+        during a step (backward without step()). ``"fuyou"`` holds the job,
+        committed step, loss scaler and chunk layout, so that a fuyou.AdamW of the
+        same job loads it without reading anything."""
         for hook in list(getattr(self, "_optimizer_state_dict_pre_hooks", {}).values()):
             hook(self)  # torch 2.x's register_state_dict_pre_hook
         with self._lock:
@@ -566,13 +567,15 @@ class AdamW(torch.optim.Optimizer):
             pipeline = self._pipeline
             size = _checkpoint.moment_bytes(pipeline)
             limit = self.state_dict_max_bytes
-            included = limit is None or size <= limit
+            included = (limit is None or size <= limit) and not pipeline.in_step
             state: dict = {}
-            if included:
-                if pipeline.in_step:
-                    raise FailedPrecondition(
-                        f"state_dict of job {self.job!r} during a step: the daemon holds the "
-                        "moments of the last committed step; call it after step()")
+            if pipeline.in_step:  # backward sent chunks, no step() yet: the slots are busy
+                warnings.warn(
+                    f"fuyou.AdamW.state_dict of job {self.job!r} during a step (backward "
+                    "without step()): the state dict holds a reference to the job in the "
+                    "daemon only, without the moments (torch.optim.AdamW would start from "
+                    "zero moments); call it after step() or zero_grad()", stacklevel=2)
+            elif included:
                 if self.offload is not None:
                     self.offload.weights.drain_fetches()
                 state = _checkpoint.torch_state(self, pipeline)

@@ -302,3 +302,15 @@ def test_streamed_state_dict_holds_the_moments_and_refuses_an_import(stream_back
     finally:
         handle.close()
         opt.close()
+
+
+def test_state_dict_during_a_step_is_a_job_reference_with_a_warning(fuyou_adamw):
+    model, _ = make_pair()
+    opt = fuyou_adamw(model.parameters())
+    loss_of(model, 0).backward()
+    opt.step()
+    loss_of(model, 1).backward()  # chunks sent, no step() yet
+    with pytest.warns(UserWarning, match="during a step"):
+        sd = opt.state_dict()
+    assert sd["state"] == {} and not sd["fuyou"]["state_included"]
+    opt.step()
