@@ -26,7 +26,8 @@ from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
 from ._pipeline import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER, ChunkPipeline
 
-__all__ = ["export_state", "plan_import", "apply_import", "STATE_MASTER", "STATE_EXP_AVG",
+__all__ = ["export_state", "torch_state", "committed_states", "moment_bytes", "plan_import",
+           "apply_import", "apply_load", "STATE_MASTER", "STATE_EXP_AVG",
            "STATE_EXP_AVG_SQ"]
 
 # What torch 1.13's AdamW.state_dict() puts in each param group besides
@@ -65,40 +66,72 @@ def torch_param_groups(opt, index: Dict[int, int]) -> List[dict]:
     return groups
 
 
+def moment_bytes(pipeline: ChunkPipeline) -> int:
+    """Bytes of fp32 exp_avg and exp_avg_sq of every trainable parameter."""
+    return sum(2 * 4 * math.prod(shape) for shape in pipeline.param_shapes)
+
+
+def committed_states(opt, pipeline: ChunkPipeline, indices: Optional[List[int]] = None):
+    """Per trainable parameter (`pipeline.params` order; `indices`: only those) its
+    fp32 (master, exp_avg, exp_avg_sq) shaped like the parameter and its Adam step
+    count, read from the daemon at the last committed step: {pidx: (master, m, v, t)}.
+    Between steps only. A parameter spanning chunks updated a different number of
+    times takes the largest count (a warning says so)."""
+    shapes = pipeline.param_shapes  # offload_params: the parameters are placeholders
+    wanted = range(len(shapes)) if indices is None else indices
+    per_param = {pidx: [torch.empty(math.prod(shapes[pidx]), dtype=torch.float32)
+                        for _ in range(3)] for pidx in wanted}
+    steps: Dict[int, set] = {pidx: set() for pidx in wanted}
+    chunks = pipeline.chunks if indices is None else list(
+        {c.chunk_id: c for pidx in wanted for c in pipeline.chunks_of_param(pidx)}.values())
+    for c in chunks:
+        states, _t = pipeline.read_states(c)
+        # Adam's t per segment: a parameter without a gradient in some step has
+        # fewer updates than the others of its chunk, as in torch.
+        for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
+            if seg.param_index not in per_param:
+                continue
+            for dst, src in zip(per_param[seg.param_index], states):
+                dst[seg.start:seg.end] = src[seg.offset:seg.offset + seg.numel]
+            steps[seg.param_index].add(t)
+    out = {}
+    for pidx in wanted:
+        counts = steps[pidx]
+        if len(counts) > 1:
+            warnings.warn(f"parameter {pidx} (trainable order) spans chunks updated "
+                          f"{sorted(counts)} times; taken with step {max(counts)}")
+        master, m, v = (t.view(shapes[pidx]) for t in per_param[pidx])
+        out[pidx] = (master, m, v, max(counts, default=0))
+    return out
+
+
+def torch_state(opt, pipeline: ChunkPipeline, states=None) -> Dict[int, dict]:
+    """torch.optim.AdamW's ``state`` of `opt` at the last committed step: per
+    parameter index (as torch's state_dict numbers them) ``{"step": tensor(float),
+    "exp_avg", "exp_avg_sq"}``; parameters never updated have none, as in torch."""
+    if states is None:
+        states = committed_states(opt, pipeline)
+    index = _torch_indices(opt.param_groups)
+    state: Dict[int, dict] = {}
+    for pidx, p in enumerate(pipeline.params):
+        _master, m, v, t = states[pidx]
+        if t == 0:
+            continue  # never updated: torch.optim.AdamW has no state for it either
+        state[index[id(p)]] = {"step": torch.tensor(float(t)), "exp_avg": m, "exp_avg_sq": v}
+    return state
+
+
 def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] = None) -> dict:
     """The checkpoint dict of `opt` (its param_groups, job and committed_step) and
     its chunks' `pipeline` at the last committed step (see the module doc).
     `model` given: "model" is its state_dict with the trainable parameters replaced
     by their fp32 master weights; else "model" maps param index -> fp32 weights."""
     params = pipeline.params  # trainable, by param_index
-    shapes = pipeline.param_shapes  # offload_params: the parameters are placeholders
-    per_param = [[torch.empty(math.prod(shape), dtype=torch.float32) for _ in range(3)]
-                 for shape in shapes]
-    steps: List[set] = [set() for _ in params]
-    for c in pipeline.chunks:
-        states, _t = pipeline.read_states(c)
-        # Adam's t per segment: a parameter without a gradient in some step has
-        # fewer updates than the others of its chunk, as in torch.
-        for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
-            for dst, src in zip(per_param[seg.param_index], states):
-                dst[seg.start:seg.end] = src[seg.offset:seg.offset + seg.numel]
-            steps[seg.param_index].add(t)
-
+    states = committed_states(opt, pipeline)
     index = _torch_indices(opt.param_groups)
-    state: Dict[int, dict] = {}
-    masters: Dict[int, torch.Tensor] = {}  # id(param) -> fp32 master, shaped like the param
-    for pidx, p in enumerate(params):
-        master, m, v = (t.view(shapes[pidx]) for t in per_param[pidx])
-        masters[id(p)] = master
-        counts = steps[pidx]
-        if len(counts) > 1:
-            warnings.warn(f"parameter {index[id(p)]} spans chunks updated {sorted(counts)} times; "
-                          f"exported with step {max(counts)}")
-        t = max(counts, default=0)
-        if t == 0:
-            continue  # never updated: torch.optim.AdamW has no state for it either
-        state[index[id(p)]] = {"step": torch.tensor(float(t)), "exp_avg": m, "exp_avg_sq": v}
-
+    state = torch_state(opt, pipeline, states)
+    # id(param) -> fp32 master, shaped like the param
+    masters = {id(p): states[pidx][0] for pidx, p in enumerate(params)}
     groups = torch_param_groups(opt, index)
 
     if model is not None:
@@ -163,10 +196,12 @@ class ShardedImportPlan:
     reader: object  # _sharded.ShardReader: read chunk by chunk when applied
 
 
-def plan_import(opt, pipeline: ChunkPipeline, init_from):
+def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: bool = False):
     """Validates a checkpoint against `opt`'s parameter groups and `pipeline`'s
     parameters and chunks and builds the
-    per-chunk states to write. Talks to no daemon: a bad checkpoint raises
+    per-chunk states to write. `masters_from_model`: every chunk's master weights
+    are the model's current parameters (load_state_dict into a job that may hold
+    other weights), unless the checkpoint has weights by parameter index. Talks to no daemon: a bad checkpoint raises
     InvalidArgument before anything is written. A sharded checkpoint (a
     directory or index file, see _sharded.py) is checked from its indexes and
     read chunk by chunk, one shard at a time, when the plan is applied."""
@@ -219,7 +254,8 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from):
         # Adam's t per segment: parameters of one chunk may have different steps
         # (one without a gradient in some steps), as torch keeps them.
         steps = [per_param[seg.param_index][3] for seg in c.segments]
-        has_master = any(per_param[seg.param_index][0] is not None for seg in c.segments)
+        has_master = masters_from_model or any(
+            per_param[seg.param_index][0] is not None for seg in c.segments)
         master = torch.empty(c.num_elements, dtype=torch.float32) if has_master else None
         m = torch.empty(c.num_elements, dtype=torch.float32)
         v = torch.empty(c.num_elements, dtype=torch.float32)
@@ -266,3 +302,18 @@ def apply_import(opt, pipeline: ChunkPipeline, plan) -> None:
                 pipeline.install(ci.chunk, ci.master.to(ci.chunk.dtype))
     for group, hyper in zip(opt.param_groups, plan.hyper):
         group.update(hyper)
+
+
+def apply_load(pipeline: ChunkPipeline, plan: ImportPlan) -> None:
+    """load_state_dict's import into a job that may hold trained states: every
+    chunk's master weights, moments and per-segment step counts (zeros where the
+    state dict has none, as torch starts such a parameter afresh) are replaced in
+    one atomic CommitImport; the committed step stays. Between steps only."""
+    if pipeline.in_step:
+        raise FailedPrecondition("load_state_dict during a step: call it between steps")
+    for ci in plan.chunks:
+        pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
+        pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
+        pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
+        pipeline.set_update_count(ci.chunk, ci.steps)
+    pipeline.commit_import()

@@ -144,6 +144,7 @@ class _Sent:
     missing: Tuple[int, ...]  # segments without a gradient
     fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
     not_updated: Tuple[int, ...]  # segments the daemon leaves alone (segments_without_grad)
+    hyper: Optional[tuple] = None  # the group's hyper-parameters it was sent with
     journal_added: bool = False  # the daemon's journal holds an accumulating pass's sum
 
 
@@ -484,9 +485,8 @@ class ChunkPipeline:
                 return
             for c in sent:
                 self._checked.add(c.chunk_id)
-            g = self.params[index].grad
             try:
-                if g is None or not bool(g.detach().ne(0).any()):
+                if self._all_zeroed(sent):
                     # zero_grad (the model's) and a new backward without step():
                     # the loop skipped the step.
                     self.abort(ABORT_SKIPPED_STEP)
@@ -498,6 +498,20 @@ class ChunkPipeline:
             except BaseException as e:
                 self.failed = e
                 raise
+
+    def _hyper_now(self, group_index: int) -> tuple:
+        """The group's (lr, beta1, beta2, eps, weight_decay, maximize) now, as floats."""
+        return tuple(float(x) for x in self._hyper(group_index))
+
+    def _all_zeroed(self, chunks: List[Chunk]) -> bool:
+        """Whether every gradient of the chunks' parameters is None or all zeros, as
+        a zero_grad leaves them: then a backward pass reaching a chunk already sent
+        means the loop skipped step(). One parameter whose gradient is legitimately
+        zero (or None) beside others with gradients does not make it so (one check
+        per chunk and step, one wait for the device)."""
+        grads = [self.params[i].grad for c in chunks for i in self._chunk_params[c.chunk_id]]
+        flags = [g.detach().ne(0).any() for g in grads if g is not None]
+        return not flags or not bool(torch.stack(flags).any())
 
     def _on_grad_accumulated(self, index: int) -> None:
         with self.lock:
@@ -586,8 +600,9 @@ class ChunkPipeline:
         for c, fp in zip(chunks, now):
             sent = self._sent.get(c.chunk_id)
             if sent is not None and sent.fingerprint is not None:
-                if sent.missing != self._missing(c) or (fp is None) != (sent.fingerprint is None):
-                    changed.append(c)
+                if sent.missing != self._missing(c) or (fp is None) != (sent.fingerprint is None) \
+                        or sent.hyper != self._hyper_now(c.group_index):
+                    changed.append(c)  # or lr, betas, ... set between backward and step()
                 elif fp is not None:
                     by_device[fp.device].append((c, torch.stack((fp, sent.fingerprint))))
             if fp is not None:
@@ -646,8 +661,8 @@ class ChunkPipeline:
         earlier = self._sent.pop(cid)
         self._enqueue(c, None, grad_scale, earlier.not_updated, redo=reason, earlier=earlier,
                       journal=JOURNAL_REPLAY, grad_ops=grad_ops)
-        self._sent[cid] = _Sent(earlier.missing, None, earlier.not_updated,
-                                earlier.journal_added)
+        self._sent[cid] = _Sent(earlier.missing, None, earlier.not_updated, earlier.hyper,
+                                journal_added=earlier.journal_added)
         self._count_redo(reason)
         self.stats.replayed += 1
 
@@ -771,14 +786,15 @@ class ChunkPipeline:
                 g = g.detach()
                 grads.append(g)
                 parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
-        lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
+        hyper = self._hyper_now(c.group_index)
+        lr, beta1, beta2, eps, weight_decay, maximize = hyper
         if maximize:  # torch's maximize: Adam on -grad
             grad_scale = -grad_scale
         job = _Job(c, parts, self._device.marker(grads), float(grad_scale),
                    (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
                    self._committed + 1, missing_sent, speculative, redo, earlier, on_copied,
                    journal=JOURNAL_KEEP if journal else 0)
-        self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
+        self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent, hyper)
         if journal:
             self.stats.journaled_bytes += c.nbytes
         if speculative:

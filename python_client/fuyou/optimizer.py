@@ -18,10 +18,11 @@ import torch
 
 from . import _checkpoint
 from ._chunking import plan_chunks, trainable_params
-from ._errors import FailedPrecondition, InvalidArgument
+from ._errors import FailedPrecondition, FuyouError, InvalidArgument
 from ._loss_scale import make_loss_scaler
 from ._materialize import is_empty, job_of
 from ._offload import FETCH_SLOTS, OffloadedParams
+from ._state_view import StateView
 from ._pipeline import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, ChunkPipeline, LoopStats)
 from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
@@ -29,10 +30,21 @@ from .daemon import EmbeddedDaemon, release_shared_embedded, resolve_address
 __all__ = ["AdamW"]
 
 MAX_SLOTS = 64
-# torch.optim.Optimizer.zero_grad's own default: False on torch 1.13, True on 2.x.
-_TORCH_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
-    "set_to_none"].default
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: "state" holds the moments when fuyou["state_included"]
+DEFAULT_STATE_DICT_MAX_BYTES = 2 << 30  # moments (exp_avg + exp_avg_sq) state_dict() holds
+
+
+def _torch_set_to_none_default() -> bool:
+    """The default of the installed torch's Optimizer.zero_grad(set_to_none=...):
+    False on torch 1.x, True on 2.x."""
+    try:
+        default = inspect.signature(torch.optim.Optimizer.zero_grad).parameters["set_to_none"].default
+    except (KeyError, TypeError, ValueError):
+        return True
+    return bool(default) if isinstance(default, bool) else True
+
+
+SET_TO_NONE_DEFAULT = _torch_set_to_none_default()
 
 
 def _open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, address: str,
@@ -149,8 +161,13 @@ class AdamW(torch.optim.Optimizer):
     step keeps its weights, moments and Adam step count, as in torch, even when
     its chunk holds parameters with gradients (the GradReady names the chunk's
     segments without one). A chunk in which no parameter has a gradient is not
-    sent at all. ``state_dict()`` holds the hyper-parameters, the loss-scale state
-    and the step counters; the moments themselves stay in the daemon under ``job``.
+    sent at all.
+
+    **state_dict.** :meth:`state_dict` is torch's, with each parameter's ``step``,
+    ``exp_avg`` and ``exp_avg_sq`` read from the daemon (up to
+    ``state_dict_max_bytes`` of moments), so ``torch.optim.AdamW`` continues from
+    it; :meth:`load_state_dict` imports torch's (or another step's) moments into
+    the daemon. ``opt.state[p]`` reads the daemon's states of ``p`` (read-only).
 
     **load_state_dict from another job.** A state dict that :meth:`state_dict`
     took from an optimizer on another job *forks* that job into this one, as
@@ -236,6 +253,10 @@ class AdamW(torch.optim.Optimizer):
         init_from: checkpoint to start a new job from (see above).
         offload_params: keep the working weights in the daemon and stream them
             into the model (see above and :func:`fuyou.stream_parameters`).
+        state_dict_max_bytes: most bytes of moments (fp32 exp_avg + exp_avg_sq)
+            :meth:`state_dict` puts in ``state`` (2 GiB; None: no limit); above
+            it the state dict holds a job reference only and a warning names
+            :meth:`export_checkpoint`. Also an attribute, settable.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -247,7 +268,8 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
                  embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
-                 offload_params: bool = False):
+                 offload_params: bool = False,
+                 state_dict_max_bytes: Optional[int] = DEFAULT_STATE_DICT_MAX_BYTES):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -266,6 +288,8 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
+        if state_dict_max_bytes is not None and state_dict_max_bytes < 0:
+            raise ValueError(f"state_dict_max_bytes must be >= 0 or None, got {state_dict_max_bytes}")
         self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
         self._closed = True
         # foreach, capturable, differentiable and fused choose torch's implementation
@@ -276,6 +300,11 @@ class AdamW(torch.optim.Optimizer):
                         capturable=bool(capturable), differentiable=bool(differentiable),
                         fused=fused)
         super().__init__(params, defaults)
+        self.state = StateView(self)  # torch's state[p], read from the daemon
+        self._group_param_ids = [[id(p) for p in g["params"]] for g in self.param_groups]
+        #: most bytes of moments (exp_avg + exp_avg_sq, fp32) that state_dict()
+        #: puts in its "state"; None: no limit, 0: never (a job reference only).
+        self.state_dict_max_bytes = state_dict_max_bytes
         if job is None:  # the job fuyou.init_empty(job=) recorded on the parameters
             job = job_of(self.param_groups)
             if job is None:
@@ -422,6 +451,9 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         with self._lock:
             self._check_usable()
+            bad = self._groups_error()
+            if bad is not None:  # nothing is changed: fix the group and step() again
+                raise bad
             try:
                 self._finish_step()
             except BaseException as e:
@@ -429,9 +461,11 @@ class AdamW(torch.optim.Optimizer):
                 raise
         return loss
 
-    def zero_grad(self, set_to_none: bool = _TORCH_SET_TO_NONE) -> None:
-        """Clears the gradients: to None, or to zeros (which update the parameter
-        as torch does); the default is the installed torch's."""
+    def zero_grad(self, set_to_none: bool = SET_TO_NONE_DEFAULT) -> None:
+        """Clears the gradients as torch.optim.Optimizer.zero_grad does; the default
+        is the installed torch's (False on torch 1.x: zero tensors, which update
+        the parameters in the next step, as in torch; True on 2.x: None, which
+        leaves them alone)."""
         with self._lock:
             pipeline = self._pipeline
             if pipeline is not None and pipeline.attached and pipeline.failed is None:
@@ -517,44 +551,120 @@ class AdamW(torch.optim.Optimizer):
         return checkpoint
 
     def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["fuyou"] = {
-            "version": _STATE_VERSION,
-            "job": self.job,
-            "committed_step": self.committed_step,
-            "skipped_steps": self.skipped_steps,
-            "loss_scaler": self._scaler.state_dict(),
-            "accumulation_steps": self.accumulation_steps,
-            "max_grad_norm": self.max_grad_norm,
-            "chunk_bytes": self.chunk_bytes,
-            "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._pipeline.chunks],
-        }
+        """torch's optimizer state dict, which ``torch.optim.AdamW.load_state_dict``
+        continues from exactly: ``param_groups`` as torch packs them and ``state``
+        with each parameter's ``step``, ``exp_avg`` and ``exp_avg_sq`` read from the
+        daemon at the last committed step, when the moments take at most
+        ``state_dict_max_bytes`` (2 GiB by default). Above that, ``state`` is empty
+        and a warning says to use :meth:`export_checkpoint`; so too (with a warning)
+        during a step (backward without step()). ``"fuyou"`` holds the job,
+        committed step, loss scaler and chunk layout, so that a fuyou.AdamW of the
+        same job loads it without reading anything."""
+        for hook in list(getattr(self, "_optimizer_state_dict_pre_hooks", {}).values()):
+            hook(self)  # torch 2.x's register_state_dict_pre_hook
+        with self._lock:
+            self._check_usable()
+            pipeline = self._pipeline
+            size = _checkpoint.moment_bytes(pipeline)
+            limit = self.state_dict_max_bytes
+            included = (limit is None or size <= limit) and not pipeline.in_step
+            state: dict = {}
+            if pipeline.in_step:  # backward sent chunks, no step() yet: the slots are busy
+                warnings.warn(
+                    f"fuyou.AdamW.state_dict of job {self.job!r} during a step (backward "
+                    "without step()): the state dict holds a reference to the job in the "
+                    "daemon only, without the moments (torch.optim.AdamW would start from "
+                    "zero moments); call it after step() or zero_grad()", stacklevel=2)
+            elif included:
+                if self.offload is not None:
+                    self.offload.weights.drain_fetches()
+                state = _checkpoint.torch_state(self, pipeline)
+            else:
+                warnings.warn(
+                    f"fuyou.AdamW.state_dict of job {self.job!r}: the moments take "
+                    f"{size / 2**30:.2f} GiB, more than state_dict_max_bytes={limit}; the "
+                    "state dict holds a reference to the job in the daemon only (fuyou.AdamW "
+                    "loads it, torch.optim.AdamW would start from zero moments). For a "
+                    "portable checkpoint use opt.export_checkpoint(path), or raise "
+                    "opt.state_dict_max_bytes (None: no limit)", stacklevel=2)
+            index = _checkpoint._torch_indices(self.param_groups)
+            groups = [dict({k: v for k, v in g.items() if k != "params"},
+                           params=[index[id(p)] for p in g["params"]])
+                      for g in self.param_groups]
+            sd = {"state": state, "param_groups": groups, "fuyou": {
+                "version": _STATE_VERSION,
+                "job": self.job,
+                "committed_step": self.committed_step,
+                "state_included": included,
+                "skipped_steps": self.skipped_steps,
+                "loss_scaler": self._scaler.state_dict(),
+                "accumulation_steps": self.accumulation_steps,
+                "max_grad_norm": self.max_grad_norm,
+                "chunk_bytes": self.chunk_bytes,
+                "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in pipeline.chunks],
+            }}
+        for hook in list(getattr(self, "_optimizer_state_dict_post_hooks", {}).values()):
+            result = hook(self, sd)  # torch 2.x's register_state_dict_post_hook
+            if result is not None:
+                sd = result
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a state dict of :meth:`state_dict` or of ``torch.optim.AdamW``
+        (over the same parameter groups), as torch does: the groups'
+        hyper-parameters, and the moments and per-parameter step counts, which are
+        imported into the daemon (one atomic commit) with the model's current
+        parameters as master weights (load the model's weights first, as with
+        torch). A state dict of this job at its committed step imports nothing; one
+        of another job forks it (see the class doc); one without moments (over
+        ``state_dict_max_bytes``) of this job at another step keeps the daemon's
+        states (a warning says so). Groups or shapes that do not match raise
+        InvalidArgument before anything is written. Between steps only. With
+        offload_params only a state dict of this job at its committed step (or an
+        empty one into a new job) is taken; anything to import raises
+        NotImplementedError."""
+        if not isinstance(state_dict, dict) or "param_groups" not in state_dict:
+            raise InvalidArgument("load_state_dict takes an optimizer state dict "
+                                  "(param_groups, state)")
         extra = state_dict.get("fuyou")
-        super().load_state_dict(state_dict)
-        if extra is None:
-            return
-        chunks = [tuple(c) for c in extra.get("chunks", [])]
-        mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._pipeline.chunks]
-        if chunks and chunks != mine:
-            raise InvalidArgument(
-                f"state_dict was saved with a different chunk layout ({len(chunks)} chunks, "
-                f"chunk_bytes={extra.get('chunk_bytes')}) than this optimizer's ({len(mine)} "
-                f"chunks, chunk_bytes={self.chunk_bytes}); build the optimizer with the same "
-                "model, parameter groups and chunk_bytes")
-        if extra.get("job") != self.job:
-            with self._lock:
-                self._check_usable()
-                self._fork_from(extra.get("job"))
-        elif extra.get("committed_step") != self.committed_step:
-            warnings.warn(
-                f"state_dict is from step {extra.get('committed_step')}, but job {self.job!r} "
-                f"is committed at step {self.committed_step} in the daemon, which holds the "
-                "weights and moments; hyper-parameters and loss scale were loaded")
-        self._scaler.load_state_dict(extra.get("loss_scaler", {}))
-        self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
+        with self._lock:
+            self._check_usable()
+            self._check_layout(state_dict, extra)
+            action = self._load_action(state_dict, extra)
+            if action == "import":
+                if self._pipeline.in_step:
+                    raise FailedPrecondition(f"load_state_dict into job {self.job!r} during a "
+                                             "step: call it between steps")
+                plan = _checkpoint.plan_import(self, self._pipeline, state_dict,
+                                               masters_from_model=True)
+                _checkpoint.apply_load(self._pipeline, plan)
+            elif action == "fork":
+                self._fork_or_import(state_dict, extra)
+            elif action == "keep":
+                warnings.warn(
+                    f"state_dict is from step {extra.get('committed_step')}, but job "
+                    f"{self.job!r} is committed at step {self.committed_step} in the daemon, "
+                    "which holds the weights and moments, and the state dict holds no "
+                    "moments (over state_dict_max_bytes); hyper-parameters and loss scale "
+                    "were loaded. Use export_checkpoint / init_from to move moments")
+            stateless = {"state": {}, "param_groups": state_dict["param_groups"]}
+            super().load_state_dict(stateless)
+            for group in self.param_groups:  # a torch state dict lacks fuyou's group keys
+                for key, value in self.defaults.items():
+                    group.setdefault(key, value)
+            if extra is not None:
+                self._scaler.load_state_dict(extra.get("loss_scaler", {}))
+                self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)  # torch's load_state_dict ends here with a new dict
+        self.state = StateView(self)
+
+    def __getstate__(self):
+        raise TypeError(
+            f"fuyou.AdamW of job {getattr(self, 'job', None)!r} cannot be pickled or "
+            "deep-copied: its states live in the daemon under its session; save "
+            "opt.state_dict() (or export_checkpoint) and load it into a new optimizer")
 
     def __repr__(self) -> str:
         """The job, then each parameter group's settings as torch prints them."""
@@ -566,6 +676,69 @@ class AdamW(torch.optim.Optimizer):
         return head + (" (\n" + groups[1] if len(groups) > 1 else "")
 
     # ------------------------------------------------------------------ internals
+    def _check_layout(self, state_dict: dict, extra: Optional[dict]) -> None:
+        """Groups (count, sizes) and, for a fuyou state dict, the chunk layout of
+        `state_dict` match this optimizer's; InvalidArgument otherwise."""
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise InvalidArgument(
+                f"load_state_dict: the state dict has {len(saved)} parameter groups, the "
+                f"optimizer of job {self.job!r} {len(self.param_groups)}")
+        for i, (sg, g) in enumerate(zip(saved, self.param_groups)):
+            if len(sg["params"]) != len(g["params"]):
+                raise InvalidArgument(
+                    f"load_state_dict: group {i} of the state dict has {len(sg['params'])} "
+                    f"parameters, the optimizer's {len(g['params'])}")
+        if extra is None:
+            return
+        chunks = [tuple(c) for c in extra.get("chunks", [])]
+        mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in self._pipeline.chunks]
+        if chunks and chunks != mine:
+            raise InvalidArgument(
+                f"state_dict was saved with a different chunk layout ({len(chunks)} chunks, "
+                f"chunk_bytes={extra.get('chunk_bytes')}) than this optimizer's ({len(mine)} "
+                f"chunks, chunk_bytes={self.chunk_bytes}); build the optimizer with the same "
+                "model, parameter groups and chunk_bytes")
+
+    def _load_action(self, state_dict: dict, extra: Optional[dict]) -> str:
+        """What load_state_dict does with the daemon's states: "none" (this job at
+        its committed step, or nothing to import into a new job), "import" (the
+        state dict's moments), "fork" (another fuyou job), "keep" (this job at
+        another step, no moments in the state dict: a warning)."""
+        moments = extra is None or bool(extra.get("state_included"))
+        if extra is not None and extra.get("job") == self.job:
+            if extra.get("committed_step") == self.committed_step:
+                return "none"
+            action = "import" if moments else "keep"
+        elif extra is not None:
+            return "fork"  # the offload refusal is _fork_from's
+        else:
+            fresh = not self.resumed and self.committed_step == 0 and not any(
+                any(self._pipeline.segment_update_counts(c)) for c in self._pipeline.chunks)
+            action = "none" if fresh and not state_dict.get("state") else "import"
+        if action == "import" and self.offload is not None:
+            raise NotImplementedError(
+                f"fuyou.AdamW(offload_params=True) of job {self.job!r} cannot import moments "
+                "with load_state_dict (the daemon holds the weights): resume the fuyou job by "
+                "opening it again under its name, or import a torch checkpoint into a "
+                "resident fuyou.AdamW (init_from= or load_state_dict)")
+        return action
+
+    def _fork_or_import(self, state_dict: dict, extra: dict) -> None:
+        """Another job's state dict: fork that job (see _fork_from); when the daemon
+        has no such job and the state dict holds the moments, import them."""
+        source = extra.get("job")
+        moments = bool(extra.get("state_included"))
+        try:
+            self._fork_from(source)
+        except FuyouError as e:
+            missing = getattr(e, "code", None) == "NOT_FOUND" or "does not exist" in str(e)
+            if not (moments and missing and not self._pipeline.in_step):
+                raise
+            plan = _checkpoint.plan_import(self, self._pipeline, state_dict,
+                                           masters_from_model=True)
+            _checkpoint.apply_load(self._pipeline, plan)
+
     def _connect(self):
         """A new session on this optimizer's job."""
         # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
@@ -675,6 +848,36 @@ class AdamW(torch.optim.Optimizer):
                 f"({failed}); open a new optimizer on the job to resume from its last "
                 f"committed step ({self.committed_step})") from failed
 
+    def _groups_error(self) -> Optional[Exception]:
+        """What is wrong with the parameter groups as the loop edited them since the
+        constructor checked them (torch.optim.AdamW would take or ignore it): an
+        exception for step() to raise, or None."""
+        for i, group in enumerate(self.param_groups):
+            if group.get("amsgrad"):
+                return NotImplementedError(
+                    f"fuyou.AdamW: parameter group {i} has amsgrad=True (set after "
+                    "construction); the daemon keeps no running maximum of exp_avg_sq: set it "
+                    "back to False or use torch.optim.AdamW")
+            try:
+                lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+                beta1, beta2 = (float(b) for b in group["betas"])
+            except (KeyError, TypeError, ValueError) as e:
+                return ValueError(f"fuyou.AdamW: parameter group {i} lacks a usable lr, betas, "
+                                  f"eps or weight_decay ({e!r})")
+            if not (lr >= 0.0 and eps >= 0.0 and wd >= 0.0 and 0.0 <= beta1 < 1.0
+                    and 0.0 <= beta2 < 1.0):
+                return ValueError(
+                    f"fuyou.AdamW: parameter group {i} was set to lr={lr}, betas=({beta1}, "
+                    f"{beta2}), eps={eps}, weight_decay={wd}; the constructor's ranges hold "
+                    "mid-run too (lr, eps, weight_decay >= 0, 0 <= beta < 1)")
+            if self.offload is None and i < len(self._group_param_ids) and \
+                    [id(p) for p in group["params"]] != self._group_param_ids[i]:
+                return InvalidArgument(
+                    f"fuyou.AdamW: the parameters of group {i} were changed after construction; "
+                    "its chunks are registered with the daemon: build a new optimizer (on a new "
+                    "job) over the new parameters")
+        return None
+
     def _hyper(self, group_index: int):
         """The group's hyper-parameters now (an LR scheduler may have changed them)."""
         group = self.param_groups[group_index]
@@ -684,8 +887,8 @@ class AdamW(torch.optim.Optimizer):
 
     def _hook_grad_scale(self) -> Optional[float]:
         """grad_scale for a chunk sent during backward; None: hooks must not send."""
-        if not self.overlap or self._pipeline.overflow:
-            return None
+        if not self.overlap or self._pipeline.overflow or self._groups_error() is not None:
+            return None  # step() raises for a bad group
         return 1.0 / self._scaler.scale
 
     def _clip_coefficient(self, squares) -> float:

@@ -542,9 +542,16 @@ def test_state_dict_is_deterministic_across_equal_optimizers(fuyou_adamw):
             o.step()
             o.zero_grad()
     sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
-    assert sd_a == opt_a.state_dict()
+
+    def same_state(x, y):
+        return x.keys() == y.keys() and all(
+            x[i].keys() == y[i].keys() and all(torch.equal(x[i][k], y[i][k]) for k in x[i])
+            for i in x)
+
+    again = opt_a.state_dict()
+    assert same_state(sd_a["state"], again["state"]) and sd_a["fuyou"] == again["fuyou"]
     assert sd_a["param_groups"] == sd_b["param_groups"]
-    assert sd_a["state"] == sd_b["state"]
+    assert sd_a["state"] and same_state(sd_a["state"], sd_b["state"])
     assert ({k: v for k, v in sd_a["fuyou"].items() if k != "job"}
             == {k: v for k, v in sd_b["fuyou"].items() if k != "job"})
 
@@ -555,3 +562,94 @@ def test_repr_names_the_job_and_the_groups(fuyou_adamw):
     text = repr(opt)
     assert text.startswith("fuyou.AdamW(job='dropin-repr-")
     assert "Parameter Group 0" in text and f"lr: {LR}" in text and "maximize: False" in text
+
+
+# ------------------------------------- issue 19: the drop-in audit's fixes
+def test_state_of_a_parameter_reads_the_daemon_and_is_read_only(fuyou_adamw):
+    """opt.state[p] holds torch's keys with the daemon's values at the last
+    committed step; assigning into it raises; reading it mid-step raises."""
+    model, ref = make_pair()
+    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    p0 = next(model.parameters())
+    assert p0 not in opt.state and len(opt.state) == 0 and dict(opt.state[p0]) == {}
+    _train_alike(model, ref, opt, ref_opt, 3, "before reading opt.state")
+    assert len(opt.state) == len(list(model.parameters()))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        got, want = opt.state[p], ref_opt.state[q]
+        assert set(got) == {"step", "exp_avg", "exp_avg_sq"}
+        assert float(got["step"]) == float(want["step"]) == 3.0
+        torch.testing.assert_close(got["exp_avg"], want["exp_avg"], rtol=RTOL_MOMENTS, atol=1e-7)
+        torch.testing.assert_close(got["exp_avg_sq"], want["exp_avg_sq"], rtol=RTOL_MOMENTS,
+                                   atol=1e-9)
+    with pytest.raises(TypeError, match="read-only"):
+        opt.state[p0] = {}
+    with pytest.raises(TypeError):
+        opt.state[p0]["exp_avg"] = torch.zeros_like(p0)
+    loss_of(model, 3).backward()  # chunks sent: a step in progress
+    with pytest.raises(fuyou.FailedPrecondition, match="during a step"):
+        opt.state[p0]
+    opt.step()
+
+
+RTOL_MOMENTS = 1e-5
+
+
+@pytest.mark.parametrize("edit", ["amsgrad", "lr<0", "beta=1", "eps<0", "weight_decay<0",
+                                  "params"])
+def test_a_group_edited_into_what_fuyou_cannot_do_raises_at_step(fuyou_adamw, edit):
+    model, ref = make_pair()
+    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    _train_alike(model, ref, opt, ref_opt, 1, "before the edit")
+    group = opt.param_groups[0]
+    saved = {k: v for k, v in group.items()}
+    saved["params"] = list(group["params"])
+    if edit == "amsgrad":
+        group["amsgrad"], error = True, NotImplementedError
+    elif edit == "lr<0":
+        group["lr"], error = -1e-3, ValueError
+    elif edit == "beta=1":
+        group["betas"], error = (0.9, 1.0), ValueError
+    elif edit == "eps<0":
+        group["eps"], error = -1.0, ValueError
+    elif edit == "weight_decay<0":
+        group["weight_decay"], error = -0.1, ValueError
+    else:
+        group["params"].append(torch.nn.Parameter(torch.zeros(3)))
+        error = fuyou.InvalidArgument
+    loss_of(model, 1).backward()
+    with pytest.raises(error):
+        opt.step()
+    group.update(saved)  # fixed: the same step goes on, as torch's would have
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    loss_of(ref, 1).backward()
+    ref_opt.step()
+    ref_opt.zero_grad(set_to_none=True)
+    assert_matches(model, ref, 1, f"after {edit} was undone")
+
+
+def test_lr_set_between_backward_and_step_is_used(fuyou_adamw):
+    """Chunks sent during backward carry the lr then; one set before step()
+    (torch reads it at step()) redoes them."""
+    model, ref = make_pair()
+    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    for step in range(4):
+        for m, o in ((ref, ref_opt), (model, opt)):
+            loss_of(m, step).backward()
+            for g in o.param_groups:
+                g["lr"] = LR * (step + 2)
+                g["betas"] = (0.8, 0.9) if step % 2 else BETAS
+            o.step()
+            o.zero_grad(set_to_none=True)
+        assert_matches(model, ref, step, "lr and betas set between backward and step()")
+    assert opt.loop_stats.redone_changed > 0
+
+
+def test_an_optimizer_cannot_be_pickled(fuyou_adamw):
+    import pickle
+    model, _ = make_pair()
+    opt = fuyou_adamw(model.parameters())
+    with pytest.raises(TypeError, match="state_dict"):
+        pickle.dumps(opt)
+    with pytest.raises(TypeError, match="state_dict"):
+        copy.deepcopy(opt)
