@@ -306,13 +306,14 @@ def apply_import(opt, pipeline: ChunkPipeline, plan) -> None:
 
 def apply_load(pipeline: ChunkPipeline, plan: ImportPlan) -> None:
     """load_state_dict's import into a job that may hold trained states: every
-    chunk's master weights, moments and per-segment step counts (zeros where the
+    chunk's master weights (those the plan has), moments and per-segment step counts (zeros where the
     state dict has none, as torch starts such a parameter afresh) are replaced in
     one atomic CommitImport; the committed step stays. Between steps only."""
     if pipeline.in_step:
         raise FailedPrecondition("load_state_dict during a step: call it between steps")
     for ci in plan.chunks:
-        pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
+        if ci.master is not None:  # None: offload_params keeps the daemon's weights
+            pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
         pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
         pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
         pipeline.set_update_count(ci.chunk, ci.steps)

@@ -620,9 +620,10 @@ class AdamW(torch.optim.Optimizer):
         ``state_dict_max_bytes``) of this job at another step keeps the daemon's
         states (a warning says so). Groups or shapes that do not match raise
         InvalidArgument before anything is written. Between steps only. With
-        offload_params only a state dict of this job at its committed step (or an
-        empty one into a new job) is taken; anything to import raises
-        NotImplementedError."""
+        offload_params the daemon's weights stay (they are the model's: load the
+        model's state dict into the streamed model first) and only the moments
+        and step counts are imported; the model must be registered
+        (``fuyou.stream_parameters``) first."""
         if not isinstance(state_dict, dict) or "param_groups" not in state_dict:
             raise InvalidArgument("load_state_dict takes an optimizer state dict "
                                   "(param_groups, state)")
@@ -635,9 +636,7 @@ class AdamW(torch.optim.Optimizer):
                 if self._pipeline.in_step:
                     raise FailedPrecondition(f"load_state_dict into job {self.job!r} during a "
                                              "step: call it between steps")
-                plan = _checkpoint.plan_import(self, self._pipeline, state_dict,
-                                               masters_from_model=True)
-                _checkpoint.apply_load(self._pipeline, plan)
+                self._import_moments(state_dict)
             elif action == "fork":
                 self._fork_or_import(state_dict, extra)
             elif action == "keep":
@@ -716,12 +715,11 @@ class AdamW(torch.optim.Optimizer):
             fresh = not self.resumed and self.committed_step == 0 and not any(
                 any(self._pipeline.segment_update_counts(c)) for c in self._pipeline.chunks)
             action = "none" if fresh and not state_dict.get("state") else "import"
-        if action == "import" and self.offload is not None:
-            raise NotImplementedError(
-                f"fuyou.AdamW(offload_params=True) of job {self.job!r} cannot import moments "
-                "with load_state_dict (the daemon holds the weights): resume the fuyou job by "
-                "opening it again under its name, or import a torch checkpoint into a "
-                "resident fuyou.AdamW (init_from= or load_state_dict)")
+        if action == "import" and self.offload is not None and not self.offload.registered:
+            raise FailedPrecondition(
+                f"load_state_dict into fuyou.AdamW(offload_params=True) of job {self.job!r} "
+                "before its model is registered: call fuyou.stream_parameters(model, opt) (or "
+                "fuyou.materialize) first, then load the optimizer's state dict")
         return action
 
     def _fork_or_import(self, state_dict: dict, extra: dict) -> None:
@@ -735,9 +733,19 @@ class AdamW(torch.optim.Optimizer):
             missing = getattr(e, "code", None) == "NOT_FOUND" or "does not exist" in str(e)
             if not (moments and missing and not self._pipeline.in_step):
                 raise
-            plan = _checkpoint.plan_import(self, self._pipeline, state_dict,
-                                           masters_from_model=True)
-            _checkpoint.apply_load(self._pipeline, plan)
+            self._import_moments(state_dict)
+
+    def _import_moments(self, state_dict: dict) -> None:
+        """The state dict's moments and step counts into the daemon, in one
+        import. Resident: the masters are the model's parameters (what torch
+        steps from). offload_params: the daemon's weights stay (they are the
+        model's; model.load_state_dict writes them), only the moments change."""
+        streamed = self.offload is not None
+        plan = _checkpoint.plan_import(self, self._pipeline, state_dict,
+                                       masters_from_model=not streamed)
+        _checkpoint.apply_load(self._pipeline, plan)
+        if streamed:
+            self.offload.weights.drop_cache()
 
     def _connect(self):
         """A new session on this optimizer's job."""

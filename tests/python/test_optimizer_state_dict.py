@@ -263,28 +263,46 @@ def test_mismatched_state_dicts_are_refused_before_anything_is_written(fuyou_ada
 
 
 # ------------------------------------------------ the streamed mode (offload_params)
-def test_streamed_state_dict_holds_the_moments_and_refuses_an_import(stream_backend):
-    """With offload_params the daemon holds the weights: state_dict() holds the
-    moments as torch has them; a state dict of the job at its committed step
-    loads (nothing to import); torch's, or this job's at another step, raise
-    NotImplementedError naming the alternative (never accepted and ignored)."""
+@pytest.fixture
+def daemon_backend(daemon):
+    """The streamed imports need WriteState, which the fake session lacks."""
+    from conftest import Backend
+    return Backend("daemon", daemon.address, daemon)
+
+
+def _streamed_pair(backend):
     import copy
     from test_stream_parameters import offload_adamw, torch_adamw as stream_torch_adamw
-    from train_util import StreamGPT, stream_batch
+    from train_util import StreamGPT
     torch.manual_seed(0)
     model = StreamGPT(n_layer=2)
     ref = copy.deepcopy(model)
-    ref_opt = stream_torch_adamw(ref.parameters())
+    return model, ref, stream_torch_adamw, offload_adamw
+
+
+def _train(pairs, steps, first=0):
+    from train_util import stream_batch
+    for step in range(first, first + steps):
+        for m, o in pairs:
+            m(*stream_batch(step)).backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+
+
+def _assert_close_to(opt, ref, step, what):
+    from test_stream_parameters import assert_matches_daemon
+    assert_matches_daemon(opt, ref, step, what)
+
+
+def test_streamed_state_dict_holds_the_moments(stream_backend):
+    """With offload_params state_dict() holds the moments as torch has them, and
+    a state dict of the job at its committed step loads (nothing to import)."""
+    model, ref, torch_adamw_, offload_adamw = _streamed_pair(stream_backend)
+    ref_opt = torch_adamw_(ref.parameters())
     opt = offload_adamw(stream_backend, model.parameters())
     handle = fuyou.stream_parameters(model, opt, device_budget="32KiB")
     try:
-        for step in range(2):
-            ref(*stream_batch(step)).backward()
-            ref_opt.step()
-            ref_opt.zero_grad(set_to_none=True)
-            model(*stream_batch(step)).backward()
-            opt.step()
-            opt.zero_grad()
+        _train([(ref, ref_opt), (model, opt)], 2)
         sd = opt.state_dict()
         assert sd["fuyou"]["state_included"]
         want = ref_opt.state_dict()["state"]
@@ -294,13 +312,67 @@ def test_streamed_state_dict_holds_the_moments_and_refuses_an_import(stream_back
             torch.testing.assert_close(sd["state"][i]["exp_avg"], st["exp_avg"],
                                        rtol=1e-5, atol=1e-7)
         opt.load_state_dict(sd)  # this job at its step: nothing to import
-        with pytest.raises(NotImplementedError, match="offload_params"):
-            opt.load_state_dict(ref_opt.state_dict())
-        older = dict(sd, fuyou=dict(sd["fuyou"], committed_step=1))
-        with pytest.raises(NotImplementedError, match="offload_params"):
-            opt.load_state_dict(older)
     finally:
         handle.close()
+        opt.close()
+
+
+def test_streamed_resume_from_torchs_model_and_optimizer_files(daemon_backend, tmp_path):
+    """torch's model.pt and optimizer.pt into a fresh streamed model (new job):
+    model.load_state_dict writes the weights, opt.load_state_dict the moments
+    and step counts; the next steps match torch's own continuation."""
+    import copy
+    model, ref, torch_adamw_, offload_adamw = _streamed_pair(daemon_backend)
+    ref_opt = torch_adamw_(ref.parameters())
+    _train([(ref, ref_opt)], 3)
+    torch.save(ref.state_dict(), tmp_path / "model.pt")
+    torch.save(ref_opt.state_dict(), tmp_path / "optimizer.pt")
+    opt = offload_adamw(daemon_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget="32KiB")
+    try:
+        model.load_state_dict(torch.load(tmp_path / "model.pt"))
+        opt.load_state_dict(torch.load(tmp_path / "optimizer.pt"))
+        for step in range(3, 6):
+            _train([(ref, ref_opt), (model, opt)], 1, first=step)
+            _assert_close_to(opt, ref, step, "torch's files into a streamed fuyou")
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_streamed_files_into_torch(daemon_backend, tmp_path):
+    """A streamed fuyou run's model.pt and optimizer.pt into a plain model and
+    torch.optim.AdamW: torch continues exactly as the streamed run does."""
+    from test_stream_parameters import assert_matches_daemon  # noqa: F401
+    import copy
+    model, ref, torch_adamw_, offload_adamw = _streamed_pair(daemon_backend)
+    opt = offload_adamw(daemon_backend, model.parameters())
+    handle = fuyou.stream_parameters(model, opt, device_budget="32KiB")
+    try:
+        _train([(model, opt)], 3)
+        torch.save(model.state_dict(), tmp_path / "model.pt")
+        torch.save(opt.state_dict(), tmp_path / "optimizer.pt")
+        plain = copy.deepcopy(ref)
+        plain.load_state_dict(torch.load(tmp_path / "model.pt"))
+        plain_opt = torch_adamw_(plain.parameters())
+        plain_opt.load_state_dict(torch.load(tmp_path / "optimizer.pt"))
+        for step in range(3, 6):
+            _train([(plain, plain_opt), (model, opt)], 1, first=step)
+            _assert_close_to(opt, plain, step, "a streamed fuyou's files into torch")
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_streamed_load_before_registration_is_refused(daemon_backend):
+    model, ref, torch_adamw_, offload_adamw = _streamed_pair(daemon_backend)
+    ref_opt = torch_adamw_(ref.parameters())
+    _train([(ref, ref_opt)], 1)
+    opt = offload_adamw(daemon_backend, model.parameters())
+    try:
+        with pytest.raises(fuyou.FailedPrecondition, match="stream_parameters"):
+            opt.load_state_dict(ref_opt.state_dict())
+    finally:
         opt.close()
 
 
