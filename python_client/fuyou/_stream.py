@@ -58,7 +58,7 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
     Use it like this (the loop itself does not change)::
 
         opt = fuyou.AdamW(model.parameters(), lr=1e-4, job="big", offload_params=True,
-                          max_grad_norm=1.0)          # not clip_grad_norm_: see below
+                          max_grad_norm=1.0)          # or clip_grad_norm_: see below
         handle = fuyou.stream_parameters(model, opt, device_budget="2GiB")
         for batch in data:
             opt.scale_loss(model(batch)).backward()
@@ -67,10 +67,10 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
         handle.peak_live_bytes
 
     A chunk's gradients go to the daemon as soon as they are complete and are
-    freed then, so ``torch.nn.utils.clip_grad_norm_`` and ``torch.cuda.amp.GradScaler``
-    see no gradients: use ``max_grad_norm=`` and ``loss_scale=`` of
-    ``fuyou.AdamW`` (as DeepSpeed's ZeRO-3 engine does), and ``accumulation_steps=k``
-    for k backward passes per step.
+    freed then; the daemon journals them for the step and ``.grad`` becomes a
+    :class:`fuyou._freed_grad.FreedGrad`, so ``torch.nn.utils.clip_grad_norm_``,
+    ``torch.cuda.amp.GradScaler``, a hand-written unscale, ``zero_grad`` and
+    undeclared accumulation work as with torch (see _offload_grads.py).
 
     ``model.state_dict()`` (of the model or any of its modules) holds the
     streamed parameters' weights at the last committed step, fetched module by

@@ -196,14 +196,15 @@ class AdamW(torch.optim.Optimizer):
     without offload_params); ``fuyou.materialize`` registers one module at a
     time through it. A chunk's gradients go to the daemon as soon as backward
     completes them and are freed then, and the new weights are not installed
-    (the next forward fetches them). So ``torch.nn.utils.clip_grad_norm_`` and
-    ``torch.cuda.amp.GradScaler`` see no gradients: use ``max_grad_norm=``
-    (the finished chunks' gradients wait on the host for the coefficient at
-    :meth:`step`; no overlap) and ``loss_scale=`` with :meth:`scale_loss`, as
-    with DeepSpeed's ZeRO-3 engine. ``accumulation_steps=k`` adds each pass's
-    gradients into a host copy and sends at the k-th; an undeclared second
-    backward pass is refused (FailedPrecondition, the step abandoned). Not
-    with ``init_from`` nor ``load_state_dict`` of another job. It takes
+    (the next forward fetches them). The daemon journals the step's gradients
+    and ``.grad`` becomes a :class:`fuyou._freed_grad.FreedGrad`: norms, inf
+    checks, ``mul_``/``div_``/``zero_`` work (``clip_grad_norm_``, GradScaler,
+    ``zero_grad``) and are replayed on the journal at :meth:`step`; a pass into
+    a chunk already sent (undeclared accumulation) adds into the journal.
+    ``max_grad_norm=`` replays every chunk with the coefficient, keeping the
+    overlap. ``accumulation_steps=k`` adds each pass's gradients into a host
+    copy and sends at the k-th. Not with ``init_from`` nor ``load_state_dict``
+    of another job. It takes
     ``FETCH_SLOTS`` (4) more slots of ``chunk_bytes`` for the fetches.
 
     **Export and import.** :meth:`export_checkpoint` writes the job's weights and
