@@ -251,6 +251,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   limits.max_sessions_per_user = config.max_sessions_per_user;
   limits.max_segment_bytes_per_user = config.max_segment_bytes_per_user;
   limits.max_client_info_bytes = config.max_client_info_bytes;
+  limits.max_journal_bytes_per_user = config.max_journal_bytes_per_user;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes, limits);
   impl->report = std::make_unique<StatsReport>(*impl->stats, *impl->sessions, *impl->cache, direct_io);
   // The Prometheus endpoint, when configured, on a thread of its own; it reads
