@@ -134,7 +134,7 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
-  EXPECT_EQ(families, 21);
+  EXPECT_EQ(families, 25);
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

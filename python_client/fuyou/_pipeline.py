@@ -72,6 +72,9 @@ __all__ = ["ChunkPipeline", "Hyper", "LoopStats", "STATE_MASTER", "STATE_EXP_AVG
 STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
 # fuyou.v1.RedoReason and fuyou.v1.AbortReason values.
 REDO_GRADIENTS_CHANGED, REDO_CLIPPED = 1, 2
+# fuyou.v1.JournalUse and GradOp.Kind (the binding's JOURNAL_* and GRAD_OP_*).
+JOURNAL_NONE, JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY = 0, 1, 2, 3
+GRAD_OP_MUL, GRAD_OP_DIV = 1, 2
 ABORT_SKIPPED_STEP, ABORT_OVERFLOW = 1, 2
 # ChunkSpec.segment_elements holds at most this many entries (kMaxChunkSegments);
 # a chunk with more is registered as one segment (a missing gradient then counts
@@ -124,6 +127,8 @@ class _Job:
     redo: int
     earlier: Optional["_Sent"]
     on_copied: Optional[Callable[[], None]] = None  # on the sender thread, after the copy
+    journal: int = JOURNAL_NONE  # GradReady.journal
+    grad_ops: Tuple[Tuple[int, float], ...] = ()  # GradReady.grad_ops: (kind, operand)
 
 
 @dataclass
@@ -618,6 +623,45 @@ class ChunkPipeline:
         else:
             self.stats.redone_changed += 1
 
+    def replay(self, c: Chunk, grad_scale: float, grad_ops, reason: int,
+               missing: Tuple[int, ...]) -> None:
+        """Redoes chunk `c`'s update of this step from the daemon's journal of its
+        gradients (JOURNAL_REPLAY; the chunk was sent with journal=JOURNAL_KEEP):
+        `grad_ops` [(GRAD_OP_MUL or GRAD_OP_DIV, operand)] are applied to the
+        journal first and persist in it; `missing` are the segments without a
+        gradient. Nothing is copied and nothing is read from the parameters'
+        ``.grad`` (which may be gone). As redo(): the chunk's earlier new weights
+        (in flight or staged) are dropped on the sender thread."""
+        session = self._session
+        if self._redo_started is None:
+            self._redo_started = time.monotonic()
+        cid = c.chunk_id
+
+        def drop() -> None:  # on the sender thread, in order with the sends
+            if cid in self._inflight:
+                del self._inflight[cid]
+                session.release_slot(self._wait(session, cid))
+            self._staged.discard(cid)
+
+        self._sender.submit(drop)
+        earlier = self._sent.pop(cid, None)
+        missing = tuple(missing)
+        missing_sent = () if len(c.segments) > MAX_CHUNK_SEGMENTS else missing
+        lr, beta1, beta2, eps, weight_decay, maximize = self._hyper(c.group_index)
+        if maximize:  # torch's maximize: Adam on -grad
+            grad_scale = -grad_scale
+        ops = tuple((int(kind), float(operand)) for kind, operand in grad_ops)
+        job = _Job(c, None, None, float(grad_scale),
+                   (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
+                   self._committed + 1, missing_sent, False, reason, earlier, None,
+                   JOURNAL_REPLAY, ops)
+        self._sent[cid] = _Sent(missing, None, missing_sent)
+        self._sender.submit(lambda: self._send_now(job))
+        if reason == REDO_CLIPPED:
+            self.stats.redone_clipped += 1
+        else:
+            self.stats.redone_changed += 1
+
     def send_unsent(self, grad_scale: float) -> None:
         """Sends every chunk not sent yet in this step (stops at an overflow)."""
         for c in self.chunks:
@@ -634,14 +678,17 @@ class ChunkPipeline:
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
              redo: int = 0, earlier: Optional[_Sent] = None,
              packed: Optional[Tuple[torch.Tensor, Tuple[int, ...]]] = None,
-             on_copied: Optional[Callable[[], None]] = None) -> bool:
+             on_copied: Optional[Callable[[], None]] = None,
+             journal: int = JOURNAL_NONE, grad_ops=()) -> bool:
         """Enqueues the chunk for the sender thread, which copies its gradients
         into a slot and sends GradReady; never blocks. A chunk without any
         gradient is not sent, unless it is a redo (which then undoes the step's
         update of it). `packed` (offload_params): the gradients as one flat
         tensor laid out as the chunk, and the segments without any, instead of
         the parameters' ``.grad``; no fingerprint is taken then. `on_copied`
-        runs on the sender thread once the gradients are in the slot. Returns
+        runs on the sender thread once the gradients are in the slot.
+        `journal` (JOURNAL_KEEP, JOURNAL_ADD) and `grad_ops` [(kind, operand)]
+        go to GradReady as they are (JOURNAL_REPLAY: use replay()). Returns
         whether the chunk was enqueued."""
         missing = packed[1] if packed is not None else self._missing(c)
         if len(missing) == len(c.segments) and not redo:
@@ -674,7 +721,8 @@ class ChunkPipeline:
             grad_scale = -grad_scale
         job = _Job(c, parts, self._device.marker(grads), float(grad_scale),
                    (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)),
-                   self._committed + 1, missing_sent, speculative, redo, earlier, on_copied)
+                   self._committed + 1, missing_sent, speculative, redo, earlier, on_copied,
+                   int(journal), tuple((int(k), float(x)) for k, x in grad_ops))
         self._sent[c.chunk_id] = _Sent(missing, fingerprint, missing_sent)
         if speculative:
             self.stats.speculative_updates += 1
@@ -690,20 +738,22 @@ class ChunkPipeline:
             self._drain_oldest(session)
         slot = session.acquire_slot(self.timeout)
         try:
-            dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
-            self._device.copy_grads(dst, job.parts, job.marker)
-            job.parts = job.marker = None  # the gradients may go now
-            if job.on_copied is not None:
-                job.on_copied()
-            if self._check_finite and not bool(torch.isfinite(dst).all()):
-                session.release_slot(slot)
-                self._overflowed.append(job)
-                return
+            if job.journal != JOURNAL_REPLAY:  # a replay's gradients are the daemon's journal
+                dst = self._view(slot, "grad", c.dtype)[:c.num_elements]
+                self._device.copy_grads(dst, job.parts, job.marker)
+                job.parts = job.marker = None  # the gradients may go now
+                if job.on_copied is not None:
+                    job.on_copied()
+                if self._check_finite and not bool(torch.isfinite(dst).all()):
+                    session.release_slot(slot)
+                    self._overflowed.append(job)
+                    return
             lr, beta1, beta2, eps, weight_decay = job.hyper
             session.send_grad_ready(c.chunk_id, slot, job.step, lr, beta1, beta2, eps,
                                     weight_decay, job.grad_scale,
                                     segments_without_grad=list(job.missing_sent),
-                                    speculative=job.speculative, redo=job.redo)
+                                    speculative=job.speculative, redo=job.redo,
+                                    journal=job.journal, grad_ops=list(job.grad_ops))
         except BaseException:
             try:
                 session.release_slot(slot)

@@ -41,6 +41,8 @@ class FakeSession:
         self.fetched = {}  # chunk_id -> deque of slots whose fetch was answered, oldest first
         self.in_flight = set()  # slots of fetches not yet taken by wait_weights
         self.backup = {}
+        self.journal = {}  # chunk -> its journaled gradients of the step (grad dtype)
+        self.journal_stats_by_chunk = {}
         self.log = []  # (kind, args) of every message, for assertions
         self.redone = []  # (chunk_id, RedoReason) of every redo
         self.aborts = []  # (step, AbortReason) of every AbortStep
@@ -103,7 +105,8 @@ class FakeSession:
         return memoryview(self.param[slot])
 
     def send_grad_ready(self, chunk_id, slot, step, lr, beta1, beta2, eps, weight_decay,
-                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0):
+                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0,
+                        journal=0, grad_ops=()):
         assert step == self.job["committed"] + 1, (step, self.job["committed"])
         self.log.append(("grad_ready", chunk_id, step, lr, weight_decay, grad_scale))
         self.log.append(("grad_ready_flags", chunk_id, tuple(segments_without_grad),
@@ -121,7 +124,37 @@ class FakeSession:
             self.backup[chunk_id] = {k: (v.clone() if torch.is_tensor(v) else
                                          (list(v) if isinstance(v, list) else v))
                                      for k, v in st.items()}
-        g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
+        if grad_ops and journal not in (2, 3):
+            raise InvalidArgument(f"chunk {chunk_id}: grad_ops only with JOURNAL_ADD or JOURNAL_REPLAY")
+        if journal in (2, 3) and (not redo or chunk_id not in self.journal):
+            raise FailedPrecondition(f"chunk {chunk_id} has no gradient journal in step {step}")
+        if journal == 0:
+            g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
+        else:  # as the daemon: every op in the grad dtype, rounded after each
+            if journal == 1:
+                kept = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).clone()
+                offset = 0
+                for i, size in enumerate(st["segments"]):
+                    if i in set(segments_without_grad):
+                        kept[offset:offset + size] = 0
+                    offset += size
+            else:
+                kept = self.journal[chunk_id]
+                for kind, operand in grad_ops:
+                    kept = kept.mul(operand) if kind == 1 else kept.div(operand)
+                if journal == 2:
+                    kept = kept + torch.frombuffer(self.grad[slot], dtype=gdt, count=n)
+            self.journal[chunk_id] = kept
+            sums, maxes, offset = [], [], 0
+            for size in st["segments"]:
+                piece = kept[offset:offset + size].double()
+                offset += size
+                sums.append(float((piece * piece).sum()))
+                maxes.append(float("nan") if bool(piece.isnan().any()) else float(piece.abs().max()))
+            self.journal_stats_by_chunk[chunk_id] = (sums, maxes)
+            g = kept.float()
+        if journal == 0:
+            self.journal_stats_by_chunk.pop(chunk_id, None)
         if grad_scale not in (0.0, 1.0):
             g = g * torch.tensor(grad_scale, dtype=torch.float32)
         skip = set(segments_without_grad)
@@ -144,6 +177,9 @@ class FakeSession:
             p.addcdiv_(m, denom, value=-lr / bc1)
         torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(st["master"].to(pdt))
         self.ready[chunk_id] = slot
+
+    def journal_stats(self, chunk_id):
+        return self.journal_stats_by_chunk.get(chunk_id)
 
     def wait_params(self, chunk_id, timeout):
         return self.ready.pop(chunk_id)
@@ -183,6 +219,7 @@ class FakeSession:
                 st["weights"] = st["master"].to(self.specs[cid][1])
         n = len(self.backup)
         self.backup.clear()
+        self.journal.clear()
         return step, n
 
     def abort_step(self, step, reason=0):
@@ -191,6 +228,7 @@ class FakeSession:
         for cid, saved in self.backup.items():
             self.job["chunks"][cid] = saved
         self.backup.clear()
+        self.journal.clear()
 
     def read_state(self, chunk_id, which, first, out):
         st = self.job["chunks"][chunk_id]
