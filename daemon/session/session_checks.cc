@@ -153,6 +153,9 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         "chunk {}: redo {} is not a RedoReason (REDO_REASON_GRADIENTS_CHANGED or REDO_REASON_CLIPPED, or unset)",
         chunk_id, static_cast<int>(request.redo())));
   }
+  // Journal fields first: a REPLAY sent without redo is told so, not that the
+  // chunk was already updated.
+  FUYOU_RETURN_IF_ERROR(CheckJournalUse(request));
   const bool redo = request.redo() != v1::REDO_REASON_UNSPECIFIED;
   if (!redo && store_->IsStaged(chunk_id)) {
     return absl::FailedPreconditionError(fmt::format(
@@ -182,8 +185,7 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         "chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update", chunk_id,
         job_name_, record.update_count(), kMaxUpdateCount));
   }
-  FUYOU_RETURN_IF_ERROR(CheckSegmentsWithoutGrad(request, SegmentCount(record)));
-  return CheckJournalUse(request);
+  return CheckSegmentsWithoutGrad(request, SegmentCount(record));
 }
 
 absl::Status Session::CheckJournalUse(const v1::GradReady& request) const {
