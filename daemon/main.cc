@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   int64_t max_sessions = -1;
   int64_t max_sessions_per_user = -1;
   std::string max_segment_bytes_per_user;
+  std::string max_journal_bytes_per_user;
   std::string max_client_info_bytes;
   double idle_session_timeout = -1;
   std::optional<std::string> metrics_listen;
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-sessions-per-user", max_sessions_per_user, "live sessions of one user (default 8)");
   app.add_option("--max-segment-bytes-per-user", max_segment_bytes_per_user,
                  "shared-memory segment bytes of one user's live sessions, e.g. 16GiB (default 16GiB)");
+  app.add_option("--max-journal-bytes-per-user", max_journal_bytes_per_user,
+                 "gradient journal bytes (DRAM and spilled) of one user's live sessions, e.g. 64GiB (default 256GiB)");
   app.add_option("--max-client-info-bytes", max_client_info_bytes,
                  "longest client_info a session may carry (default 1KiB)");
   app.add_option("--idle-session-timeout", idle_session_timeout,
@@ -134,6 +137,13 @@ int main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError("--max-segment-bytes-per-user: " + std::string(bytes.status().message())));
     }
     config.max_segment_bytes_per_user = *bytes;
+  }
+  if (!max_journal_bytes_per_user.empty()) {
+    auto bytes = fuyou::ParseByteSize(max_journal_bytes_per_user);
+    if (!bytes.ok()) {
+      return Fail(absl::InvalidArgumentError("--max-journal-bytes-per-user: " + std::string(bytes.status().message())));
+    }
+    config.max_journal_bytes_per_user = *bytes;
   }
   if (!max_client_info_bytes.empty()) {
     auto bytes = fuyou::ParseByteSize(max_client_info_bytes);

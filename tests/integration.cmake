@@ -113,6 +113,15 @@ target_compile_definitions(redo_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET
   REDO_CLIENT_PATH="$<TARGET_FILE:redo_client>")
 add_dependencies(redo_integration_test fuyoud fuyouctl redo_client)
 
+# Gradient journals (issue 19, streamed mode) over the raw protocol: KEEP then
+# REPLAY/ADD exactly, the journal's stats, its lifetime, hostile fields, the
+# spill to <data>/journal with its checksum, and the GetStats counters.
+fuyou_add_test(NAME journal_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/journal_integration_test.cc
+  LIBS fuyou_raw_session fuyou_optimizer fuyou_client
+  LABELS integration)
+add_dependencies(journal_integration_test fuyoud)
+
 # Working weights kept by the daemon and fetched by chunk id (issue 12), over
 # the raw protocol: committed weights between and during steps, hostile
 # fetches, restarts, the SSD bytes a step reads beyond the DRAM budget, GetStats

@@ -86,6 +86,11 @@ std::string FormatWeightsLine(uint64_t fetches, uint64_t cache_hits, uint64_t by
                      FormatBytes(bytes_read));
 }
 
+std::string FormatJournalLine(uint64_t bytes, uint64_t spilled_bytes, uint64_t replays, double replay_seconds) {
+  return fmt::format("journaled {} ({} spilled), {} replays in {:.2f} s", FormatBytes(bytes),
+                     FormatBytes(spilled_bytes), replays, replay_seconds);
+}
+
 std::string Printable(std::string_view text) { return PrintableText(text, Unprintable::kHexEscape); }
 
 Table::Table(std::vector<std::string> header) : header_(std::move(header)) {}

@@ -29,6 +29,9 @@ std::string FormatRedoLine(uint64_t speculative, uint64_t redone_changed, uint64
 // Streamed working weights (GetStatsResponse fields 24-26), on one line:
 // "fetches 120, 90 from DRAM (75.0%), 1.50 MiB read from storage".
 std::string FormatWeightsLine(uint64_t fetches, uint64_t cache_hits, uint64_t bytes_read);
+// "journaled 1.5 GiB (256 MiB spilled), 12 replays in 0.40 s": the gradient
+// journal's line of `fuyouctl stats`.
+std::string FormatJournalLine(uint64_t bytes, uint64_t spilled_bytes, uint64_t replays, double replay_seconds);
 
 // Text from the daemon made safe for the terminal: every control byte (ESC, CR,
 // LF, DEL, C1, bidirectional overrides) and invalid UTF-8 becomes "\xHH"

@@ -50,6 +50,12 @@ TEST(FormatRedoLineTest, NamesEveryCounter) {
             "speculative updates 1, redone 1 (changed 0, clipped 1), rolled back (skipped steps) 0, redo time 12.5 s");
 }
 
+TEST(FormatJournalLineTest, NamesEveryCounter) {
+  EXPECT_EQ(FormatJournalLine(3 * 1024 * 1024, 1024 * 1024, 12, 0.4),
+            "journaled 3.00 MiB (1.00 MiB spilled), 12 replays in 0.40 s");
+  EXPECT_EQ(FormatJournalLine(0, 0, 0, 0), "journaled 0 B (0 B spilled), 0 replays in 0.00 s");
+}
+
 TEST(FormatWeightsLineTest, NamesEveryCounter) {
   EXPECT_EQ(FormatWeightsLine(120, 90, 1536 * 1024), "fetches 120, 90 from DRAM (75.0%), 1.50 MiB read from storage");
   EXPECT_EQ(FormatWeightsLine(0, 0, 0), "fetches 0, 0 from DRAM (-), 0 B read from storage");

@@ -107,6 +107,11 @@ std::string WeightsLine(const v1::GetStatsResponse& stats) {
   return FormatWeightsLine(stats.weights_fetches(), stats.weights_fetch_cache_hits(), stats.weights_bytes_read());
 }
 
+std::string JournalLine(const v1::GetStatsResponse& stats) {
+  return FormatJournalLine(stats.journal_bytes_total(), stats.journal_spilled_bytes_total(),
+                           stats.journal_replays_total(), stats.journal_replay_seconds_total());
+}
+
 bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
 
 std::string RenderStats(const v1::GetStatsResponse& stats) {
@@ -123,6 +128,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
     summary.AddRow({"optimizer", OptimizerLine(stats)});
     summary.AddRow({"speculation", SpeculationLine(stats)});
     summary.AddRow({"weights", WeightsLine(stats)});
+    summary.AddRow({"journal", JournalLine(stats)});
     summary.AddRow({"cache", CacheLine(stats)});
     std::string rows = summary.ToString();
     out += rows.substr(rows.find('\n') + 1);
@@ -155,6 +161,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   summary.AddRow({"optimizer", OptimizerLine(stats)});
   summary.AddRow({"speculation", SpeculationLine(stats)});
   summary.AddRow({"weights", WeightsLine(stats)});
+    summary.AddRow({"journal", JournalLine(stats)});
   summary.AddRow({"DRAM", DramLine(stats)});
   summary.AddRow({"cache", CacheLine(stats)});
   std::string rows = summary.ToString();

@@ -221,6 +221,13 @@ void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
       if (it == pending_.end() || it->second.done) return;  // not ours to wait for
       PendingChunk& pending = it->second;
       pending.done = true;
+      if (ready.segment_sum_squares_size() != 0 || ready.segment_max_abs_size() != 0) {
+        journal_stats_[ready.chunk_id()] =
+            JournalStats{{ready.segment_sum_squares().begin(), ready.segment_sum_squares().end()},
+                         {ready.segment_max_abs().begin(), ready.segment_max_abs().end()}};
+      } else {
+        journal_stats_.erase(ready.chunk_id());
+      }
       slots_->EndFlight(pending.slot);
       if (ready.slot() != pending.slot) {
         pending.status = absl::InternalError(fmt::format(
@@ -579,6 +586,12 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
   for (uint32_t index : options.segments_without_grad) ready->add_segments_without_grad(index);
   ready->set_speculative(options.speculative);
   ready->set_redo(static_cast<v1::RedoReason>(options.redo));
+  ready->set_journal(static_cast<v1::JournalUse>(options.journal));
+  for (const GradOp& op : options.grad_ops) {
+    v1::GradOp* sent = ready->add_grad_ops();
+    sent->set_kind(static_cast<v1::GradOp::Kind>(op.kind));
+    sent->set_operand(op.operand);
+  }
   absl::Status status = Write(message, fmt::format("GradReady of chunk {} step {}", chunk_id, step));
   if (!status.ok()) {
     std::lock_guard lock(mu_);
@@ -586,6 +599,13 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
     slots_->EndFlight(slot);  // the caller holds the slot again
   }
   return status;
+}
+
+std::optional<JournalStats> Session::Impl::GetJournalStats(uint32_t chunk_id) {
+  std::lock_guard lock(mu_);
+  auto found = journal_stats_.find(chunk_id);
+  if (found == journal_stats_.end()) return std::nullopt;
+  return found->second;
 }
 
 absl::StatusOr<uint32_t> Session::Impl::WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout) {
@@ -870,6 +890,9 @@ absl::Status Session::SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t st
 absl::Status Session::SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper,
                                     const GradReadyOptions& options) {
   return impl_->SendGradReady(chunk_id, slot, step, hyper, options);
+}
+std::optional<JournalStats> Session::GetJournalStats(uint32_t chunk_id) const {
+  return impl_->GetJournalStats(chunk_id);
 }
 absl::StatusOr<uint32_t> Session::WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout) {
   return impl_->WaitParams(chunk_id, timeout);

@@ -64,6 +64,7 @@ class Session::Impl {
   absl::Status SendGradReady(uint32_t chunk_id, uint32_t slot, int64_t step, const AdamWHyper& hyper,
                              const GradReadyOptions& options);
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
+  std::optional<JournalStats> GetJournalStats(uint32_t chunk_id);
   void ReleaseSlot(uint32_t slot);
   absl::Status SendFetchWeights(uint32_t chunk_id, uint32_t slot);
   absl::StatusOr<uint32_t> WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout);
@@ -164,6 +165,7 @@ class Session::Impl {
   absl::Status session_error_;  // refusal nobody waited for; reported once
   std::map<uint32_t, ChunkSpec> chunks_;
   std::map<uint32_t, PendingChunk> pending_;
+  std::map<uint32_t, JournalStats> journal_stats_;  // of each chunk's latest update that used a journal
   std::map<uint32_t, std::deque<PendingFetch>> fetches_;  // by chunk, oldest first; never an empty deque
   std::map<int64_t, StepWaiter> steps_;
   ControlWaiter control_;

@@ -177,6 +177,10 @@ class FakeOffload final : public v1::Offload::Service {
           out.mutable_params_ready()->set_step(ready.step());
           out.mutable_params_ready()->set_chunk_id(ready.chunk_id());
           out.mutable_params_ready()->set_slot(ready.slot());
+          if (ready.journal() != v1::JOURNAL_USE_UNSPECIFIED) {  // stats the test can recognise
+            out.mutable_params_ready()->add_segment_sum_squares(ready.step() + 0.5);
+            out.mutable_params_ready()->add_segment_max_abs(static_cast<float>(ready.grad_ops_size()));
+          }
         }
       } else if (in.has_fetch_weights()) {
         // As fuyoud: the chunk's stored weights into the slot's parameter
@@ -652,6 +656,46 @@ TEST_F(SessionTest, SegmentsSpeculationRedoAndAbortReasonReachTheDaemon) {
   EXPECT_EQ(fake_.LastAbortStep().reason(), v1::ABORT_REASON_SKIPPED_STEP);
   ASSERT_TRUE(s.AbortStep(1).ok());
   EXPECT_EQ(fake_.LastAbortStep().reason(), v1::ABORT_REASON_UNSPECIFIED);
+}
+
+TEST_F(SessionTest, JournalUseAndGradOpsReachTheDaemonAndItsStatsAreKept) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  std::vector<float> weights(16, 0.0f);
+  ASSERT_TRUE(s.RegisterChunk(Float32Chunk(4, 16), Bytes(weights)).ok());
+  absl::StatusOr<uint32_t> slot = s.AcquireSlot(milliseconds(1000));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_FALSE(s.GetJournalStats(4).has_value());
+  ASSERT_TRUE(s.SendGradReady(4, *slot, 1, AdamWHyper{}, {.journal = JournalUse::kKeep}).ok());
+  ASSERT_TRUE(s.WaitParams(4, milliseconds(5000)).ok());
+  EXPECT_EQ(fake_.LastGradReady().journal(), v1::JOURNAL_USE_KEEP);
+  EXPECT_EQ(fake_.LastGradReady().grad_ops_size(), 0);
+  std::optional<JournalStats> stats = s.GetJournalStats(4);
+  ASSERT_TRUE(stats.has_value());
+  EXPECT_EQ(stats->sum_squares, (std::vector<double>{1.5}));
+  EXPECT_EQ(stats->max_abs, (std::vector<float>{0.0f}));
+
+  GradReadyOptions replay{.redo = RedoReason::kGradientsChanged, .journal = JournalUse::kReplay};
+  replay.grad_ops = {{GradOp::Kind::kMul, 0.25f}, {GradOp::Kind::kDiv, 1024.0f}};
+  ASSERT_TRUE(s.SendGradReady(4, *slot, 1, AdamWHyper{}, replay).ok());
+  ASSERT_TRUE(s.WaitParams(4, milliseconds(5000)).ok());
+  const v1::GradReady sent = fake_.LastGradReady();
+  EXPECT_EQ(sent.journal(), v1::JOURNAL_USE_REPLAY);
+  ASSERT_EQ(sent.grad_ops_size(), 2);
+  EXPECT_EQ(sent.grad_ops(0).kind(), v1::GradOp::KIND_MUL);
+  EXPECT_EQ(sent.grad_ops(0).operand(), 0.25f);
+  EXPECT_EQ(sent.grad_ops(1).kind(), v1::GradOp::KIND_DIV);
+  EXPECT_EQ(sent.grad_ops(1).operand(), 1024.0f);
+  stats = s.GetJournalStats(4);
+  ASSERT_TRUE(stats.has_value());
+  EXPECT_EQ(stats->max_abs, (std::vector<float>{2.0f}));
+
+  // An update without a journal: no stats for it.
+  ASSERT_TRUE(s.SendGradReady(4, *slot, 1, AdamWHyper{}, {.redo = RedoReason::kClipped}).ok());
+  ASSERT_TRUE(s.WaitParams(4, milliseconds(5000)).ok());
+  EXPECT_FALSE(s.GetJournalStats(4).has_value());
+  s.ReleaseSlot(*slot);
 }
 
 TEST_F(SessionTest, SegmentsThatDoNotAddUpAreRefusedLocally) {

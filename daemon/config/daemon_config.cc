@@ -58,7 +58,7 @@ absl::StatusOr<uint32_t> ReadCount(const toml::node& node, std::string_view orig
 absl::Status ApplyLimitsTable(const toml::table& limits, std::string_view origin, DaemonConfig* config) {
   FUYOU_RETURN_IF_ERROR(CheckKnownKeys(limits, "limits",
                                        {"max_sessions", "max_sessions_per_user", "max_segment_bytes_per_user",
-                                        "max_client_info_bytes", "idle_session_timeout", "max_jobs_per_user"},
+                                        "max_journal_bytes_per_user", "max_client_info_bytes", "idle_session_timeout", "max_jobs_per_user"},
                                        origin));
   if (const auto* node = limits.get("max_sessions")) {
     auto count = ReadCount(*node, origin, "limits.max_sessions", kMaxSessionsCeiling);
@@ -74,6 +74,11 @@ absl::Status ApplyLimitsTable(const toml::table& limits, std::string_view origin
     auto bytes = ReadByteSize(*node, origin, "limits.max_segment_bytes_per_user");
     if (!bytes.ok()) return bytes.status();
     config->max_segment_bytes_per_user = *bytes;
+  }
+  if (const auto* node = limits.get("max_journal_bytes_per_user")) {
+    auto bytes = ReadByteSize(*node, origin, "limits.max_journal_bytes_per_user");
+    if (!bytes.ok()) return bytes.status();
+    config->max_journal_bytes_per_user = *bytes;
   }
   if (const auto* node = limits.get("max_client_info_bytes")) {
     auto bytes = ReadByteSize(*node, origin, "limits.max_client_info_bytes");

@@ -49,6 +49,9 @@ struct DaemonConfig {
   uint32_t max_sessions = 256;                               // live sessions, all users together
   uint32_t max_sessions_per_user = 8;                        // live sessions of one uid
   uint64_t max_segment_bytes_per_user = uint64_t{16} << 30;  // sum of the segments of one uid's live sessions
+  // Gradient journals (GradReady.journal) of one uid's live sessions, in DRAM and
+  // spilled to storage together; a KEEP beyond it is RESOURCE_EXHAUSTED.
+  uint64_t max_journal_bytes_per_user = uint64_t{256} << 30;
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
   uint32_t max_jobs_per_user = 64;                           // jobs of one uid on the storage tier; 0 = unlimited
   // An attached session with no stream message for this long is closed (its

@@ -129,6 +129,19 @@ std::string RenderMetrics(const MetricsInput& input) {
            "Bytes of working weights read from storage for fetches and their read-aheads (weights only).");
   w.Sample("fuyou_weights_read_bytes_total", "", stats.weights_bytes_read());
 
+  w.Family("fuyou_journal_bytes_total", "counter",
+           "Bytes of gradients journaled for redos in the streamed mode (GradReady.journal KEEP, ADD, REPLAY).");
+  w.Sample("fuyou_journal_bytes_total", "", stats.journal_bytes_total());
+  w.Family("fuyou_journal_spilled_bytes_total", "counter",
+           "Bytes of journaled gradients spilled to the storage tier's scratch files (beyond the DRAM budget).");
+  w.Sample("fuyou_journal_spilled_bytes_total", "", stats.journal_spilled_bytes_total());
+  w.Family("fuyou_journal_replays_total", "counter",
+           "Chunk updates made from a gradient journal (JOURNAL_USE_ADD and JOURNAL_USE_REPLAY).");
+  w.Sample("fuyou_journal_replays_total", "", stats.journal_replays_total());
+  w.Family("fuyou_journal_replay_seconds_total", "counter",
+           "Seconds spent on updates from a gradient journal (journal read, ops and add, kernel).");
+  w.Sample("fuyou_journal_replay_seconds_total", "", stats.journal_replay_seconds_total());
+
   w.Histogram("fuyou_chunk_update_seconds", "AdamW kernel time of one chunk update.", input.chunk_update_seconds);
   w.Histogram("fuyou_step_seconds",
               "Time from one committed step to the next of the same session (EndStep to EndStep).",

@@ -47,6 +47,10 @@ v1::GetStatsResponse KnownStats() {
   stats.set_weights_fetches(60);
   stats.set_weights_fetch_cache_hits(45);
   stats.set_weights_bytes_read(3145728);
+  stats.set_journal_bytes_total(8192);
+  stats.set_journal_spilled_bytes_total(4096);
+  stats.set_journal_replays_total(6);
+  stats.set_journal_replay_seconds_total(0.5);
   return stats;
 }
 
@@ -90,6 +94,11 @@ TEST(MetricsTextTest, RendersEveryFigureOfGetStatsWithItsTypeAndHelp) {
            "fuyou_weights_fetch_cache_hits_total 45",
            "# TYPE fuyou_weights_read_bytes_total counter",
            "fuyou_weights_read_bytes_total 3145728",
+           "# TYPE fuyou_journal_bytes_total counter",
+           "fuyou_journal_bytes_total 8192",
+           "fuyou_journal_spilled_bytes_total 4096",
+           "fuyou_journal_replays_total 6",
+           "fuyou_journal_replay_seconds_total 0.5",
            "# TYPE fuyou_chunk_update_seconds histogram",
            "fuyou_chunk_update_seconds_bucket{le=\"0.001\"} 1",
            "fuyou_chunk_update_seconds_bucket{le=\"0.01\"} 2",
@@ -125,7 +134,7 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
-  EXPECT_EQ(families, 21);
+  EXPECT_EQ(families, 25);
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

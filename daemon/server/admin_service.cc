@@ -38,6 +38,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     response->set_steps_committed(mine.steps_committed.load());
     mine.redo.Fill(*response);
     FillWeights(mine.weights, *response);
+    mine.journal.Fill(*response);
     return grpc::Status::OK;
   }
   report_.FillDaemonScope(/*rates=*/true, response);

@@ -19,6 +19,7 @@
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
 #include "jobs/job_registry.h"
+#include "journal/journal_scratch.h"
 #include "metrics/metrics_http.h"
 #include "metrics/metrics_text.h"
 #include "optimizer/adamw_kernel.h"
@@ -173,6 +174,7 @@ class DaemonServer::Impl {
   std::unique_ptr<optimizer::AdamWKernel> kernel;
   std::unique_ptr<StateCache> cache;
   std::unique_ptr<JobRegistry> jobs;
+  std::unique_ptr<JournalScratch> journal_scratch;  // gradient journals beyond DRAM
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<OffloadService> offload;
   std::unique_ptr<StatsReport> report;  // GetStats' daemon-wide figures, for admin and metrics
@@ -242,7 +244,14 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
                                   JobRegistryOptions{.max_jobs_per_user = config.max_jobs_per_user});
   if (!jobs.ok()) return jobs.status();
   impl->jobs = std::move(*jobs);
+  // Gradient journals spill to <root>/journal; what a dead daemon left there goes now.
+  std::vector<storage::IoCounters*> path_counters;
+  for (size_t i = 0; i < config.storage_paths.size(); ++i) path_counters.push_back(impl->stats->path_counters(i));
+  auto journal_scratch = JournalScratch::Create(config.storage_paths, *impl->io, path_counters);
+  if (!journal_scratch.ok()) return journal_scratch.status();
+  impl->journal_scratch = std::move(*journal_scratch);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
+  services.journal_scratch = impl->journal_scratch.get();
   services.job_quota_bytes = config.job_quota_bytes;
   services.durability = DurabilityInterval{.every_steps = config.commit_every_steps,
                                            .every_seconds = config.commit_every_seconds};
@@ -251,6 +260,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   limits.max_sessions_per_user = config.max_sessions_per_user;
   limits.max_segment_bytes_per_user = config.max_segment_bytes_per_user;
   limits.max_client_info_bytes = config.max_client_info_bytes;
+  limits.max_journal_bytes_per_user = config.max_journal_bytes_per_user;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes, limits);
   impl->report = std::make_unique<StatsReport>(*impl->stats, *impl->sessions, *impl->cache, direct_io);
   // The Prometheus endpoint, when configured, on a thread of its own; it reads

@@ -47,6 +47,7 @@ void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) co
   response->set_steps_committed(stats_.steps_committed.load());
   stats_.redo.Fill(*response);
   FillWeights(stats_.weights, *response);
+  stats_.journal.Fill(*response);
 }
 
 }  // namespace fuyou

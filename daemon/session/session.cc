@@ -12,6 +12,8 @@
 #include "jobs/job_registry.h"
 #include "optimizer/adamw_kernel.h"
 #include "optimizer/segmented_update.h"
+#include "journal/journal_scratch.h"
+#include "session/session_quota.h"
 #include "session/stream_replies.h"
 #include "stats/daemon_stats.h"
 
@@ -31,6 +33,16 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       store_(std::make_unique<ChunkStore>(*job_, services.cache, StoreCounters{services.stats, user_stats_},
                                           services.prefetch_window, services.durability)) {
   step_ = store_->committed_step() + 1;
+  JournalQuotaHooks quota;
+  if (services.quota != nullptr) {
+    SessionQuota* limits = services.quota;
+    const uid_t uid = client.uid;
+    quota.take = [limits, uid](uint64_t bytes) { return limits->TakeJournal(uid, bytes); };
+    quota.give = [limits, uid](uint64_t bytes) { limits->GiveJournal(uid, bytes); };
+  }
+  journal_ = std::make_unique<GradJournal>(
+      services.cache, "journal:" + id_,
+      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(id_) : nullptr, std::move(quota));
 }
 
 Session::~Session() { Close(); }
@@ -94,6 +106,7 @@ int64_t Session::Close() {
   }
   store_->Close();  // waits for its I/O, rolls back, drops the import
   store_.reset();
+  journal_.reset();  // the step's journals: DRAM and quota given back, scratch files unlinked
   segment_.reset();
   services_.jobs.Release(*job_);
   job_.reset();
@@ -169,6 +182,19 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   const uint32_t chunk_id = request.chunk_id();
   const int64_t step = request.step();
   if (absl::Status bad = CheckGradReady(request); !bad.ok()) return ErrorReply(bad, chunk_id, step);
+  v1::DaemonMessage reply;
+  v1::ParamsReady* ready = reply.mutable_params_ready();
+  // The journal is written before anything of the step changes: a journal that
+  // cannot be read back or written refuses the request with the step intact.
+  const v1::JournalUse journal_use = request.journal();
+  const bool from_journal = journal_use == v1::JOURNAL_USE_ADD || journal_use == v1::JOURNAL_USE_REPLAY;
+  const auto journal_started = std::chrono::steady_clock::now();
+  JournalAccess journal;
+  if (journal_use != v1::JOURNAL_USE_UNSPECIFIED) {
+    auto prepared = PrepareJournal(request, *ready);
+    if (!prepared.ok()) return ErrorReply(prepared.status(), chunk_id, step);
+    journal = std::move(*prepared);
+  }
   // A redo replaces the chunk's update of this step: its staged states are
   // dropped and the update runs again from the committed states, which the
   // step never touched (a crash from here on resumes at the last commit).
@@ -207,7 +233,8 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.master = states.master();
     buffers.exp_avg = states.exp_avg();
     buffers.exp_avg_sq = states.exp_avg_sq();
-    buffers.grad = segment_->GradRegion(request.slot()).data();
+    // From the journal when the request uses one (REPLAY never reads the slot's gradients).
+    buffers.grad = journal.data() != nullptr ? journal.data() : segment_->GradRegion(request.slot()).data();
     buffers.grad_dtype = registered.grad_dtype;
     // A chunk that stores its working weights gets them in its own states
     // (daemon memory, written back and committed with master, m and v), then
@@ -270,8 +297,15 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     services_.stats.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
     user_stats_.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
   }
-  v1::DaemonMessage reply;
-  v1::ParamsReady* ready = reply.mutable_params_ready();
+  if (from_journal) {
+    const auto nanoseconds = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                       std::chrono::steady_clock::now() - journal_started)
+                                                       .count());
+    for (JournalCounters* counters : {&services_.stats.journal, &user_stats_.journal}) {
+      counters->journal_replays.fetch_add(1, std::memory_order_relaxed);
+      counters->journal_replay_nanoseconds.fetch_add(nanoseconds, std::memory_order_relaxed);
+    }
+  }
   ready->set_step(step);
   ready->set_chunk_id(chunk_id);
   ready->set_slot(request.slot());
@@ -282,6 +316,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
+  journal_->Clear();  // the step's journals end with it, whether it commits or not
   if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
     failed_redo_ = absl::OkStatus();
@@ -318,6 +353,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   FUYOU_CRASH_POINT("abort_step_received");
   const uint64_t rolled_back = store_->staged_count();
   store_->RollBackStep();  // waits for the step's write-backs first
+  journal_->Clear();
   failed_redo_ = absl::OkStatus();
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.

@@ -41,6 +41,7 @@
 #include "fuyou/v1/admin.pb.h"
 #include "fuyou/v1/offload.pb.h"
 #include "jobs/job.h"
+#include "journal/grad_journal.h"
 #include "session/session_segment.h"
 #include "state/chunk_store.h"
 #include "state/state_cache.h"
@@ -48,6 +49,8 @@
 namespace fuyou {
 
 class DaemonStats;
+class JournalScratch;
+class SessionQuota;
 struct UserCounters;
 class JobRegistry;
 namespace optimizer {
@@ -72,7 +75,16 @@ struct SessionServices {
   uint64_t job_quota_bytes = 0;
   // How often a step is made durable ([durability] commit_every_steps/seconds).
   DurabilityInterval durability = {};
+  // Where gradient journals beyond the DRAM budget are spilled; null: nowhere
+  // (a journal that DRAM cannot hold is refused).
+  JournalScratch* journal_scratch = nullptr;
+  // The per-user limits the journals are charged to (SessionRegistry sets it);
+  // null: no per-user journal limit.
+  SessionQuota* quota = nullptr;
 };
+
+// Most GradReady.grad_ops in one request.
+inline constexpr int kMaxGradOps = 64;
 
 class Session {
  public:
@@ -159,7 +171,19 @@ class Session {
   // FAILED_PRECONDITION: RegisterChunks or Attach before the segment arrived.
   absl::Status NoSegmentError() const;
 
+  // OK when the journal fields of a GradReady (journal, grad_ops) are valid
+  // for it: known values, ops only with ADD/REPLAY and at most kMaxGradOps,
+  // ADD/REPLAY only as a redo and with a journal of this step.
+  absl::Status CheckJournalUse(const v1::GradReady& request) const;
+
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
+  // Writes the chunk's journal as GradReady.journal says (session_journal.cc):
+  // KEEP copies the slot's gradients (zeros for segments without gradient);
+  // ADD applies grad_ops and adds the slot's gradients; REPLAY applies grad_ops.
+  // Returns the open journal, whose bytes are the update's gradients, and sets
+  // the journal's per-segment statistics in `ready`. Nothing of the step's
+  // updates is changed; on error the chunk may have lost its journal.
+  absl::StatusOr<JournalAccess> PrepareJournal(const v1::GradReady& request, v1::ParamsReady& ready);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
   // Import and export (session_import.cc).
@@ -186,6 +210,7 @@ class Session {
   std::shared_ptr<Job> job_;            // released at Close
   std::unique_ptr<ChunkStore> store_;   // the job's states; null after Close
   std::unique_ptr<SessionSegment> segment_;  // null until AdoptSegment, and after Close
+  std::unique_ptr<GradJournal> journal_;     // the step's gradient journals; null after Close
   std::atomic<bool> has_segment_{false};
   bool attached_ = false;
   bool closed_ = false;

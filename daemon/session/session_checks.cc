@@ -153,6 +153,9 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         "chunk {}: redo {} is not a RedoReason (REDO_REASON_GRADIENTS_CHANGED or REDO_REASON_CLIPPED, or unset)",
         chunk_id, static_cast<int>(request.redo())));
   }
+  // Journal fields first: a REPLAY sent without redo is told so, not that the
+  // chunk was already updated.
+  FUYOU_RETURN_IF_ERROR(CheckJournalUse(request));
   const bool redo = request.redo() != v1::REDO_REASON_UNSPECIFIED;
   if (!redo && store_->IsStaged(chunk_id)) {
     return absl::FailedPreconditionError(fmt::format(
@@ -183,6 +186,50 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
         job_name_, record.update_count(), kMaxUpdateCount));
   }
   return CheckSegmentsWithoutGrad(request, SegmentCount(record));
+}
+
+absl::Status Session::CheckJournalUse(const v1::GradReady& request) const {
+  const uint32_t chunk_id = request.chunk_id();
+  const int64_t step = request.step();
+  if (!v1::JournalUse_IsValid(request.journal())) {
+    return absl::InvalidArgumentError(fmt::format(
+        "chunk {} of job '{}', step {}: journal {} is not a JournalUse (JOURNAL_USE_KEEP, _ADD, _REPLAY, or unset)",
+        chunk_id, job_name_, step, static_cast<int>(request.journal())));
+  }
+  const bool from_journal =
+      request.journal() == v1::JOURNAL_USE_ADD || request.journal() == v1::JOURNAL_USE_REPLAY;
+  if (!request.grad_ops().empty() && !from_journal) {
+    return absl::InvalidArgumentError(fmt::format(
+        "chunk {} of job '{}', step {}: grad_ops ({}) apply to a journal and are allowed only with "
+        "JOURNAL_USE_REPLAY or JOURNAL_USE_ADD, not with {}",
+        chunk_id, job_name_, step, request.grad_ops_size(), v1::JournalUse_Name(request.journal())));
+  }
+  if (request.grad_ops_size() > kMaxGradOps) {
+    return absl::InvalidArgumentError(fmt::format("chunk {} of job '{}', step {}: {} grad_ops, more than the {} allowed",
+                                                  chunk_id, job_name_, step, request.grad_ops_size(), kMaxGradOps));
+  }
+  for (int i = 0; i < request.grad_ops_size(); ++i) {
+    const v1::GradOp& op = request.grad_ops(i);
+    if (op.kind() != v1::GradOp::KIND_MUL && op.kind() != v1::GradOp::KIND_DIV) {
+      return absl::InvalidArgumentError(
+          fmt::format("chunk {} of job '{}', step {}: grad_ops[{}] has kind {}, not KIND_MUL or KIND_DIV", chunk_id,
+                      job_name_, step, i, static_cast<int>(op.kind())));
+    }
+  }
+  if (!from_journal) return absl::OkStatus();
+  if (request.redo() == v1::REDO_REASON_UNSPECIFIED) {
+    return absl::InvalidArgumentError(fmt::format(
+        "chunk {} of job '{}', step {}: {} updates again from the chunk's journal and must be sent as a redo "
+        "(GradReady.redo set)",
+        chunk_id, job_name_, step, v1::JournalUse_Name(request.journal())));
+  }
+  if (!journal_->Has(chunk_id)) {
+    return absl::FailedPreconditionError(fmt::format(
+        "chunk {} of job '{}' has no gradient journal in step {}, so {} has nothing to update from: a journal is "
+        "written by a GradReady with JOURNAL_USE_KEEP and kept only until the step ends (EndStep, AbortStep)",
+        chunk_id, job_name_, step, v1::JournalUse_Name(request.journal())));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t slot, uint64_t first, uint64_t count,

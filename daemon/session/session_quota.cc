@@ -1,5 +1,7 @@
 #include "session/session_quota.h"
 
+#include <algorithm>
+
 #include "fmt/format.h"
 
 namespace fuyou {
@@ -59,6 +61,36 @@ absl::Status SessionQuota::CheckClientInfo(uint64_t bytes) const {
       "client_info is {} bytes, over [limits] max_client_info_bytes = {}; send a shorter description, or have the "
       "operator raise max_client_info_bytes in fuyoud.toml (--max-client-info-bytes)",
       bytes, limits_.max_client_info_bytes));
+}
+
+absl::Status SessionQuota::TakeJournal(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const auto found = journal_bytes_.find(uid);
+  const uint64_t used = found == journal_bytes_.end() ? 0 : found->second;
+  const uint64_t limit = limits_.max_journal_bytes_per_user;
+  if (bytes > limit || used > limit - bytes) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "a gradient journal of {} bytes would bring uid {}'s journals over [limits] max_journal_bytes_per_user = "
+        "{} bytes ({} bytes are journaled by its live sessions); journal fewer chunks, end the step sooner, or "
+        "have the operator raise max_journal_bytes_per_user in fuyoud.toml (--max-journal-bytes-per-user)",
+        bytes, uid, limit, used));
+  }
+  journal_bytes_[uid] = used + bytes;
+  return absl::OkStatus();
+}
+
+void SessionQuota::GiveJournal(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto found = journal_bytes_.find(uid);
+  if (found == journal_bytes_.end()) return;
+  found->second -= std::min(found->second, bytes);
+  if (found->second == 0) journal_bytes_.erase(found);
+}
+
+uint64_t SessionQuota::JournalBytesOf(uid_t uid) const {
+  std::lock_guard lock(mutex_);
+  const auto found = journal_bytes_.find(uid);
+  return found == journal_bytes_.end() ? 0 : found->second;
 }
 
 void SessionQuota::Give(uid_t uid, uint64_t segment_bytes) {

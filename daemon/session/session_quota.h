@@ -25,6 +25,7 @@ struct SessionLimits {
   uint32_t max_sessions_per_user = 8;                        // live sessions of one uid
   uint64_t max_segment_bytes_per_user = uint64_t{16} << 30;  // segment bytes of one uid's live sessions
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
+  uint64_t max_journal_bytes_per_user = uint64_t{256} << 30; // gradient journals of one uid's live sessions
 };
 
 class SessionQuota {
@@ -60,6 +61,14 @@ class SessionQuota {
   // max_segment_bytes_per_user or max_sessions; the message names the limit, its
   // value, the current use and the setting that raises it.
   absl::StatusOr<Hold> Take(uid_t uid, uint64_t segment_bytes);
+  // Gradient journal bytes (DRAM and spilled) of `uid`'s sessions: TakeJournal
+  // adds `bytes` when the user stays within max_journal_bytes_per_user, else
+  // RESOURCE_EXHAUSTED naming the limit and its use; GiveJournal gives back
+  // what a TakeJournal took. Independent of the session holds.
+  absl::Status TakeJournal(uid_t uid, uint64_t bytes);
+  void GiveJournal(uid_t uid, uint64_t bytes);
+  uint64_t JournalBytesOf(uid_t uid) const;
+
   // RESOURCE_EXHAUSTED when a client_info of `bytes` is over max_client_info_bytes.
   absl::Status CheckClientInfo(uint64_t bytes) const;
 
@@ -73,6 +82,7 @@ class SessionQuota {
   const SessionLimits limits_;
   mutable std::mutex mutex_;
   std::map<uid_t, Usage> users_;  // only users with a live session
+  std::map<uid_t, uint64_t> journal_bytes_;  // only users with journal bytes
   uint32_t total_sessions_ = 0;
 };
 

@@ -98,5 +98,22 @@ TEST(SessionQuotaTest, ClientInfoIsBounded) {
   EXPECT_NE(refused.message().find("101 bytes"), std::string::npos) << refused.message();
 }
 
+TEST(SessionQuotaTest, JournalBytesAreBoundedPerUser) {
+  SessionLimits limits = SmallLimits();
+  limits.max_journal_bytes_per_user = 1000;
+  SessionQuota quota(limits);
+  EXPECT_TRUE(quota.TakeJournal(7, 600).ok());
+  absl::Status refused = quota.TakeJournal(7, 401);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("max_journal_bytes_per_user = 1000"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("600 bytes are journaled"), std::string::npos) << refused.message();
+  EXPECT_TRUE(quota.TakeJournal(8, 1000).ok());  // another user has a budget of its own
+  EXPECT_TRUE(quota.TakeJournal(7, 400).ok());
+  EXPECT_EQ(quota.JournalBytesOf(7), 1000u);
+  quota.GiveJournal(7, 1000);
+  EXPECT_EQ(quota.JournalBytesOf(7), 0u);
+  EXPECT_TRUE(quota.TakeJournal(7, 1000).ok());
+}
+
 }  // namespace
 }  // namespace fuyou

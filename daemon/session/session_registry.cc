@@ -21,7 +21,9 @@ std::string NewSessionId() {
 }  // namespace
 
 SessionRegistry::SessionRegistry(SessionServices services, uint64_t max_segment_bytes, SessionLimits limits)
-    : services_(services), max_segment_bytes_(max_segment_bytes), quota_(limits) {}
+    : services_(services), max_segment_bytes_(max_segment_bytes), quota_(limits) {
+  services_.quota = &quota_;  // the sessions' journals charge their users here
+}
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSessionRequest& request, ClientIdentity client) {
   const uid_t uid = client.uid;

@@ -10,6 +10,13 @@ void RedoCounters::Fill(v1::GetStatsResponse& response) const {
   response.set_redo_seconds(static_cast<double>(redo_nanoseconds.load()) / 1e9);
 }
 
+void JournalCounters::Fill(v1::GetStatsResponse& response) const {
+  response.set_journal_bytes_total(journal_bytes.load());
+  response.set_journal_spilled_bytes_total(journal_spilled_bytes.load());
+  response.set_journal_replays_total(journal_replays.load());
+  response.set_journal_replay_seconds_total(static_cast<double>(journal_replay_nanoseconds.load()) / 1e9);
+}
+
 RateWindow::RateWindow(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now)
     : when_(now), totals_(std::move(totals)), rates_(totals_.size(), 0.0) {}
 

@@ -70,6 +70,21 @@ struct WeightsCounters {
   std::atomic<uint64_t> weights_bytes_read{0};
 };
 
+// Gradient journals (GradReady.journal; GetStatsResponse fields 27-30): bytes
+// journaled (each KEEP, ADD or REPLAY that wrote a chunk's journal), the bytes
+// of those that went to the storage tier's scratch files, updates made from a
+// journal (ADD and REPLAY) and the time they took (journal read, ops and add,
+// kernel, write-back's submission).
+struct JournalCounters {
+  std::atomic<uint64_t> journal_bytes{0};
+  std::atomic<uint64_t> journal_spilled_bytes{0};
+  std::atomic<uint64_t> journal_replays{0};
+  std::atomic<uint64_t> journal_replay_nanoseconds{0};
+
+  // Sets fields 27-30 of `response` from these counters.
+  void Fill(v1::GetStatsResponse& response) const;
+};
+
 // What one user's sessions did since the daemon started.
 struct UserCounters {
   std::atomic<uint64_t> bytes_read{0};     // optimizer states read from storage for the user's jobs
@@ -81,6 +96,7 @@ struct UserCounters {
   std::atomic<uint64_t> steps_committed{0};
   RedoCounters redo;
   WeightsCounters weights;
+  JournalCounters journal;
 };
 
 struct StatsRates {
@@ -106,6 +122,7 @@ class DaemonStats {
   std::atomic<uint64_t> steps_committed{0};
   RedoCounters redo;
   WeightsCounters weights;
+  JournalCounters journal;
   // The kernel time of each chunk update (SegmentedUpdate of one GradReady, a
   // redo's included), and the time from one committed step to the next of the
   // same session (EndStep to EndStep; a session's first step is not observed).

@@ -73,9 +73,10 @@ __all__ = ["ChunkPipeline", "Hyper", "LoopStats", "STATE_MASTER", "STATE_EXP_AVG
 STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 1, 2, 3
 # fuyou.v1.RedoReason and fuyou.v1.AbortReason values.
 REDO_GRADIENTS_CHANGED, REDO_CLIPPED = 1, 2
+# fuyou.v1.JournalUse and GradOp.Kind (the binding's JOURNAL_* and GRAD_OP_*).
+JOURNAL_NONE, JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY = 0, 1, 2, 3
+GRAD_OP_MUL, GRAD_OP_DIV = 1, 2
 ABORT_SKIPPED_STEP, ABORT_OVERFLOW = 1, 2
-# fuyou.v1.JournalUse values (the daemon's per-step gradient journal).
-JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY = 1, 2, 3
 # ChunkSpec.segment_elements holds at most this many entries (kMaxChunkSegments);
 # a chunk with more is registered as one segment (a missing gradient then counts
 # as zeros in it).

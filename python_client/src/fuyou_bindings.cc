@@ -285,6 +285,12 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);
   m.attr("DTYPE_FLOAT16") = static_cast<int>(DType::kFloat16);
   m.attr("MAX_SLOTS") = kMaxSlots;
+  m.attr("JOURNAL_NONE") = static_cast<int>(JournalUse::kNone);
+  m.attr("JOURNAL_KEEP") = static_cast<int>(JournalUse::kKeep);
+  m.attr("JOURNAL_ADD") = static_cast<int>(JournalUse::kAdd);
+  m.attr("JOURNAL_REPLAY") = static_cast<int>(JournalUse::kReplay);
+  m.attr("GRAD_OP_MUL") = static_cast<int>(GradOp::Kind::kMul);
+  m.attr("GRAD_OP_DIV") = static_cast<int>(GradOp::Kind::kDiv);
   m.attr("STATE_MASTER") = static_cast<int>(StateKind::kMaster);
   m.attr("STATE_EXP_AVG") = static_cast<int>(StateKind::kExpAvg);
   m.attr("STATE_EXP_AVG_SQ") = static_cast<int>(StateKind::kExpAvgSq);
@@ -407,9 +413,21 @@ PYBIND11_MODULE(_fuyou, m) {
           "send_grad_ready",
           [](PySession& s, uint32_t chunk_id, uint32_t slot, int64_t step, float lr, float beta1,
              float beta2, float eps, float weight_decay, float grad_scale,
-             std::vector<uint32_t> segments_without_grad, bool speculative, int redo) {
+             std::vector<uint32_t> segments_without_grad, bool speculative, int redo, int journal,
+             std::vector<std::pair<int, float>> grad_ops) {
             if (redo < 0 || redo > static_cast<int>(RedoReason::kClipped)) {
               throw py::value_error("redo must be 0 (none), 1 (gradients changed) or 2 (clipped)");
+            }
+            if (journal < 0 || journal > static_cast<int>(JournalUse::kReplay)) {
+              throw py::value_error(
+                  "journal must be 0 (none), JOURNAL_KEEP (1), JOURNAL_ADD (2) or JOURNAL_REPLAY (3)");
+            }
+            std::vector<GradOp> ops;
+            for (const auto& [kind, operand] : grad_ops) {
+              if (kind != static_cast<int>(GradOp::Kind::kMul) && kind != static_cast<int>(GradOp::Kind::kDiv)) {
+                throw py::value_error("a grad_ops kind must be GRAD_OP_MUL (1) or GRAD_OP_DIV (2)");
+              }
+              ops.push_back(GradOp{static_cast<GradOp::Kind>(kind), operand});
             }
             Session& session = s.get();
             const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
@@ -417,6 +435,8 @@ PYBIND11_MODULE(_fuyou, m) {
             options.segments_without_grad = std::move(segments_without_grad);
             options.speculative = speculative;
             options.redo = static_cast<RedoReason>(redo);
+            options.journal = static_cast<JournalUse>(journal);
+            options.grad_ops = std::move(ops);
             BlockingStatus(
                 [&] { return session.SendGradReady(chunk_id, slot, step, hyper, options); });
           },
@@ -424,11 +444,27 @@ PYBIND11_MODULE(_fuyou, m) {
           py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
           py::arg("grad_scale") = 1.0f, py::kw_only(),
           py::arg("segments_without_grad") = std::vector<uint32_t>{},
-          py::arg("speculative") = false, py::arg("redo") = 0,
+          py::arg("speculative") = false, py::arg("redo") = 0, py::arg("journal") = 0,
+          py::arg("grad_ops") = std::vector<std::pair<int, float>>{},
           "Sends GradReady for gradients written into the slot's gradient region. "
           "`segments_without_grad`: the chunk's segments whose parameters have no gradient; "
           "`speculative`: sent during backward; `redo` (fuyou.v1.RedoReason): replaces the "
-          "chunk's update of the step, whose parameters were taken with wait_params.")
+          "chunk's update of the step, whose parameters were taken with wait_params; "
+          "`journal` (JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY): the daemon's copy of the chunk's "
+          "gradients of the step (REPLAY does not read the slot's gradient region); `grad_ops`: "
+          "[(GRAD_OP_MUL or GRAD_OP_DIV, operand)] applied to the journal first (ADD, REPLAY only).")
+      .def(
+          "journal_stats",
+          [](PySession& s, uint32_t chunk_id) -> py::object {
+            std::optional<JournalStats> stats = s.get().GetJournalStats(chunk_id);
+            if (!stats) return py::none();
+            std::vector<double> max_abs(stats->max_abs.begin(), stats->max_abs.end());
+            return py::make_tuple(stats->sum_squares, max_abs);
+          },
+          py::arg("chunk_id"),
+          "(sum_squares, max_abs) per segment of the chunk's journaled gradients after its latest "
+          "update that used a journal (before grad_scale), or None; valid once wait_params returned "
+          "for that update.")
       .def(
           "wait_params",
           [](PySession& s, uint32_t chunk_id, double timeout) {

@@ -166,6 +166,14 @@ def stream_message(session_ids, step):
                       num_elements=wild_u64())
     grad_sane = dict(step=steps, chunk_id=st.integers(0, 4), slot=st.integers(0, 3), hyper=hyper())
     grad_wild = dict(step=wild_i64(), chunk_id=wild_u32(), slot=wild_u32())
+    # The gradient journal (GradReady.journal, grad_ops), when the protos have it:
+    # mostly real uses and a redo, now and then unknown enums and too many ops.
+    if "journal" in pb.GradReady.DESCRIPTOR.fields_by_name:
+        grad_sane.update(journal=st.integers(0, 3), redo=st.integers(0, 2),
+                         grad_ops=st.lists(st.builds(pb.GradOp, kind=st.integers(1, 2),
+                                                     operand=st.sampled_from([0.5, 2.0, 1024.0])), max_size=2))
+        grad_wild.update(journal=wild_enum(), redo=wild_enum(),
+                         grad_ops=st.lists(st.builds(pb.GradOp, kind=wild_enum(), operand=f32()), max_size=70))
     step_only = (dict(step=steps), dict(step=wild_i64()))
     fetches = []
     if "fetch_weights" in pb.ClientMessage.DESCRIPTOR.fields_by_name:

@@ -487,10 +487,14 @@ class DaemonFuzz(RuleBasedStateMachine):
         if reply is not None and reply.WhichOneof("kind") == "step_committed":
             session.next_step = reply.step_committed.step + 1
 
-    @rule(i=fv.index(), fill=st.sampled_from(FILLS), hyper=fv.hyper())
+    @rule(i=fv.index(), fill=st.sampled_from(FILLS), hyper=fv.hyper(), journal=st.booleans(),
+          op=st.sampled_from([0.0, 0.5, 1e-30, 65504.0, float("inf"), float("nan")]))
     @step
-    def train_step(self, i, fill, hyper):
-        """A whole step, as a client would send it (with values of its choosing)."""
+    def train_step(self, i, fill, hyper, journal, op):
+        """A whole step, as a client would send it (with values of its choosing);
+        with `journal`, every chunk is kept (JOURNAL_USE_KEEP) and replayed with
+        one op before the step ends, as the streamed mode's redo does."""
+        journal = journal and "journal" in pb.GradReady.DESCRIPTOR.fields_by_name
         ready = [s for s in self.live if s.stream() and s.chunks]
         if not ready:
             return
@@ -503,8 +507,15 @@ class DaemonFuzz(RuleBasedStateMachine):
             stream = session.stream()
             if stream is None:
                 return
-            message = pb.ClientMessage(grad_ready=pb.GradReady(step=step, chunk_id=chunk_id, slot=slot, hyper=hyper))
-            stream.send(message.SerializeToString(), "grad_ready")
+            grad = pb.GradReady(step=step, chunk_id=chunk_id, slot=slot, hyper=hyper)
+            if journal:
+                grad.journal = pb.JOURNAL_USE_KEEP
+            stream.send(pb.ClientMessage(grad_ready=grad).SerializeToString(), "grad_ready")
+            if journal:
+                grad.journal = pb.JOURNAL_USE_REPLAY
+                grad.redo = pb.REDO_REASON_GRADIENTS_CHANGED
+                grad.grad_ops.add(kind=pb.GradOp.KIND_MUL, operand=op)
+                stream.send(pb.ClientMessage(grad_ready=grad).SerializeToString(), "grad_ready")
         stream = session.stream()
         if stream is not None:
             self._observe(session, stream.send(pb.ClientMessage(end_step=pb.EndStep(step=step)).SerializeToString(),

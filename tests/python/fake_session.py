@@ -41,11 +41,11 @@ class FakeSession:
         self.fetched = {}  # chunk_id -> deque of slots whose fetch was answered, oldest first
         self.in_flight = set()  # slots of fetches not yet taken by wait_weights
         self.backup = {}
+        self.journal = {}  # chunk -> its journaled gradients of the step (grad dtype)
+        self.journal_stats_by_chunk = {}
         self.log = []  # (kind, args) of every message, for assertions
         self.redone = []  # (chunk_id, RedoReason) of every redo
         self.aborts = []  # (step, AbortReason) of every AbortStep
-        self.journal = {}  # chunk_id -> gradients kept for the step (grad dtype), as the daemon's
-        self.journal_stats_ = {}  # chunk_id -> (sum of squares, max |x|) per segment
         self.closed = False
 
     @property
@@ -124,10 +124,37 @@ class FakeSession:
             self.backup[chunk_id] = {k: (v.clone() if torch.is_tensor(v) else
                                          (list(v) if isinstance(v, list) else v))
                                      for k, v in st.items()}
-        g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
-        if journal:
-            g = self._journal(chunk_id, journal, grad_ops, g.to(gdt), segments_without_grad,
-                              redo, st["segments"]).float()
+        if grad_ops and journal not in (2, 3):
+            raise InvalidArgument(f"chunk {chunk_id}: grad_ops only with JOURNAL_ADD or JOURNAL_REPLAY")
+        if journal in (2, 3) and (not redo or chunk_id not in self.journal):
+            raise FailedPrecondition(f"chunk {chunk_id} has no gradient journal in step {step}")
+        if journal == 0:
+            g = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).float()
+        else:  # as the daemon: every op in the grad dtype, rounded after each
+            if journal == 1:
+                kept = torch.frombuffer(self.grad[slot], dtype=gdt, count=n).clone()
+                offset = 0
+                for i, size in enumerate(st["segments"]):
+                    if i in set(segments_without_grad):
+                        kept[offset:offset + size] = 0
+                    offset += size
+            else:
+                kept = self.journal[chunk_id]
+                for kind, operand in grad_ops:
+                    kept = kept.mul(operand) if kind == 1 else kept.div(operand)
+                if journal == 2:
+                    kept = kept + torch.frombuffer(self.grad[slot], dtype=gdt, count=n)
+            self.journal[chunk_id] = kept
+            sums, maxes, offset = [], [], 0
+            for size in st["segments"]:
+                piece = kept[offset:offset + size].double()
+                offset += size
+                sums.append(float((piece * piece).sum()))
+                maxes.append(float("nan") if bool(piece.isnan().any()) else float(piece.abs().max()))
+            self.journal_stats_by_chunk[chunk_id] = (sums, maxes)
+            g = kept.float()
+        if journal == 0:
+            self.journal_stats_by_chunk.pop(chunk_id, None)
         if grad_scale not in (0.0, 1.0):
             g = g * torch.tensor(grad_scale, dtype=torch.float32)
         skip = set(segments_without_grad)
@@ -151,38 +178,8 @@ class FakeSession:
         torch.frombuffer(self.param[slot], dtype=pdt, count=n).copy_(st["master"].to(pdt))
         self.ready[chunk_id] = slot
 
-    def _journal(self, chunk_id, use, ops, slot_grads, without, redo, segments):
-        """GradReady.journal as the daemon does it: KEEP copies the slot (zeros
-        for segments without a gradient), ADD adds it after the ops, REPLAY
-        takes the journal after the ops; each op in grad dtype, rounded."""
-        if use == 1:
-            assert not ops, "grad_ops with JOURNAL_KEEP"
-            kept = slot_grads.clone()
-            offset = 0
-            for i, size in enumerate(segments):
-                if i in set(without):
-                    kept[offset:offset + size] = 0
-                offset += size
-        else:
-            if not redo or chunk_id not in self.journal:
-                raise FailedPrecondition(f"chunk {chunk_id} has no gradient journal in this step")
-            kept = self.journal[chunk_id]
-            for kind, x in ops:  # as torch's mul_/div_ on a tensor of that dtype
-                kept = kept.mul(x) if kind == 1 else kept.div(x)
-            if use == 2:
-                kept = kept + slot_grads
-        self.journal[chunk_id] = kept
-        sums, maxes, offset = [], [], 0
-        for size in segments:
-            piece = kept[offset:offset + size].double()
-            offset += size
-            sums.append(float(piece.square().sum()))
-            maxes.append(float(piece.abs().max()) if size else 0.0)
-        self.journal_stats_[chunk_id] = (sums, maxes)
-        return kept
-
     def journal_stats(self, chunk_id):
-        return self.journal_stats_.get(chunk_id)
+        return self.journal_stats_by_chunk.get(chunk_id)
 
     def wait_params(self, chunk_id, timeout):
         return self.ready.pop(chunk_id)

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -115,8 +116,33 @@ enum class AbortReason : int {
   kOverflow = 2,     // the client's loss scaler found inf or nan
 };
 
+// What a GradReady does with the chunk's gradient journal of the step (values
+// match fuyou.v1.JournalUse; see offload.proto).
+enum class JournalUse : int {
+  kNone = 0,    // the slot's gradients only
+  kKeep = 1,    // update from the slot and keep a copy as the chunk's journal
+  kAdd = 2,     // journal = ops(journal) + slot, update from it (a redo)
+  kReplay = 3,  // journal = ops(journal), update from it (a redo; the slot's gradients are not read)
+};
+
+// One in-place operation on a chunk's journaled gradients (fuyou.v1.GradOp),
+// applied in the gradients' dtype as torch's .grad.mul_(x) / .grad.div_(x).
+struct GradOp {
+  enum class Kind : int { kMul = 1, kDiv = 2 };
+  Kind kind = Kind::kMul;
+  float operand = 1.0f;
+};
+
+// Statistics of a chunk's journaled gradients after an update that used the
+// journal (ParamsReady fields 4-5), per segment: the sum of squares (fp64) and
+// the largest |x| (NaN when any is NaN), before hyper.grad_scale.
+struct JournalStats {
+  std::vector<double> sum_squares;
+  std::vector<float> max_abs;
+};
+
 // What a GradReady says besides the chunk, slot, step and hyper-parameters
-// (GradReady fields 5-7 in offload.proto).
+// (GradReady fields 5-9 in offload.proto).
 struct GradReadyOptions {
   // Segments (ascending, no repeats) whose parameters have no gradient in this
   // step: their weights, moments and update counts stay as they are.
@@ -126,6 +152,12 @@ struct GradReadyOptions {
   // Not kNone: replaces the chunk's update of this step (which must have been
   // taken with WaitParams/PullParams first).
   RedoReason redo = RedoReason::kNone;
+  // The chunk's gradient journal (streamed mode). With kReplay the slot's
+  // gradient region is not read: the caller need not write it.
+  JournalUse journal = JournalUse::kNone;
+  // In-place ops on the journal before it is used; only with kAdd and kReplay
+  // (the daemon refuses them otherwise, and more than 64).
+  std::vector<GradOp> grad_ops{};
 };
 
 // One of the fp32 optimizer states the daemon keeps per chunk (values match
@@ -197,6 +229,10 @@ class Session {
   // flight and WaitParams may be called again.
   absl::StatusOr<uint32_t> WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout);
   void ReleaseSlot(uint32_t slot);
+  // The journal statistics of chunk_id's latest answered update, when that
+  // update used a journal (GradReadyOptions.journal); nullopt otherwise. Valid
+  // once WaitParams (or PullParams) returned for that update.
+  std::optional<JournalStats> GetJournalStats(uint32_t chunk_id) const;
 
   // --- streaming weights (chunks registered with store_weights) -------------
   // Asks the daemon to copy the chunk's committed working weights (those of the

@@ -1,0 +1,120 @@
+#include "journal/journal_scratch.h"
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "fmt/format.h"
+
+namespace fuyou {
+namespace {
+
+constexpr char kJournalDir[] = "journal";
+
+// A session id as a file name: the id itself when it is plain, else its hash.
+std::string FileNameFor(const std::string& session_id) {
+  bool plain = !session_id.empty() && session_id.size() <= 64;
+  for (char c : session_id) {
+    plain = plain && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' ||
+                      c == '_');
+  }
+  if (plain) return session_id + ".spill";
+  return fmt::format("{:016x}.spill", std::hash<std::string>{}(session_id));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JournalScratch>> JournalScratch::Create(const std::vector<std::filesystem::path>& roots,
+                                                                       storage::IoEngine& io,
+                                                                       std::vector<storage::IoCounters*> counters) {
+  std::vector<storage::DirFd> dirs;
+  for (const std::filesystem::path& root : roots) {
+    FUYOU_ASSIGN_OR_RETURN(storage::DirFd root_dir, storage::DirFd::OpenRoot(root));
+    FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, root_dir.OpenOrCreateDir(kJournalDir, 0700));
+    // What an earlier daemon left: journals of sessions that no longer exist.
+    FUYOU_ASSIGN_OR_RETURN(std::vector<std::string> names, dir.List());
+    for (const std::string& name : names) {
+      if (absl::Status removed = dir.Unlink(name); !removed.ok()) {
+        log::Warn("cannot remove the leftover gradient journal {}: {}", (dir.path() / name).string(),
+                  removed.message());
+      } else {
+        log::Info("removed the leftover gradient journal {}", (dir.path() / name).string());
+      }
+    }
+    dirs.push_back(std::move(dir));
+  }
+  counters.resize(dirs.size(), nullptr);
+  return std::unique_ptr<JournalScratch>(new JournalScratch(io, std::move(dirs), std::move(counters)));
+}
+
+std::unique_ptr<JournalSpillFiles> JournalScratch::ForSession(const std::string& session_id) {
+  return std::unique_ptr<JournalSpillFiles>(new JournalSpillFiles(*this, FileNameFor(session_id)));
+}
+
+JournalSpillFiles::JournalSpillFiles(JournalScratch& scratch, std::string name)
+    : scratch_(scratch), name_(std::move(name)), files_(scratch.dirs_.size()) {}
+
+JournalSpillFiles::~JournalSpillFiles() {
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (!files_[i].file) continue;
+    files_[i].file.reset();  // waits for its transfers, closes
+    scratch_.dirs_[i].Unlink(name_).IgnoreError();
+  }
+}
+
+absl::StatusOr<JournalSpillFiles::Location> JournalSpillFiles::Allocate(uint64_t bytes) {
+  if (files_.empty()) {
+    return absl::ResourceExhaustedError("the daemon has no storage path for gradient journal scratch files");
+  }
+  if (bytes == 0 || bytes % storage::kBlockSize != 0) {
+    return absl::InvalidArgumentError(fmt::format("a journal spill of {} bytes is not whole blocks", bytes));
+  }
+  const uint32_t index = next_;
+  next_ = (next_ + 1) % static_cast<uint32_t>(files_.size());
+  File& file = files_[index];
+  if (!file.file) {
+    FUYOU_ASSIGN_OR_RETURN(file.file, scratch_.io_.OpenAt(scratch_.dirs_[index], name_, /*create=*/true,
+                                                           scratch_.counters_[index]));
+  }
+  if (file.end > UINT64_MAX - bytes) return absl::ResourceExhaustedError("journal scratch file offset overflow");
+  if (absl::Status reserved = file.file->Reserve(file.end + bytes); !reserved.ok()) {
+    return absl::Status(reserved.code(),
+                        fmt::format("cannot allocate {} bytes of gradient journal scratch in {}: {}", bytes,
+                                    file.file->path().string(), reserved.message()));
+  }
+  Location location{index, file.end, bytes};
+  file.end += bytes;
+  return location;
+}
+
+absl::Status JournalSpillFiles::Write(const Location& location, std::span<const std::byte> buffer) {
+  File& file = files_.at(location.file);
+  if (!file.file || buffer.size() != location.bytes) return absl::InternalError("journal spill write: bad location");
+  return file.file->Write(location.offset, buffer);
+}
+
+absl::Status JournalSpillFiles::Read(const Location& location, std::span<std::byte> buffer) {
+  File& file = files_.at(location.file);
+  if (!file.file || buffer.size() != location.bytes) return absl::InternalError("journal spill read: bad location");
+  return file.file->Read(location.offset, buffer);
+}
+
+void JournalSpillFiles::Clear() {
+  for (File& file : files_) {
+    if (file.file && file.end != 0) {
+      if (absl::Status truncated = file.file->Truncate(0); !truncated.ok()) {
+        log::Warn("cannot free gradient journal scratch {}: {}", file.file->path().string(), truncated.message());
+      }
+    }
+    file.end = 0;
+  }
+  next_ = 0;
+}
+
+uint64_t JournalSpillFiles::allocated_bytes() const {
+  uint64_t total = 0;
+  for (const File& file : files_) total += file.end;
+  return total;
+}
+
+std::filesystem::path JournalSpillFiles::path(uint32_t file) const { return scratch_.dirs_.at(file).path() / name_; }
+
+}  // namespace fuyou

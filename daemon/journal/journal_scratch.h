@@ -1,0 +1,100 @@
+// JournalScratch: where gradient journals go when the DRAM budget cannot hold
+// them: one scratch file per session and storage path, in <root>/journal/.
+//
+// Scratch files are never part of a job: they are not in any manifest, never
+// committed, and hold only the current step's journals of one live session.
+// Create removes everything an earlier daemon left in <root>/journal/ (a daemon
+// that died mid-step), so a restart starts with no scratch. A session's files
+// are created on first spill, truncated at step end, and unlinked when the
+// session ends (JournalSpillFiles' destructor).
+//
+// I/O goes through the daemon's IoEngine (O_DIRECT, io_uring), striped by
+// journal: each new spill goes to the next storage path in turn.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/dir_fd.h"
+#include "storage/io_engine.h"
+
+namespace fuyou {
+
+class JournalSpillFiles;
+
+class JournalScratch {
+ public:
+  // Makes <root>/journal (0700) under every root and empties it. `counters`
+  // (one per root, may be empty; not owned) receive the scratch traffic.
+  // FAILED_PRECONDITION when a root is not a writable directory.
+  static absl::StatusOr<std::unique_ptr<JournalScratch>> Create(const std::vector<std::filesystem::path>& roots,
+                                                                storage::IoEngine& io,
+                                                                std::vector<storage::IoCounters*> counters = {});
+
+  // The scratch files of session `session_id`, none created yet. Must not
+  // outlive this JournalScratch.
+  std::unique_ptr<JournalSpillFiles> ForSession(const std::string& session_id);
+
+  size_t roots() const { return dirs_.size(); }
+
+ private:
+  friend class JournalSpillFiles;
+  JournalScratch(storage::IoEngine& io, std::vector<storage::DirFd> dirs, std::vector<storage::IoCounters*> counters)
+      : io_(io), dirs_(std::move(dirs)), counters_(std::move(counters)) {}
+
+  storage::IoEngine& io_;
+  std::vector<storage::DirFd> dirs_;  // <root>/journal
+  std::vector<storage::IoCounters*> counters_;
+};
+
+// One session's scratch files. Not thread-safe (the session serialises its use).
+class JournalSpillFiles {
+ public:
+  // Where one journal lies: file (storage path index), offset and length, all
+  // multiples of storage::kBlockSize.
+  struct Location {
+    uint32_t file = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+
+  ~JournalSpillFiles();  // closes and unlinks the files
+  JournalSpillFiles(const JournalSpillFiles&) = delete;
+  JournalSpillFiles& operator=(const JournalSpillFiles&) = delete;
+
+  // Space for `bytes` (a multiple of kBlockSize) on the next storage path in
+  // turn, allocated on the device (fallocate): RESOURCE_EXHAUSTED when it is
+  // full, with the path named.
+  absl::StatusOr<Location> Allocate(uint64_t bytes);
+  // Blocking, O_DIRECT transfers of a whole location; `buffer` is aligned and
+  // exactly location.bytes long.
+  absl::Status Write(const Location& location, std::span<const std::byte> buffer);
+  absl::Status Read(const Location& location, std::span<std::byte> buffer);
+  // Frees every location (the files are truncated to 0; later Allocates start over).
+  void Clear();
+
+  // Bytes allocated now, over all files.
+  uint64_t allocated_bytes() const;
+  // The path of storage path `file`'s scratch file (tests).
+  std::filesystem::path path(uint32_t file) const;
+
+ private:
+  friend class JournalScratch;
+  JournalSpillFiles(JournalScratch& scratch, std::string name);
+
+  struct File {
+    std::unique_ptr<storage::StateFile> file;  // null until the first Allocate on this path
+    uint64_t end = 0;                          // bytes allocated
+  };
+  JournalScratch& scratch_;
+  const std::string name_;
+  std::vector<File> files_;
+  uint32_t next_ = 0;  // the storage path of the next Allocate
+};
+
+}  // namespace fuyou
