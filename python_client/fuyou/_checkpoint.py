@@ -232,18 +232,18 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: boo
     masters_by_index = model if model and all(isinstance(k, int) for k in model) else None
 
     per_param = []  # pidx -> (master or None, m, v, step)
-    for p in pipeline.params:
+    for p, shape in zip(pipeline.params, pipeline.param_shapes):  # p: a placeholder, streamed
         i = saved_index[id(p)]
         st = saved["state"].get(i)
         master = None
         if masters_by_index is not None and i in masters_by_index:
-            master = _tensor(masters_by_index[i], f"model weights of parameter {i}", p.shape)
+            master = _tensor(masters_by_index[i], f"model weights of parameter {i}", shape)
         if not st:
-            zeros = torch.zeros(p.numel(), dtype=torch.float32)
+            zeros = torch.zeros(math.prod(shape), dtype=torch.float32)
             per_param.append((master, zeros, zeros, 0))
             continue
-        m = _tensor(st.get("exp_avg"), f"exp_avg of parameter {i}", p.shape)
-        v = _tensor(st.get("exp_avg_sq"), f"exp_avg_sq of parameter {i}", p.shape)
+        m = _tensor(st.get("exp_avg"), f"exp_avg of parameter {i}", shape)
+        v = _tensor(st.get("exp_avg_sq"), f"exp_avg_sq of parameter {i}", shape)
         step = float(st.get("step", 0))
         if step < 0 or step != int(step):
             raise InvalidArgument(f"checkpoint: step of parameter {i} is {step}, not a count")
