@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The test command (.ci/run runs it): installs dependencies, builds, runs every
-# C++ and Python test registered with CTest, then the sanitizer pass. Exits
-# non-zero when anything fails.
+# The test command: installs dependencies, builds (the same build/ as the main
+# job: after deploy/main-job.sh nothing new is compiled), runs every C++ and
+# Python test registered with CTest once. Exits non-zero when anything fails.
 #
-#   1. build/ (RelWithDebInfo): every test except label `fuzz`.
-#   2. build-asan/ (ASan + UBSan, -O1, without the Python module and benchmarks):
-#      the C++ unit and integration tests of label `sanitizer`, then the RPC fuzz
-#      test (label `fuzz`) against the sanitized fuyoud.
+#   1. build/ (RelWithDebInfo): every test (the RPC fuzz test included).
+#   2. only with FUYOU_SANITIZERS=1 (what .ci/run sets): build-asan/ (ASan +
+#      UBSan, -O1, without the Python module and benchmarks): the C++ unit and
+#      integration tests of label `sanitizer`, then the RPC fuzz test (label
+#      `fuzz`) against the sanitized fuyoud; step 1 then leaves fuzz to it.
 #
-# Arguments select tests of step 1 and skip step 2 (unless FUYOU_SANITIZERS=1):
+# Arguments select tests of step 1:
 #   deploy/test.sh -L python      deploy/test.sh -R Storage      deploy/test.sh -L fuzz
 #
 # CTest labels:
@@ -25,44 +26,40 @@
 #                 against fuyoud, beside a legitimate job of another user
 #
 # Environment:
-#   FUYOU_SANITIZERS=0|1    skip step 2 / run it even when arguments were given
+#   FUYOU_SANITIZERS=0|1    skip step 2 (the default) / run it
 #   FUYOU_FUZZ_SECONDS=N    how long rpc_fuzz fuzzes (default 60)
 #   CTEST_PARALLEL_LEVEL=N  runs tests side by side
 #   ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS  override the defaults built into
 #                           sanitized binaries (cmake/sanitizer_options.cc)
-# Compiles through ccache when it is installed (CCACHE_DIR to keep it elsewhere).
+# Compiles through ccache when it is installed (deploy/build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/install-deps.sh
 
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  # Paths relative to the checkout, so that clones elsewhere share the cache.
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-fi
-
 elapsed() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
+sanitizers=${FUYOU_SANITIZERS:-0}
 
 start=$SECONDS
-deploy/build.sh "${launcher[@]}"
+deploy/build.sh
 elapsed "build" "$start"
 
 start=$SECONDS
 if [[ $# -gt 0 ]]; then
   ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure "$@"
-else
+elif [[ $sanitizers == 1 ]]; then
   ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -LE fuzz
+else
+  ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure
 fi
 elapsed "tests in ${BUILD_DIR:-build}" "$start"
 
-if [[ ${FUYOU_SANITIZERS:-$([[ $# -eq 0 ]] && echo 1 || echo 0)} != 1 ]]; then
+if [[ $sanitizers != 1 ]]; then
   exit 0
 fi
 
 start=$SECONDS
-BUILD_DIR=build-asan deploy/build.sh "${launcher[@]}" \
+BUILD_DIR=build-asan deploy/build.sh \
   -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g -O1" "-DCMAKE_C_FLAGS_DEBUG=-g -O1" \
   -DFUYOU_SANITIZE=address,undefined -DFUYOU_BUILD_PYTHON=OFF -DFUYOU_BUILD_BENCHMARKS=OFF
 elapsed "sanitizer build" "$start"
