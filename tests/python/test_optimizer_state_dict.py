@@ -343,7 +343,6 @@ def test_streamed_resume_from_torchs_model_and_optimizer_files(daemon_backend, t
 def test_streamed_files_into_torch(daemon_backend, tmp_path):
     """A streamed fuyou run's model.pt and optimizer.pt into a plain model and
     torch.optim.AdamW: torch continues exactly as the streamed run does."""
-    from test_stream_parameters import assert_matches_daemon  # noqa: F401
     import copy
     model, ref, torch_adamw_, offload_adamw = _streamed_pair(daemon_backend)
     opt = offload_adamw(daemon_backend, model.parameters())
