@@ -19,7 +19,8 @@ same data, same kernels):
   2. trainer: transformers.Trainer on a small LlamaForCausalLM built from a
      config (no download), optimizers=(opt, LambdaLR warmup), max_grad_norm=1.0,
      gradient_accumulation_steps=2, a few steps; the weights are snapshotted
-     after each step by a TrainerCallback.
+     after each step by a TrainerCallback; then the same Trainer with the model
+     streamed (offload_params, issue 19).
 Prints the largest weight difference per step and fuyou's loop_stats; exits 1
 when a check is beyond the tolerance, 2 when fuyou cannot run here (no daemon
 binary or binding), and 0 printing "skipped: no GPU" or "skipped: no
@@ -170,12 +171,16 @@ def check_gradscaler(daemon, compare, steps=8, inf_at=3, streamed=False):
 
 
 # ---------------------------------------------------------------- Trainer
-def check_trainer(daemon, compare, steps=6, k=2, batch=4, seq=32):
+def check_trainer(daemon, compare, steps=6, k=2, batch=4, seq=32, streamed=False):
+    """`streamed`: the fuyou model streamed (offload_params + stream_parameters):
+    the Trainer's clip and its undeclared accumulation passes go through the
+    FreedGrads and the daemon's gradient journal (issue 19)."""
     from torch.utils.data import Dataset, SequentialSampler
     from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
                               TrainingArguments)
 
-    print("trainer: transformers.Trainer, small Llama, max_grad_norm=1.0, "
+    check = "trainer-streamed" if streamed else "trainer"
+    print(f"{check}: transformers.Trainer, small Llama, max_grad_norm=1.0, "
           "gradient_accumulation_steps=2")
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -216,7 +221,10 @@ def check_trainer(daemon, compare, steps=6, k=2, batch=4, seq=32):
     for name in ("torch", "fuyou"):
         model = copy.deepcopy(base)
         opt = (new_torch(model.parameters()) if name == "torch" else
-               new_fuyou(daemon, model.parameters(), f"gpu-trainer-{os.getpid()}"))
+               new_fuyou(daemon, model.parameters(), f"gpu-{check}-{os.getpid()}",
+                         offload_params=streamed))
+        stream = (fuyou.stream_parameters(model, opt)
+                  if streamed and name == "fuyou" else None)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
         snaps = Snapshots()
         with tempfile.TemporaryDirectory() as out:
@@ -233,13 +241,15 @@ def check_trainer(daemon, compare, steps=6, k=2, batch=4, seq=32):
               f"{len(snaps.snaps)} steps")
         if name == "fuyou":
             print_loop_stats(opt)
+            if stream is not None:
+                stream.close()
             opt.close()
         runs[name] = snaps.snaps
     if len(runs["fuyou"]) != steps or len(runs["torch"]) != steps:
-        compare.failures.append(f"trainer: {len(runs['fuyou'])} fuyou and "
+        compare.failures.append(f"{check}: {len(runs['fuyou'])} fuyou and "
                                 f"{len(runs['torch'])} torch steps, want {steps}")
     for step, (got, want) in enumerate(zip(runs["fuyou"], runs["torch"])):
-        compare.weights("trainer", step, got, want)
+        compare.weights(check, step, got, want)
 
 
 def main() -> int:
@@ -269,6 +279,7 @@ def main() -> int:
             check_gradscaler(daemon, compare)
             check_gradscaler(daemon, compare, streamed=True)
             check_trainer(daemon, compare)
+            check_trainer(daemon, compare, streamed=True)
         finally:
             daemon.stop()
     if compare.failures:
