@@ -1,6 +1,6 @@
 """The gradients of an offload_params model: what happens to a chunk once a
-backward pass completed its gradients (the pipeline hands it over), and what
-the loop sees in ``.grad`` afterwards.
+backward pass completed its gradients (the streamed mode, _streamed.py, hands
+it over), and what the loop sees in ``.grad`` afterwards.
 
 - The step's last pass (``passes_per_step``: declared or learned), overlap on:
   the chunk is sent speculatively (from ``.grad``, or from its host copy when
