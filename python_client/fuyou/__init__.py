@@ -16,11 +16,13 @@ from typing import Optional
 from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, FuyouError,
                       InvalidArgument)
 from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
-from ._pipeline import LoopStats
+from ._admin import admin_client, admin_stats
+from ._loop_stats import LoopStats
 from ._materialize import init_empty, materialize
 from .optimizer import AdamW
 from ._stream import ParameterStream, stream_parameters
 from ._sizes import parse_size
+from . import _sharded
 
 __all__ = [
     "AdamW",
@@ -64,38 +66,11 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
         return optimizer.export_checkpoint(path, model)
     if path is None:
         raise InvalidArgument("export_checkpoint(shard_bytes=...) needs the directory path")
-    from . import _sharded
     with optimizer._lock:
         optimizer._check_usable()
         if optimizer.pipeline.in_step:
             raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
                                      "call it after step()")
-        if optimizer.offload is not None:
-            optimizer.offload.weights.drain_fetches()  # states are read only with no fetch in flight
+        optimizer._mode.quiesce()  # states are read only with no fetch in flight
         return _sharded.export_sharded(optimizer, optimizer.pipeline, path, model,
                                        int(shard_bytes))
-
-
-def admin_client(address: Optional[str] = None, timeout: float = 10.0):
-    """A connected fuyou._fuyou.AdminClient (health, get_stats, list_sessions,
-    list_jobs, delete_job). `address` None: the default socket, or else the
-    embedded daemon this process started."""
-    from . import _native
-    from .daemon import _require_listening, resolve_admin_address, socket_path_of, to_address
-    target = to_address(address) if address else resolve_admin_address()
-    path = socket_path_of(target)
-    if path is not None:
-        _require_listening(path, target, min(timeout, 2.0), hint="")
-    return _native.module().AdminClient.connect(target, timeout)
-
-
-def admin_stats(address: Optional[str] = None, timeout: float = 10.0) -> dict:
-    """fuyoud's GetStats as a dict: scope ("daemon" for root and the daemon's
-    user; "user" for anyone else, whose counters are their own activity only and
-    who get no storage paths or DRAM figures), uid, storage (list of dicts with
-    path, bytes_read, bytes_written, read_gbps, write_gbps, direct_io; empty in
-    scope "user"), bytes_read, bytes_written, read_gbps, write_gbps (totals),
-    chunk_updates, params_updated, chunk_updates_per_second,
-    params_updated_per_second, dram_bytes_in_use, dram_budget_bytes, cache_hits,
-    cache_misses, live_sessions, steps_committed, uptime_seconds."""
-    return admin_client(address, timeout).get_stats()

@@ -24,48 +24,16 @@ import torch
 
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
-from ._pipeline import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER, ChunkPipeline
+from . import _sharded
+from ._chunk_weights import install
+from ._pipeline import ChunkPipeline
+from ._protocol import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER
+from ._torch_format import HYPER_KEYS, torch_indices, torch_param_groups
 
 __all__ = ["export_state", "torch_state", "committed_states", "moment_bytes", "plan_import",
-           "apply_import", "apply_load", "STATE_MASTER", "STATE_EXP_AVG",
-           "STATE_EXP_AVG_SQ"]
-
-# What torch 1.13's AdamW.state_dict() puts in each param group besides
-# lr, betas, eps, weight_decay and params; fuyou implements exactly these values.
-_TORCH_GROUP_DEFAULTS = {"amsgrad": False, "foreach": None, "maximize": False,
-                         "capturable": False}
-_HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr", "maximize")
-
-
-def _torch_indices(param_groups) -> Dict[int, int]:
-    """id(param) -> the index torch.optim.Optimizer.state_dict() gives it."""
-    mapping: Dict[int, int] = {}
-    start = 0
-    for group in param_groups:
-        for i, p in enumerate(group["params"], start):
-            mapping.setdefault(id(p), i)
-        start += len(group["params"])
-    return mapping
-
+           "apply_import", "apply_load"]
 
 # --------------------------------------------------------------------- export
-def torch_param_groups(opt, index: Dict[int, int]) -> List[dict]:
-    """`opt`'s param_groups as torch.optim.AdamW.state_dict() gives them: the
-    parameters as their indices (`index`: id(param) -> index), and the keys of
-    torch 1.13's AdamW groups."""
-    groups = []
-    for g in opt.param_groups:
-        saved = {k: v for k, v in g.items() if k != "params"}
-        for key, value in _TORCH_GROUP_DEFAULTS.items():
-            saved.setdefault(key, value)
-        for key in ("fused", "differentiable"):  # not in torch 1.13's AdamW groups
-            if saved.get(key) in (None, False):
-                saved.pop(key, None)
-        saved["params"] = [index[id(p)] for p in g["params"]]
-        groups.append(saved)
-    return groups
-
-
 def moment_bytes(pipeline: ChunkPipeline) -> int:
     """Bytes of fp32 exp_avg and exp_avg_sq of every trainable parameter."""
     return sum(2 * 4 * math.prod(shape) for shape in pipeline.param_shapes)
@@ -85,7 +53,7 @@ def committed_states(opt, pipeline: ChunkPipeline, indices: Optional[List[int]] 
     chunks = pipeline.chunks if indices is None else list(
         {c.chunk_id: c for pidx in wanted for c in pipeline.chunks_of_param(pidx)}.values())
     for c in chunks:
-        states, _t = pipeline.read_states(c)
+        states, _t = pipeline.states.read(c)
         # Adam's t per segment: a parameter without a gradient in some step has
         # fewer updates than the others of its chunk, as in torch.
         for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
@@ -111,7 +79,7 @@ def torch_state(opt, pipeline: ChunkPipeline, states=None) -> Dict[int, dict]:
     "exp_avg", "exp_avg_sq"}``; parameters never updated have none, as in torch."""
     if states is None:
         states = committed_states(opt, pipeline)
-    index = _torch_indices(opt.param_groups)
+    index = torch_indices(opt.param_groups)
     state: Dict[int, dict] = {}
     for pidx, p in enumerate(pipeline.params):
         _master, m, v, t = states[pidx]
@@ -128,7 +96,7 @@ def export_state(opt, pipeline: ChunkPipeline, model: Optional[torch.nn.Module] 
     by their fp32 master weights; else "model" maps param index -> fp32 weights."""
     params = pipeline.params  # trainable, by param_index
     states = committed_states(opt, pipeline)
-    index = _torch_indices(opt.param_groups)
+    index = torch_indices(opt.param_groups)
     state = torch_state(opt, pipeline, states)
     # id(param) -> fp32 master, shaped like the param
     masters = {id(p): states[pidx][0] for pidx, p in enumerate(params)}
@@ -205,7 +173,6 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: boo
     InvalidArgument before anything is written. A sharded checkpoint (a
     directory or index file, see _sharded.py) is checked from its indexes and
     read chunk by chunk, one shard at a time, when the plan is applied."""
-    from . import _sharded
     if _sharded.is_sharded(init_from):
         reader = _sharded.ShardReader(init_from)
         if not reader.has_optimizer_states:
@@ -268,7 +235,7 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: boo
                 master[dst] = (pm if pm is not None else
                                seg.param.detach().float().reshape(-1))[seg.start:seg.end]
         chunks.append(ChunkImport(c, master, m, v, steps))
-    hyper = [{k: sg[k] for k in _HYPER_KEYS if k in sg} for sg in groups]
+    hyper = [{k: sg[k] for k in HYPER_KEYS if k in sg} for sg in groups]
     return ImportPlan(chunks, hyper)
 
 
@@ -278,7 +245,6 @@ def apply_import(opt, pipeline: ChunkPipeline, plan) -> None:
     `opt`. The job must be new: importing over trained states would silently mix
     two runs."""
     if isinstance(plan, ShardedImportPlan):
-        from . import _sharded
         try:
             _sharded.import_optimizer_states(opt, plan.reader, install=True, pipeline=pipeline)
         finally:
@@ -290,16 +256,16 @@ def apply_import(opt, pipeline: ChunkPipeline, plan) -> None:
             f"{pipeline.committed_step}); choose a new job name or delete the job")
     for ci in plan.chunks:
         if ci.master is not None:
-            pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
+            pipeline.states.write(ci.chunk, STATE_MASTER, ci.master)
         if any(ci.steps):  # a new chunk's moments and counts are already zero
-            pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
-            pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
-            pipeline.set_update_count(ci.chunk, ci.steps)
-    pipeline.commit_import()
+            pipeline.states.write(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
+            pipeline.states.write(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
+            pipeline.states.set_update_count(ci.chunk, ci.steps)
+    pipeline.states.commit_import()
     with torch.no_grad():
         for ci in plan.chunks:
             if ci.master is not None:
-                pipeline.install(ci.chunk, ci.master.to(ci.chunk.dtype))
+                install(ci.chunk, ci.master.to(ci.chunk.dtype))
     for group, hyper in zip(opt.param_groups, plan.hyper):
         group.update(hyper)
 
@@ -313,8 +279,8 @@ def apply_load(pipeline: ChunkPipeline, plan: ImportPlan) -> None:
         raise FailedPrecondition("load_state_dict during a step: call it between steps")
     for ci in plan.chunks:
         if ci.master is not None:  # None: offload_params keeps the daemon's weights
-            pipeline.write_state(ci.chunk, STATE_MASTER, ci.master)
-        pipeline.write_state(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
-        pipeline.write_state(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
-        pipeline.set_update_count(ci.chunk, ci.steps)
-    pipeline.commit_import()
+            pipeline.states.write(ci.chunk, STATE_MASTER, ci.master)
+        pipeline.states.write(ci.chunk, STATE_EXP_AVG, ci.exp_avg)
+        pipeline.states.write(ci.chunk, STATE_EXP_AVG_SQ, ci.exp_avg_sq)
+        pipeline.states.set_update_count(ci.chunk, ci.steps)
+    pipeline.states.commit_import()

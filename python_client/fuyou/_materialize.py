@@ -37,6 +37,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import torch
 import torch.nn as nn
 
+from . import _sharded
 from ._errors import InvalidArgument
 
 __all__ = ["init_empty", "materialize", "is_empty", "job_of"]
@@ -228,7 +229,6 @@ def materialize(model: nn.Module, optimizer=None, *, init: Optional[Callable] = 
     loaded from the checkpoint when it holds them, moved to `device` when given,
     and kept in the model.
     """
-    from . import _sharded
     offload = None
     if optimizer is not None:
         offload = getattr(optimizer, "offload", None)

@@ -34,6 +34,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ._admin import admin_client
+from ._chunk_weights import gather_weights
 from ._chunking import plan_module_chunks
 from .daemon import socket_path_of, to_address
 from ._errors import FailedPrecondition, InvalidArgument
@@ -62,9 +64,12 @@ class OffloadedParams:
     time), then streaming.
     """
 
-    def __init__(self, optimizer, pipeline, chunk_bytes: int, timeout: float):
+    def __init__(self, optimizer, pipeline, hooks, chunk_bytes: int, timeout: float):
+        """`hooks`: the streamed mode's BackwardHooks, installed on each
+        parameter as its module is registered."""
         self._optimizer = weakref.ref(optimizer)
         self._pipeline = pipeline
+        self._hooks = hooks
         self._chunk_bytes = int(chunk_bytes)
         self._timeout = float(timeout)
         self._lock = pipeline.lock
@@ -159,7 +164,6 @@ class OffloadedParams:
         if path is None or not stat.S_ISSOCK(_mode(path)):
             return False  # not a fuyoud socket (a fake session): committed_step decides
         try:  # chunks registered but no step committed yet: the daemon's job list
-            from . import admin_client
             jobs = admin_client(opt.address, min(self._timeout, 5.0)).list_jobs()
         except Exception:
             return False
@@ -204,8 +208,8 @@ class OffloadedParams:
                     if on_meta:
                         buf = torch.zeros(c.num_elements, dtype=c.dtype)
                     else:
-                        buf = pipeline.gather_weights(c)
-                    resumed = pipeline.register_chunk(c, buf, store_weights=True)
+                        buf = gather_weights(c)
+                    resumed = pipeline.states.register(c, buf, store_weights=True)
                     if on_meta and not resumed:
                         raise FailedPrecondition(
                             f"job {opt.job!r} has no chunk {c.chunk_id:#x} for module "
@@ -224,7 +228,7 @@ class OffloadedParams:
                 # The AccumulateGrad node takes its shape, dtype and device from the
                 # parameter: made while it looks like itself, kept across set_data.
                 p.data = torch.empty(1, dtype=m.dtype, device=block.device).expand(m.shape)
-                pipeline.install_hooks([m.index])
+                self._hooks.install([m.index])
                 p.data = placeholder(m.dtype, block.device)
             block.registered = True
             if resumed_any:

@@ -1,6 +1,6 @@
 """The gradients of an offload_params model: what happens to a chunk once a
-backward pass completed its gradients (the pipeline hands it over), and what
-the loop sees in ``.grad`` afterwards.
+backward pass completed its gradients (the streamed mode, _streamed.py, hands
+it over), and what the loop sees in ``.grad`` afterwards.
 
 - The step's last pass (``passes_per_step``: declared or learned), overlap on:
   the chunk is sent speculatively (from ``.grad``, or from its host copy when
@@ -39,6 +39,7 @@ import torch
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
 from ._freed_grad import OP_MUL, FreedGrad, GradRecord
+from ._protocol import ABORT_SKIPPED_STEP
 from ._weight_cache import Block, WeightCache
 
 __all__ = ["OffloadedGradients"]
@@ -82,7 +83,7 @@ class OffloadedGradients:
                     "the gradients of the last step (fuyou freed them when step() committed "
                     "it); call zero_grad() after step(), as torch would otherwise add this "
                     "step's gradients to the last step's")
-            sent = pipeline.sent_ids()
+            sent = pipeline.sent
             journaled = [c for c in pipeline.chunks_of_param(index)
                          if c.chunk_id in sent and c.chunk_id not in self._adding]
             if journaled and record.zeroed:
@@ -196,7 +197,7 @@ class OffloadedGradients:
             if host is not None:
                 t = torch.linalg.vector_norm(host[0], dtype=torch.float32).square()
                 out.append(float(t))
-            elif c.chunk_id not in pipeline.sent_ids():
+            elif c.chunk_id not in pipeline.sent:
                 pieces = [seg.param.grad.detach().reshape(-1)[seg.start:seg.end]
                           for seg in c.segments
                           if seg.param.grad is not None and not isinstance(seg.param.grad, FreedGrad)]
@@ -251,7 +252,7 @@ class OffloadedGradients:
         are still in ``.grad`` (a pass that left some parameter without one, or
         a parameter whose .grad was zeroed: it updates with zeros, as in torch)."""
         pipeline = self._pipeline
-        sent = pipeline.sent_ids()
+        sent = pipeline.sent
         for c in pipeline.chunks:
             if c.chunk_id in sent:
                 continue
@@ -295,7 +296,6 @@ class OffloadedGradients:
 
     # ------------------------------------------------------------ internals
     def _abandon(self, skipped: bool) -> None:
-        from ._pipeline import ABORT_SKIPPED_STEP
         self._pipeline.abort(ABORT_SKIPPED_STEP if skipped else 0)
         self._pipeline.reset_passes()
         self.reset_step()
@@ -329,7 +329,7 @@ class OffloadedGradients:
         return list(lists.pop()) if lists else []
 
     def _was_added(self, c: Chunk) -> bool:
-        sent = self._pipeline.sent_info(c.chunk_id)
+        sent = self._pipeline.sent.get(c.chunk_id)
         return sent is not None and sent.journal_added
 
     def _daemon_stats(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """The chunk pipeline's sender thread: runs its jobs (callables) in order, off
-the autograd thread (see _pipeline.py, "Threads")."""
+the autograd thread (see _slots.py: the jobs fill the session's slots)."""
 
 from __future__ import annotations
 

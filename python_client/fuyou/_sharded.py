@@ -34,7 +34,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._errors import FailedPrecondition, InvalidArgument
-from ._pipeline import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER
+from ._chunk_weights import install as install_weights
+from ._protocol import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER
+from ._torch_format import HYPER_KEYS, torch_indices, torch_param_groups
 
 __all__ = ["export_sharded", "ShardReader", "import_optimizer_states", "is_sharded",
            "WEIGHTS_INDEX", "OPTIMIZER_INDEX"]
@@ -140,7 +142,6 @@ class _ShardWriter:
 
 def _groups_json(opt, index: Dict[int, int]) -> list:
     """torch's param_groups of `opt`, as JSON takes them (betas a list)."""
-    from ._checkpoint import torch_param_groups
     groups = torch_param_groups(opt, index)
     for saved in groups:
         saved["betas"] = list(saved["betas"])
@@ -151,7 +152,6 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     """Writes the sharded checkpoint of `opt`'s job at its last commit into the
     directory `path` (see the module doc). `model`: names from its state_dict;
     None: parameters named by their index (as strings). Returns the two indexes."""
-    from ._checkpoint import _torch_indices
     if shard_bytes < 1:
         raise InvalidArgument(f"shard_bytes must be positive, got {shard_bytes}")
     directory = Path(path)
@@ -159,7 +159,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     params = pipeline.params
     pidx_of = {id(p): i for i, p in enumerate(params)}
     shape_of = _shapes_of(pipeline)
-    index = _torch_indices(opt.param_groups)
+    index = torch_indices(opt.param_groups)
 
     # What goes where, in the model's order: (name, tensor or None for a trained param).
     entries: List[Tuple[str, torch.Tensor]] = []
@@ -223,7 +223,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
         for c, seg in chunks_of[pidx]:
             states = cache.get(c.chunk_id)
             if states is None:
-                states, _t = pipeline.read_states(c)
+                states, _t = pipeline.states.read(c)
                 cache[c.chunk_id] = states
                 peak_chunk_bytes = max(peak_chunk_bytes,
                                        sum(s.numel() * 12 for s in (x[0] for x in cache.values())))
@@ -445,7 +445,6 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
     new job, chunk by chunk, commits them as one import and takes the groups'
     hyper-parameters over. `install`: also copy the masters into the parameters
     (an ordinary fuyou.AdamW; an offload one's parameters are placeholders)."""
-    from ._checkpoint import _HYPER_KEYS
     pipeline = pipeline if pipeline is not None else opt.pipeline
     if getattr(opt, "resumed", False) or pipeline.committed_step != 0:
         raise FailedPrecondition(
@@ -474,19 +473,19 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
                     i = saved_index[id(seg.param)]
                     values[seg.offset:seg.offset + seg.numel] = \
                         shards.get(key(i)).reshape(-1)[seg.start:seg.end]
-            pipeline.write_state(c, kind, values)
+            pipeline.states.write(c, kind, values)
             if install and kind == STATE_MASTER:
                 with torch.no_grad():
-                    pipeline.install(c, values.to(c.dtype))
+                    install_weights(c, values.to(c.dtype))
             del values
         shards.close()
         release_freed_memory()
     for c in pipeline.chunks:
         if any(counts[c.chunk_id]):
-            pipeline.set_update_count(c, counts[c.chunk_id])
-    pipeline.commit_import()
+            pipeline.states.set_update_count(c, counts[c.chunk_id])
+    pipeline.states.commit_import()
     for group, sg in zip(opt.param_groups, meta["param_groups"]):
-        hyper = {k: sg[k] for k in _HYPER_KEYS if k in sg}
+        hyper = {k: sg[k] for k in HYPER_KEYS if k in sg}
         if "betas" in hyper:
             hyper["betas"] = tuple(hyper["betas"])
         group.update(hyper)

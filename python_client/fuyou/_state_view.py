@@ -64,8 +64,7 @@ class StateView(Mapping):
                 raise FailedPrecondition(
                     f"opt.state[p] of job {opt.job!r} during a step: the daemon has the "
                     "moments of the last committed step; read them after step()")
-            if opt.offload is not None:
-                opt.offload.weights.drain_fetches()
+            opt._mode.quiesce()
             _master, m, v, t = _checkpoint.committed_states(opt, opt._pipeline, [pidx])[pidx]
         return types.MappingProxyType(
             {"step": torch.tensor(float(t)), "exp_avg": m, "exp_avg_sq": v})

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._errors import FailedPrecondition
-from ._pipeline import STATE_MASTER
+from ._protocol import STATE_MASTER
 from ._sizes import parse_size
 
 __all__ = ["StreamedStateDict", "default_state_dict_limit", "STATE_DICT_LIMIT_ENV",
@@ -313,8 +313,8 @@ class StreamedStateDict:
                     _b, m, value = found
                     flat = value.detach().to(device="cpu", dtype=m.dtype).reshape(-1)
                     master[seg.offset:seg.offset + seg.numel] = flat[seg.start:seg.end].float()
-            pipeline.write_state(c, STATE_MASTER, master)
-        pipeline.commit_import()
+            pipeline.states.write(c, STATE_MASTER, master)
+        pipeline.states.commit_import()
         self.generation += 1
         offload.weights_loaded += 1  # weights saved for backward before it are stale
         weights.drop_cache()

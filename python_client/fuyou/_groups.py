@@ -1,0 +1,87 @@
+"""What fuyou.AdamW accepts: its constructor's arguments, its parameter groups
+when it is made, and the groups as the loop edits them between steps (an LR
+scheduler, a hand-set ``lr``; torch.optim.AdamW would take or ignore what
+fuyou refuses). Each check raises (or returns) an error naming what to change."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._errors import InvalidArgument
+from ._materialize import is_empty, job_of
+from ._protocol import MAX_SLOTS
+
+__all__ = ["check_arguments", "check_groups", "edited_group_error"]
+
+
+def check_arguments(*, lr, betas, eps, weight_decay, job, num_slots, accumulation_steps,
+                    max_grad_norm, timeout, state_dict_max_bytes) -> None:
+    """The constructor's ranges (torch's messages for torch's arguments)."""
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid betas: {betas}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    if job is not None and (not isinstance(job, str) or not job):
+        raise ValueError("job must be a non-empty string")
+    if not 1 <= num_slots <= MAX_SLOTS:
+        raise ValueError(f"num_slots must be in 1..{MAX_SLOTS}, got {num_slots}")
+    if accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0, got {timeout}")
+    if state_dict_max_bytes is not None and state_dict_max_bytes < 0:
+        raise ValueError(f"state_dict_max_bytes must be >= 0 or None, got {state_dict_max_bytes}")
+
+
+def check_groups(param_groups, job: Optional[str], offload_params: bool) -> str:
+    """The groups torch built from the constructor's arguments: no parameter
+    without values unless streamed, no amsgrad. Returns the job: `job`, or the
+    one fuyou.init_empty(job=) recorded on the parameters."""
+    if job is None:
+        job = job_of(param_groups)
+        if job is None:
+            raise ValueError("job must be a non-empty string (or the parameters built in "
+                             "fuyou.init_empty(job=...), which records it)")
+    if not offload_params and any(is_empty(p) for g in param_groups for p in g["params"]):
+        raise InvalidArgument(
+            f"fuyou.AdamW of job {job!r}: parameters built in fuyou.init_empty (or on meta) "
+            "hold no values; fuyou.materialize(model) them first, or open the optimizer with "
+            "offload_params=True and call fuyou.materialize(model, optimizer)")
+    for i, group in enumerate(param_groups):
+        if group["amsgrad"]:
+            raise NotImplementedError(
+                f"fuyou.AdamW does not implement amsgrad=True (parameter group {i}): the "
+                "daemon keeps three states per chunk (master weights, exp_avg, exp_avg_sq), "
+                "not AMSGrad's running maximum of exp_avg_sq; use amsgrad=False or "
+                "torch.optim.AdamW")
+    return job
+
+
+def edited_group_error(i: int, group: dict) -> Optional[Exception]:
+    """What is wrong with parameter group `i` as the loop left it (amsgrad set,
+    a hyper-parameter out of the constructor's ranges): an exception for step()
+    to raise, or None."""
+    if group.get("amsgrad"):
+        return NotImplementedError(
+            f"fuyou.AdamW: parameter group {i} has amsgrad=True (set after "
+            "construction); the daemon keeps no running maximum of exp_avg_sq: set it "
+            "back to False or use torch.optim.AdamW")
+    try:
+        lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+    except (KeyError, TypeError, ValueError) as e:
+        return ValueError(f"fuyou.AdamW: parameter group {i} lacks a usable lr, betas, "
+                          f"eps or weight_decay ({e!r})")
+    if not (lr >= 0.0 and eps >= 0.0 and wd >= 0.0 and 0.0 <= beta1 < 1.0
+            and 0.0 <= beta2 < 1.0):
+        return ValueError(
+            f"fuyou.AdamW: parameter group {i} was set to lr={lr}, betas=({beta1}, "
+            f"{beta2}), eps={eps}, weight_decay={wd}; the constructor's ranges hold "
+            "mid-run too (lr, eps, weight_decay >= 0, 0 <= beta < 1)")
+    return None

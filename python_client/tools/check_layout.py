@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Checks the layout measures of the fuyou package (issue 21): no module over
+500 lines, no import cycle among its modules (module-level and function-level
+imports alike), no private module importing from the package's __init__.
+
+    /usr/bin/python3 python_client/tools/check_layout.py [--graph]
+
+Prints each module's line count and imports; exits 1 when a measure fails."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fuyou"
+MAX_LINES = 500
+
+
+def imports_of(path: Path) -> set:
+    """The package modules `path` imports, anywhere in the file ("" is __init__)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:  # from . import x / from .x import y
+                if node.module:
+                    found.add(node.module.split(".")[0])
+                else:
+                    for alias in node.names:
+                        mod = PACKAGE / f"{alias.name}.py"
+                        found.add(alias.name if mod.exists() else "")
+            elif node.module and (node.module == "fuyou" or node.module.startswith("fuyou.")):
+                rest = node.module.split(".")[1:]
+                found.add(rest[0] if rest else "")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("fuyou."):
+                    found.add(alias.name.split(".")[1])
+    return found
+
+
+def cycles(graph: dict) -> list:
+    """Every elementary cycle found by a depth-first search (one per back edge)."""
+    out, state, stack = [], {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if m not in graph:
+                continue
+            if state.get(m) == 1:
+                out.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return out
+
+
+def main() -> int:
+    graph, failures = {}, []
+    for path in sorted(PACKAGE.glob("*.py")):
+        name = "" if path.stem == "__init__" else path.stem
+        lines = len(path.read_text().splitlines())
+        deps = imports_of(path) - {name}
+        graph[name] = deps
+        print(f"{lines:5d}  {path.name:24s} -> {', '.join(sorted(d or '__init__' for d in deps))}")
+        if lines > MAX_LINES:
+            failures.append(f"{path.name}: {lines} lines (> {MAX_LINES})")
+        if name and "" in deps:
+            failures.append(f"{path.name} imports from the package's __init__")
+    for cycle in cycles({k: v for k, v in graph.items() if k}):
+        failures.append("import cycle: " + " -> ".join(cycle))
+    for f in failures:
+        print("FAIL", f)
+    print("ok" if not failures else f"{len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
