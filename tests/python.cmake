@@ -18,6 +18,11 @@ if(TARGET _fuyou AND TARGET fuyoud)
     ENVIRONMENT "FUYOU_DAEMON=$<TARGET_FILE:fuyoud>;PYTHONPATH=${CMAKE_SOURCE_DIR}/python_client;FUYOU_EMBEDDED=0"
     LABELS "python;gpu"
     TIMEOUT 300)
+  # The client's layout (issue 21): no import cycle, no file over 500 lines.
+  add_test(NAME python_layout
+    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/python_client/tools/check_layout.py
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(python_layout PROPERTIES LABELS "python;unit" TIMEOUT 60)
 else()
   message(STATUS "fuyou: python_tests not registered (needs targets _fuyou and fuyoud)")
 endif()
