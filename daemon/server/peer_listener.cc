@@ -6,10 +6,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/log.h"
+#include "common/log_throttle.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "grpcpp/server.h"
@@ -18,7 +21,8 @@
 
 namespace fuyou {
 
-absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::filesystem::path& path, mode_t mode) {
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::filesystem::path& path, mode_t mode,
+                                                                   ConnectionLimits limits) {
   absl::StatusOr<int> listening = ListenOnSocketPath(path, mode);
   if (!listening.ok()) return listening.status();
   const int fd = *listening;
@@ -28,10 +32,11 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::fi
     ::close(fd);
     return ErrnoStatus(err, "eventfd");
   }
-  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake));
+  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake, limits));
 }
 
-PeerListener::PeerListener(int listen_fd, int wake_fd) : listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+PeerListener::PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits)
+    : listen_fd_(listen_fd), wake_fd_(wake_fd), connections_(limits) {}
 
 PeerListener::~PeerListener() {
   Stop();
@@ -51,7 +56,15 @@ void PeerListener::Stop() {
 }
 
 void PeerListener::AcceptLoop(grpc::Server* server) {
+  // Whatever a peer can repeat is logged at most once per period.
+  LogThrottle accept_failures(std::chrono::seconds(10));
+  LogThrottle refusals(std::chrono::seconds(10));
   pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  // After a failed accept (EMFILE, ENFILE, ENOBUFS...) the loop sleeps this long,
+  // doubling from 50 ms up to 1 s, before it tries again: the connection stays
+  // in the backlog and the socket stays readable, so retrying at once would
+  // spin a core (issue 20: 10 million log lines in 40 s).
+  std::chrono::milliseconds backoff(0);
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -62,23 +75,41 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
     // gRPC drives the connection with non-blocking I/O.
     int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (connection < 0) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-        log::Warn("accept on the daemon socket failed: {}", std::strerror(errno));
+      const int err = errno;
+      if (err == EAGAIN || err == EINTR || err == ECONNABORTED) {
+        backoff = std::chrono::milliseconds(0);
+        continue;
       }
+      backoff = std::clamp(backoff * 2, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+      if (auto held_back = accept_failures.Allow()) {
+        log::Warn("accept on the daemon socket failed: {}; retrying in {} ms ({} more failures not logged)",
+                  std::strerror(err), backoff.count(), *held_back);
+      }
+      // Sleep through the backoff unless asked to stop.
+      pollfd wake{wake_fd_, POLLIN, 0};
+      if (::poll(&wake, 1, static_cast<int>(backoff.count())) > 0) return;
       continue;
     }
+    backoff = std::chrono::milliseconds(0);
     const std::optional<PeerCredentials> credentials = ReadPeerCredentials(connection);
     if (!credentials) {
-      log::Warn("cannot read the peer credentials of a connection ({}); refusing it", std::strerror(errno));
+      if (auto held_back = refusals.Allow()) {
+        log::Warn("cannot read the peer credentials of a connection ({}); refusing it ({} more refusals not logged)",
+                  std::strerror(errno), *held_back);
+      }
       ::close(connection);
       continue;
     }
-    {
-      std::lock_guard lock(mutex_);
-      peers_[connection] = *credentials;
+    if (absl::Status admitted = connections_.Admit(connection, *credentials); !admitted.ok()) {
+      if (auto held_back = refusals.Allow()) {
+        log::Warn("{} ({} more refused connections not logged)", admitted.message(), *held_back);
+      }
+      ::close(connection);
+      continue;
     }
-    // gRPC owns the fd from here and closes it with the connection; a reused fd
-    // number overwrites the entry above before any call on it can arrive.
+    // gRPC owns the fd from here and closes it with the connection; the table
+    // notices (ConnectionTable::Sweep), and a reused fd number replaces the
+    // entry before any call on it can arrive.
     grpc::AddInsecureChannelFromFd(server, connection);
   }
 }
@@ -91,10 +122,7 @@ std::optional<PeerCredentials> PeerListener::PeerOf(const std::string& peer) con
   } catch (...) {
     return std::nullopt;
   }
-  std::lock_guard lock(mutex_);
-  auto it = peers_.find(fd);
-  if (it == peers_.end()) return std::nullopt;
-  return it->second;
+  return connections_.PeerOf(fd);
 }
 
 std::optional<PeerCredentials> ReadPeerCredentials(int connected_socket) {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "server/connection_table.h"
 
 namespace grpc {
 class Server;
@@ -27,17 +28,14 @@ class Server;
 
 namespace fuyou {
 
-struct PeerCredentials {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
-
 class PeerListener {
  public:
   // Binds `path` (which PrepareSocketPath has cleared) with permissions `mode`
-  // and listens (ListenOnSocketPath).
-  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::filesystem::path& path, mode_t mode);
+  // and listens (ListenOnSocketPath). Each connection is admitted against
+  // `limits` (ConnectionTable) before gRPC sees it; a refused one is closed at
+  // once, and the refusals are logged at most once per 10 s with a count.
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::filesystem::path& path, mode_t mode,
+                                                              ConnectionLimits limits = {});
   // Stops accepting and closes the listening socket (not the socket file).
   ~PeerListener();
 
@@ -48,16 +46,17 @@ class PeerListener {
 
   // Credentials of the connection a call came in on (ServerContext::peer()).
   std::optional<PeerCredentials> PeerOf(const std::string& peer) const;
+  // The live connections and their limits.
+  const ConnectionTable& connections() const { return connections_; }
 
  private:
-  PeerListener(int listen_fd, int wake_fd);
+  PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits);
   void AcceptLoop(grpc::Server* server);
 
   int listen_fd_;
   int wake_fd_;  // eventfd that wakes the accept loop to stop
   std::thread thread_;
-  mutable std::mutex mutex_;
-  std::map<int, PeerCredentials> peers_;  // by connected fd
+  ConnectionTable connections_;
 };
 
 // The credentials (SO_PEERCRED) of the process at the other end of a connected

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, FuyouError,
                       InvalidArgument)
-from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
+from .daemon import EmbeddedDaemon, UntrustedDaemon, default_socket_path, find_daemon_binary
 from ._pipeline import LoopStats
 from ._materialize import init_empty, materialize
 from .optimizer import AdamW
@@ -31,6 +31,7 @@ __all__ = [
     "EmbeddedDaemon",
     "FuyouError",
     "DaemonUnavailable",
+    "UntrustedDaemon",
     "InvalidArgument",
     "FailedPrecondition",
     "DeadlineExceeded",
