@@ -1,5 +1,6 @@
 #include "server/connection_table.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "fmt/format.h"
@@ -44,7 +45,7 @@ absl::Status ConnectionTable::Admit(int fd, const PeerCredentials& peer) {
         "max_connections / --max-connections",
         peer.uid, connections_.size(), limits_.max_connections));
   }
-  connections_[fd] = Entry{peer, info.st_dev, info.st_ino};
+  connections_[fd] = Entry{peer, info.st_dev, info.st_ino, 0, std::chrono::steady_clock::now()};
   ++per_uid_[peer.uid];
   return absl::OkStatus();
 }
@@ -71,6 +72,37 @@ size_t ConnectionTable::Sweep() {
   std::lock_guard lock(mutex_);
   SweepLocked();
   return connections_.size();
+}
+
+void ConnectionTable::CallStarted(int fd) {
+  std::lock_guard lock(mutex_);
+  if (auto it = connections_.find(fd); it != connections_.end()) ++it->second.calls;
+}
+
+void ConnectionTable::CallEnded(int fd) {
+  std::lock_guard lock(mutex_);
+  auto it = connections_.find(fd);
+  if (it == connections_.end() || it->second.calls == 0) return;
+  if (--it->second.calls == 0) it->second.idle_since = std::chrono::steady_clock::now();
+}
+
+size_t ConnectionTable::CloseIdle(std::chrono::steady_clock::duration timeout, std::chrono::steady_clock::time_point now) {
+  std::lock_guard lock(mutex_);
+  size_t closed = 0;
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    const bool open = StillOpen(it->first, it->second);
+    if (open && (it->second.calls != 0 || now - it->second.idle_since < timeout)) {
+      ++it;
+      continue;
+    }
+    if (open) {
+      ::shutdown(it->first, SHUT_RDWR);
+      ++closed;
+    }
+    auto gone = it++;
+    EraseLocked(gone);
+  }
+  return closed;
 }
 
 size_t ConnectionTable::CountOf(uid_t uid) const {

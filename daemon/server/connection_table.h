@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -51,6 +52,19 @@ class ConnectionTable {
   // returns how many are left.
   size_t Sweep();
 
+  // A call started or ended on connection `fd` (a gRPC interceptor reports
+  // them: PeerListener::CallCounter). Unknown fds are ignored.
+  void CallStarted(int fd);
+  void CallEnded(int fd);
+  // Shuts down (shutdown(2): gRPC then sees the end and closes the fd) every
+  // live connection that has carried no call for `timeout`, counting from its
+  // accept or its last call's end, and forgets it; returns how many. This
+  // covers what gRPC's own idle timer does not: a peer that never completes
+  // the HTTP/2 handshake. The fd is checked to still be the socket accepted
+  // just before it is shut down.
+  size_t CloseIdle(std::chrono::steady_clock::duration timeout,
+                   std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+
   size_t CountOf(uid_t uid) const;
   size_t total() const;
   const ConnectionLimits& limits() const { return limits_; }
@@ -60,6 +74,8 @@ class ConnectionTable {
     PeerCredentials peer;
     dev_t dev = 0;
     ino_t ino = 0;
+    uint32_t calls = 0;                          // in flight
+    std::chrono::steady_clock::time_point idle_since;  // when `calls` last became 0
   };
   static bool StillOpen(int fd, const Entry& entry);
   void EraseLocked(std::map<int, Entry>::iterator it);

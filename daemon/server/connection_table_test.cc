@@ -76,5 +76,24 @@ TEST(ConnectionTableTest, KeepsTheDescriptorsAboveTheBoundFree) {
   EXPECT_EQ(table.total(), 0u);
 }
 
+TEST(ConnectionTableTest, ShutsDownConnectionsThatCarryNoCall) {
+  using std::chrono::seconds;
+  ConnectionTable table(ConnectionLimits{.max_connections = 10, .max_connections_per_user = 10});
+  Pair idle, busy;
+  ASSERT_TRUE(table.Admit(idle.server(), {.uid = 1}).ok());
+  ASSERT_TRUE(table.Admit(busy.server(), {.uid = 1}).ok());
+  table.CallStarted(busy.server());
+  const auto later = std::chrono::steady_clock::now() + seconds(10);
+  EXPECT_EQ(table.CloseIdle(seconds(60), later), 0u) << "not idle for long enough";
+  EXPECT_EQ(table.CloseIdle(seconds(5), later), 1u);
+  EXPECT_EQ(table.total(), 1u);
+  char byte = 0;
+  EXPECT_EQ(::recv(idle.fds[1], &byte, 1, MSG_DONTWAIT), 0) << "the peer sees the end of the connection";
+  // The busy one becomes idle when its call ends.
+  table.CallEnded(busy.server());
+  EXPECT_EQ(table.CloseIdle(seconds(30), later), 0u) << "idle only since now";
+  EXPECT_EQ(table.CloseIdle(seconds(30), later + seconds(30)), 1u);
+}
+
 }  // namespace
 }  // namespace fuyou

@@ -18,6 +18,7 @@
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "jobs/job_registry.h"
 #include "jobs/storage_budget.h"
 #include "metrics/metrics_http.h"
@@ -305,7 +306,9 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   auto listener = PeerListener::Listen(config.socket_path, config.socket_mode,
                                        ConnectionLimits{.max_connections = config.max_connections,
                                                         .max_connections_per_user = config.max_connections_per_user,
-                                                        .max_connection_fd = MaxConnectionFd(config, open_files)});
+                                                        .max_connection_fd = MaxConnectionFd(config, open_files)},
+                                       std::chrono::milliseconds(static_cast<int64_t>(
+                                           std::min(config.idle_connection_timeout_seconds * 1000, 1e12))));
   if (!listener.ok()) return listener.status();
   impl->listener = std::move(*listener);
   auto segment_listener = SegmentListener::Listen(
@@ -329,9 +332,13 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   builder.RegisterService(impl->offload.get());
   builder.RegisterService(impl->admin.get());
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(impl->listener->CallCounter());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // A connection with no RPC in flight for this long gets a GOAWAY and is
   // closed; a client reconnects on its next call. Sessions keep their Stream
-  // call open, so a training job is never idle.
+  // call open, so a training job is never idle. PeerListener shuts down the
+  // connections gRPC's timer does not close (no HTTP/2 handshake).
   if (config.idle_connection_timeout_seconds > 0) {
     builder.AddChannelArgument(
         GRPC_ARG_MAX_CONNECTION_IDLE_MS,

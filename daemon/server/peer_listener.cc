@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,12 +18,15 @@
 #include "fmt/format.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "grpcpp/server_context.h"
 #include "server/socket_path.h"
 
 namespace fuyou {
 
 absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::filesystem::path& path, mode_t mode,
-                                                                   ConnectionLimits limits) {
+                                                                   ConnectionLimits limits,
+                                                                   std::chrono::milliseconds idle_timeout) {
   absl::StatusOr<int> listening = ListenOnSocketPath(path, mode);
   if (!listening.ok()) return listening.status();
   const int fd = *listening;
@@ -32,11 +36,66 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(const std::fi
     ::close(fd);
     return ErrnoStatus(err, "eventfd");
   }
-  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake, limits));
+  return std::unique_ptr<PeerListener>(new PeerListener(fd, wake, limits, idle_timeout));
 }
 
-PeerListener::PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits)
-    : listen_fd_(listen_fd), wake_fd_(wake_fd), connections_(limits) {}
+PeerListener::PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits, std::chrono::milliseconds idle_timeout)
+    : listen_fd_(listen_fd), wake_fd_(wake_fd), connections_(limits), idle_timeout_(idle_timeout) {}
+
+namespace {
+
+// The fd of a call's connection, from its peer "fd:N"; -1 for anything else.
+int FdOfPeer(const std::string& peer) {
+  if (peer.rfind("fd:", 0) != 0) return -1;
+  int fd = -1;
+  auto [end, error] = std::from_chars(peer.data() + 3, peer.data() + peer.size(), fd);
+  if (error != std::errc() || end != peer.data() + peer.size()) return -1;
+  return fd;
+}
+
+// Lives as long as its call: counts it on its connection. The call's peer is
+// not known yet when the interceptor is created; it is at its first hook
+// (the received initial metadata), before the handler runs.
+class CallCounterInterceptor : public grpc::experimental::Interceptor {
+ public:
+  CallCounterInterceptor(ConnectionTable& table, grpc::experimental::ServerRpcInfo* info)
+      : table_(table), info_(info) {}
+  ~CallCounterInterceptor() override {
+    if (fd_ >= 0) table_.CallEnded(fd_);
+  }
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (!counted_) {
+      counted_ = true;
+      fd_ = FdOfPeer(info_->server_context()->peer());
+      if (fd_ >= 0) table_.CallStarted(fd_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  ConnectionTable& table_;
+  grpc::experimental::ServerRpcInfo* const info_;
+  bool counted_ = false;
+  int fd_ = -1;
+};
+
+class CallCounterFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounterFactory(ConnectionTable& table) : table_(table) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new CallCounterInterceptor(table_, info);
+  }
+
+ private:
+  ConnectionTable& table_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> PeerListener::CallCounter() {
+  // `connections_` outlives the server: DaemonServer stops the server first.
+  return std::make_unique<CallCounterFactory>(connections_);
+}
 
 PeerListener::~PeerListener() {
   Stop();
@@ -60,18 +119,29 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
   LogThrottle accept_failures(std::chrono::seconds(10));
   LogThrottle refusals(std::chrono::seconds(10));
   pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  const int idle_check_ms =
+      idle_timeout_.count() > 0 ? static_cast<int>(std::clamp<int64_t>(idle_timeout_.count() / 4, 10, 1000)) : -1;
+  auto next_idle_check = std::chrono::steady_clock::now();
   // After a failed accept (EMFILE, ENFILE, ENOBUFS...) the loop sleeps this long,
   // doubling from 50 ms up to 1 s, before it tries again: the connection stays
   // in the backlog and the socket stays readable, so retrying at once would
   // spin a core (issue 20: 10 million log lines in 40 s).
   std::chrono::milliseconds backoff(0);
   for (;;) {
-    if (::poll(fds, 2, -1) < 0) {
+    const int ready = ::poll(fds, 2, idle_check_ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       log::Error("accept loop: poll failed: {}", std::strerror(errno));
       return;
     }
     if (fds[1].revents != 0) return;
+    if (idle_check_ms > 0 && std::chrono::steady_clock::now() >= next_idle_check) {
+      next_idle_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(idle_check_ms);
+      if (const size_t closed = connections_.CloseIdle(idle_timeout_); closed > 0) {
+        log::Debug("closed {} connection(s) that carried no call for {} ms", closed, idle_timeout_.count());
+      }
+    }
+    if (ready == 0 || fds[0].revents == 0) continue;
     // gRPC drives the connection with non-blocking I/O.
     int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (connection < 0) {
@@ -115,13 +185,8 @@ void PeerListener::AcceptLoop(grpc::Server* server) {
 }
 
 std::optional<PeerCredentials> PeerListener::PeerOf(const std::string& peer) const {
-  if (peer.rfind("fd:", 0) != 0) return std::nullopt;
-  int fd = 0;
-  try {
-    fd = std::stoi(peer.substr(3));
-  } catch (...) {
-    return std::nullopt;
-  }
+  const int fd = FdOfPeer(peer);
+  if (fd < 0) return std::nullopt;
   return connections_.PeerOf(fd);
 }
 

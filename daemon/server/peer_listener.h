@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -24,6 +25,9 @@
 
 namespace grpc {
 class Server;
+namespace experimental {
+class ServerInterceptorFactoryInterface;
+}
 }
 
 namespace fuyou {
@@ -34,8 +38,12 @@ class PeerListener {
   // and listens (ListenOnSocketPath). Each connection is admitted against
   // `limits` (ConnectionTable) before gRPC sees it; a refused one is closed at
   // once, and the refusals are logged at most once per 10 s with a count.
+  // A connection that carries no call for `idle_timeout` (0: never) is shut
+  // down (ConnectionTable::CloseIdle), checked every quarter of it, at most
+  // every second.
   static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(const std::filesystem::path& path, mode_t mode,
-                                                              ConnectionLimits limits = {});
+                                                              ConnectionLimits limits = {},
+                                                              std::chrono::milliseconds idle_timeout = {});
   // Stops accepting and closes the listening socket (not the socket file).
   ~PeerListener();
 
@@ -48,15 +56,19 @@ class PeerListener {
   std::optional<PeerCredentials> PeerOf(const std::string& peer) const;
   // The live connections and their limits.
   const ConnectionTable& connections() const { return connections_; }
+  // A gRPC interceptor factory that tells the table when calls start and end
+  // on each connection (for the idle timeout); give it to the ServerBuilder.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> CallCounter();
 
  private:
-  PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits);
+  PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits, std::chrono::milliseconds idle_timeout);
   void AcceptLoop(grpc::Server* server);
 
   int listen_fd_;
   int wake_fd_;  // eventfd that wakes the accept loop to stop
   std::thread thread_;
   ConnectionTable connections_;
+  const std::chrono::milliseconds idle_timeout_;
 };
 
 // The credentials (SO_PEERCRED) of the process at the other end of a connected
