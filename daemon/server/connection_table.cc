@@ -46,15 +46,16 @@ absl::Status ConnectionTable::Admit(int fd, const PeerCredentials& peer) {
         peer.uid, connections_.size(), limits_.max_connections));
   }
   connections_[fd] = Entry{peer, info.st_dev, info.st_ino, 0, std::chrono::steady_clock::now()};
+  last_peer_[fd] = peer;
   ++per_uid_[peer.uid];
   return absl::OkStatus();
 }
 
 std::optional<PeerCredentials> ConnectionTable::PeerOf(int fd) const {
   std::lock_guard lock(mutex_);
-  auto it = connections_.find(fd);
-  if (it == connections_.end()) return std::nullopt;
-  return it->second.peer;
+  auto it = last_peer_.find(fd);
+  if (it == last_peer_.end()) return std::nullopt;
+  return it->second;
 }
 
 void ConnectionTable::SweepLocked() {

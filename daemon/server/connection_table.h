@@ -46,7 +46,10 @@ class ConnectionTable {
   // RESOURCE_EXHAUSTED naming the limit, its value, the use and the setting
   // (the caller closes a refused fd). Connections that ended are forgotten first.
   absl::Status Admit(int fd, const PeerCredentials& peer);
-  // The credentials of the live connection `fd`, or nullopt.
+  // The credentials of the connection last admitted on fd number `fd`, or
+  // nullopt when none ever was. Kept after the connection is forgotten (until
+  // the number is admitted again): a call gRPC read before a connection ended
+  // or was shut down still runs as its own user, never as an unknown one.
   std::optional<PeerCredentials> PeerOf(int fd) const;
   // Forgets the connections whose fd is closed or names another file now;
   // returns how many are left.
@@ -85,6 +88,7 @@ class ConnectionTable {
   mutable std::mutex mutex_;
   std::map<int, Entry> connections_;  // by fd
   std::map<uid_t, size_t> per_uid_;   // only uids with a connection
+  std::map<int, PeerCredentials> last_peer_;  // by fd number, as last admitted
 };
 
 }  // namespace fuyou

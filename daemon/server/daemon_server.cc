@@ -168,6 +168,16 @@ int MaxConnectionFd(const DaemonConfig& config, rlim_t open_files) {
   return static_cast<int>(limit - reserve);
 }
 
+// When PeerListener shuts down a connection that carries no call: after gRPC's
+// own idle timer (GRPC_ARG_MAX_CONNECTION_IDLE_MS, the same timeout) had time
+// to close it gracefully with a GOAWAY, which a real client follows. What is
+// left then is a peer that never completed the HTTP/2 handshake or ignores it.
+std::chrono::milliseconds IdleShutdownAfter(double idle_timeout_seconds) {
+  if (idle_timeout_seconds <= 0) return std::chrono::milliseconds(0);
+  const double grace = std::min(idle_timeout_seconds, 30.0);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::min((idle_timeout_seconds + grace) * 1000, 1e12)));
+}
+
 // Resolves the "auto" storage settings from the paths' sizes (statvfs).
 void ResolveStorageDefaults(DaemonConfig& config) {
   const StorageDefaults defaults = StorageDefaultsFor(config.storage_paths);
@@ -307,8 +317,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
                                        ConnectionLimits{.max_connections = config.max_connections,
                                                         .max_connections_per_user = config.max_connections_per_user,
                                                         .max_connection_fd = MaxConnectionFd(config, open_files)},
-                                       std::chrono::milliseconds(static_cast<int64_t>(
-                                           std::min(config.idle_connection_timeout_seconds * 1000, 1e12))));
+                                       IdleShutdownAfter(config.idle_connection_timeout_seconds));
   if (!listener.ok()) return listener.status();
   impl->listener = std::move(*listener);
   auto segment_listener = SegmentListener::Listen(

@@ -44,6 +44,8 @@ PeerListener::PeerListener(int listen_fd, int wake_fd, ConnectionLimits limits, 
 
 namespace {
 
+constexpr uid_t kNobodyUid = 65534;
+
 // The fd of a call's connection, from its peer "fd:N"; -1 for anything else.
 int FdOfPeer(const std::string& peer) {
   if (peer.rfind("fd:", 0) != 0) return -1;
@@ -200,6 +202,8 @@ std::optional<PeerCredentials> ReadPeerCredentials(int connected_socket) {
 PeerCredentials Caller(const PeerListener* listener, const std::string& peer) {
   if (listener != nullptr) {
     if (auto credentials = listener->PeerOf(peer)) return *credentials;
+    // A connection the listener never admitted: nobody, never the daemon's own uid.
+    if (FdOfPeer(peer) >= 0) return PeerCredentials{0, kNobodyUid, kNobodyUid};
   }
   return PeerCredentials{0, ::geteuid(), ::getegid()};
 }

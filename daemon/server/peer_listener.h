@@ -75,8 +75,9 @@ class PeerListener {
 // Unix socket; nullopt when the kernel cannot say (errno is left set).
 std::optional<PeerCredentials> ReadPeerCredentials(int connected_socket);
 
-// Who a call comes from (ServerContext::peer()); the daemon's own uid when the
-// connection is unknown (a call that did not come through the listener).
+// Who a call comes from (ServerContext::peer()); the daemon's own uid for a call
+// that did not come through the listener (in-process), uid 65534 (nobody) for an
+// "fd:N" peer the listener never admitted.
 PeerCredentials Caller(const PeerListener* listener, const std::string& peer);
 // True when `uid` may see every user's sessions and jobs: root or the daemon's uid.
 bool IsAdministrator(uid_t uid);
