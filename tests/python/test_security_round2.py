@@ -509,3 +509,54 @@ def test_user_directories_go_with_the_last_job(shared_dir):
         """, NOBODY)
         assert "ok" in deleted.stdout, deleted.stderr
         assert not (users / str(NOBODY)).exists()
+
+
+METRICS_HOLD = """
+    import socket, time
+    held = []
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        # Keeps 40 half-sent request lines open, reconnecting as they are closed.
+        held = [s for s in held if s.fileno() >= 0]
+        while len(held) < 40:
+            s = socket.create_connection(("127.0.0.1", {port}))
+            s.sendall(b"GET /met")
+            held.append(s)
+        time.sleep(0.05)
+        alive = []
+        for s in held:
+            s.setblocking(False)
+            try:
+                if s.recv(1) == b"":
+                    s.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                s.close()
+                continue
+            alive.append(s)
+        held = alive
+    print("held", len(held), flush=True)
+"""
+
+
+def test_a_scrape_gets_through_while_another_user_holds_the_metrics_port(shared_dir):
+    import urllib.request
+    from metrics_util import free_port
+    port = free_port()
+    with start_daemon(shared_dir, f"--metrics-listen=127.0.0.1:{port}") as d:
+        attacker = spawn_python(METRICS_HOLD.format(seconds=8, port=port), NOBODY)
+        try:
+            time.sleep(2)
+            for _ in range(5):
+                start = time.monotonic()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                    assert answer.status == 200
+                    assert b"fuyou" in answer.read()
+                assert time.monotonic() - start < 2.5
+                time.sleep(0.2)
+        finally:
+            out, err = attacker.communicate(timeout=30)
+        assert "held" in out, err
+        assert d.running()
