@@ -16,7 +16,6 @@
 import os
 import pathlib
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
