@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/crash_point.h"
@@ -50,6 +51,11 @@ int main(int argc, char** argv) {
   std::string max_client_info_bytes;
   double idle_session_timeout = -1;
   std::optional<std::string> metrics_listen;
+  std::string max_storage_per_user;
+  std::string reserved_free;
+  int64_t max_connections = -1;
+  int64_t max_connections_per_user = -1;
+  double idle_connection_timeout = -1;
   app.add_option("--config", config_file, "TOML config file (see deploy/fuyoud.toml)")->check(CLI::ExistingFile);
   app.add_option("--socket", socket, "Unix socket to serve on (default: $FUYOU_SOCKET, /run/fuyou/fuyoud.sock for "
                                      "root, else $XDG_RUNTIME_DIR/fuyou/fuyoud.sock)");
@@ -59,7 +65,19 @@ int main(int argc, char** argv) {
                  "$FUYOU_DATA_DIR, /var/lib/fuyou for root, else ~/.local/share/fuyou)");
   app.add_option("--dram-budget", dram_budget, "DRAM for optimizer states, e.g. 4GiB (default 2GiB)");
   app.add_option("--job-quota", job_quota,
-                 "most storage one job may reserve, e.g. 100GiB, or \"unlimited\" (default unlimited)");
+                 "most storage one job may reserve, e.g. 100GiB, \"unlimited\", or \"auto\": a quarter of the "
+                 "storage paths' size (default auto)");
+  app.add_option("--max-storage-per-user", max_storage_per_user,
+                 "most storage all of one user's jobs may reserve, e.g. 1TiB, \"unlimited\", or \"auto\": half the "
+                 "storage paths' size (default auto)");
+  app.add_option("--reserved-free", reserved_free,
+                 "free space kept on each storage path for administrators' jobs, e.g. 4GiB, or \"auto\": 1% of the "
+                 "path, 64MiB..4GiB (default auto)");
+  app.add_option("--max-connections", max_connections, "gRPC connections of all users together (default 1024)");
+  app.add_option("--max-connections-per-user", max_connections_per_user,
+                 "gRPC connections of one user (default 64)");
+  app.add_option("--idle-connection-timeout", idle_connection_timeout,
+                 "seconds a connection may carry no RPC before it is closed; 0 = never (default 300)");
   app.add_option("--max-segment", max_segment, "largest shared-memory segment a session may ask for (default 8GiB)");
   app.add_option("--max-jobs-per-user", max_jobs_per_user, "jobs one user may have on the storage tier, 0 = no limit (default 64)")
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
@@ -109,14 +127,14 @@ int main(int argc, char** argv) {
     if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--max-segment: " + std::string(bytes.status().message())));
     config.max_segment_bytes = *bytes;
   }
-  if (!job_quota.empty()) {
-    if (job_quota == "unlimited") {
-      config.job_quota_bytes = 0;
-    } else {
-      auto bytes = fuyou::ParseByteSize(job_quota);
-      if (!bytes.ok()) return Fail(absl::InvalidArgumentError("--job-quota: " + std::string(bytes.status().message())));
-      config.job_quota_bytes = *bytes;
-    }
+  for (auto [flag, text, target] : {std::tuple{"--job-quota", &job_quota, &config.job_quota_bytes},
+                                     std::tuple{"--max-storage-per-user", &max_storage_per_user,
+                                                &config.max_storage_bytes_per_user},
+                                     std::tuple{"--reserved-free", &reserved_free, &config.reserved_free_bytes}}) {
+    if (text->empty()) continue;
+    auto bytes = fuyou::ParseAutoByteSize(*text);
+    if (!bytes.ok()) return Fail(absl::InvalidArgumentError(std::string(flag) + ": " + std::string(bytes.status().message())));
+    *target = *bytes;
   }
   if (max_jobs_per_user >= 0) config.max_jobs_per_user = static_cast<uint32_t>(max_jobs_per_user);
   if (threads >= 0) config.worker_threads = static_cast<unsigned>(threads);
@@ -153,6 +171,9 @@ int main(int argc, char** argv) {
     config.max_client_info_bytes = *bytes;
   }
   if (idle_session_timeout != -1) config.idle_session_timeout_seconds = idle_session_timeout;
+  if (max_connections != -1) config.max_connections = count(max_connections);
+  if (max_connections_per_user != -1) config.max_connections_per_user = count(max_connections_per_user);
+  if (idle_connection_timeout != -1) config.idle_connection_timeout_seconds = idle_connection_timeout;
   if (metrics_listen) config.metrics_listen = *metrics_listen;
   if (!log_level.empty()) config.log_level = log_level;
   fuyou::log::Level level;

@@ -329,8 +329,9 @@ int Main(int argc, char** argv) {
   app.fallthrough();
   std::string socket = DefaultSocketPath().string();
   double timeout_s = 10;
-  app.add_option("--socket", socket, "Socket of fuyoud ($FUYOU_SOCKET, else the system or per-user socket)")
-      ->capture_default_str();
+  CLI::Option* socket_option =
+      app.add_option("--socket", socket, "Socket of fuyoud ($FUYOU_SOCKET, else the system or per-user socket)")
+          ->capture_default_str();
   app.add_option("--timeout", timeout_s, "Seconds to wait for the daemon to connect and answer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -377,7 +378,9 @@ int Main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   ClientOptions options;
-  options.address = socket.starts_with("unix:") ? socket : "unix:" + socket;
+  // With no --socket the default address is left to clientlib, which checks
+  // that the daemon there is one this user may trust (channel.h).
+  if (socket_option->count() > 0) options.address = socket.starts_with("unix:") ? socket : "unix:" + socket;
   options.rpc_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   options.connect_timeout = options.rpc_timeout;
   absl::StatusOr<std::unique_ptr<AdminClient>> admin = AdminClient::Connect(options);

@@ -33,7 +33,7 @@ class AdminClient::Impl {
 absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Connect(const ClientOptions& options) {
   const std::string address = internal::ResolveAddress(options);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      internal::ConnectChannel(address, options.connect_timeout);
+      internal::ConnectChannel(address, options.connect_timeout, internal::UsesDefaultAddress(options));
   if (!channel.ok()) return channel.status();
   return std::unique_ptr<AdminClient>(
       new AdminClient(std::make_unique<Impl>(address, *std::move(channel), options.rpc_timeout)));

@@ -27,8 +27,25 @@ std::string SocketPathOf(std::string_view address);
 // connect. When it does not connect in time: PERMISSION_DENIED, naming the socket
 // and its owner, when this user may not connect to the Unix socket; else
 // UNAVAILABLE, naming the socket and how to start the daemon.
+//
+// `check_trust` (set when the address is the default one, DefaultAddress, with
+// no FUYOU_SOCKET): before the channel is returned, and so before any call,
+// CheckTrustedSocket must accept the socket; FAILED_PRECONDITION otherwise.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string& address,
-                                                             std::chrono::milliseconds connect_timeout);
+                                                             std::chrono::milliseconds connect_timeout,
+                                                             bool check_trust = false);
+
+// OK when the Unix socket `path` may be trusted with this user's states: its
+// directory belongs to this user, root or the package's `fuyou` user and no one
+// else may write it (unless sticky, as /tmp), and the process accepting on it
+// (SO_PEERCRED of a probe connection, which sends nothing) runs as one of those
+// uids. FAILED_PRECONDITION otherwise, naming the path, the owner and what to do
+// (issue 20: another user can create /tmp/fuyou-<uid> first and run a fuyoud
+// there). OK as well when nothing accepts at `path` (the caller reports that).
+absl::Status CheckTrustedSocket(const std::string& path);
+
+// True when `options` leave the address to DefaultAddress() and FUYOU_SOCKET is unset.
+bool UsesDefaultAddress(const ClientOptions& options);
 
 // The same code (by number) and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -850,7 +850,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   try {
     const std::string address = internal::ResolveAddress(client);
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        internal::ConnectChannel(address, client.connect_timeout);
+        internal::ConnectChannel(address, client.connect_timeout, internal::UsesDefaultAddress(client));
     if (!channel.ok()) return channel.status();
     auto impl = std::make_unique<Impl>(options, client, address, *std::move(channel));
     if (absl::Status status = impl->Start(); !status.ok()) return status;  // ~Impl cleans up

@@ -54,11 +54,48 @@ absl::StatusOr<uint32_t> ReadCount(const toml::node& node, std::string_view orig
   return static_cast<uint32_t>(*value);
 }
 
+// "auto", "unlimited" (0) or a size.
+absl::StatusOr<uint64_t> ReadAutoByteSize(const toml::node& node, std::string_view origin, std::string_view key) {
+  if (auto text = node.value<std::string>(); text && *text == "auto") return kAutoBytes;
+  if (auto text = node.value<std::string>(); text && *text == "unlimited") return uint64_t{0};
+  return ReadByteSize(node, origin, key);
+}
+
+// The [limits] settings of issue 20: connections and storage per user.
+absl::Status ApplyConnectionAndStorageLimits(const toml::table& limits, std::string_view origin,
+                                             DaemonConfig* config) {
+  if (const auto* node = limits.get("max_storage_bytes_per_user")) {
+    auto bytes = ReadAutoByteSize(*node, origin, "limits.max_storage_bytes_per_user");
+    if (!bytes.ok()) return bytes.status();
+    config->max_storage_bytes_per_user = *bytes;
+  }
+  if (const auto* node = limits.get("max_connections")) {
+    auto count = ReadCount(*node, origin, "limits.max_connections", kMaxConnectionsCeiling);
+    if (!count.ok()) return count.status();
+    config->max_connections = *count;
+  }
+  if (const auto* node = limits.get("max_connections_per_user")) {
+    auto count = ReadCount(*node, origin, "limits.max_connections_per_user", kMaxConnectionsCeiling);
+    if (!count.ok()) return count.status();
+    config->max_connections_per_user = *count;
+  }
+  if (const auto* node = limits.get("idle_connection_timeout")) {
+    auto seconds = node->value<double>();
+    if (!seconds || !std::isfinite(*seconds) || *seconds < 0) {
+      return KeyError(origin, "limits.idle_connection_timeout", "expected seconds >= 0 (0 = never)");
+    }
+    config->idle_connection_timeout_seconds = *seconds;
+  }
+  return absl::OkStatus();
+}
+
 // The [limits] section.
 absl::Status ApplyLimitsTable(const toml::table& limits, std::string_view origin, DaemonConfig* config) {
   FUYOU_RETURN_IF_ERROR(CheckKnownKeys(limits, "limits",
                                        {"max_sessions", "max_sessions_per_user", "max_segment_bytes_per_user",
-                                        "max_journal_bytes_per_user", "max_client_info_bytes", "idle_session_timeout", "max_jobs_per_user"},
+                                        "max_journal_bytes_per_user", "max_client_info_bytes", "idle_session_timeout",
+                                        "max_jobs_per_user", "max_storage_bytes_per_user", "max_connections",
+                                        "max_connections_per_user", "idle_connection_timeout"},
                                        origin));
   if (const auto* node = limits.get("max_sessions")) {
     auto count = ReadCount(*node, origin, "limits.max_sessions", kMaxSessionsCeiling);
@@ -99,7 +136,7 @@ absl::Status ApplyLimitsTable(const toml::table& limits, std::string_view origin
     }
     config->max_jobs_per_user = static_cast<uint32_t>(*value);
   }
-  return absl::OkStatus();
+  return ApplyConnectionAndStorageLimits(limits, origin, config);
 }
 
 }  // namespace
@@ -109,6 +146,12 @@ DaemonConfig DefaultDaemonConfig() {
   config.socket_path = DefaultDaemonSocketPath();
   config.storage_paths = {DefaultDataDir()};
   return config;
+}
+
+absl::StatusOr<uint64_t> ParseAutoByteSize(std::string_view text) {
+  if (text == "auto") return kAutoBytes;
+  if (text == "unlimited") return uint64_t{0};
+  return ParseByteSize(text);
 }
 
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
@@ -178,7 +221,7 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
     }
   }
   if (const toml::table* storage = table_of("storage")) {
-    if (auto s = CheckKnownKeys(*storage, "storage", {"paths", "io_queue_depth", "allow_buffered", "job_quota"}, origin); !s.ok()) {
+    if (auto s = CheckKnownKeys(*storage, "storage", {"paths", "io_queue_depth", "allow_buffered", "job_quota", "reserved_free"}, origin); !s.ok()) {
       return s;
     }
     if (const auto* node = storage->get("paths")) {
@@ -204,13 +247,14 @@ absl::Status ApplyTomlText(std::string_view text, std::string_view origin, Daemo
       config->allow_buffered_io = *value;
     }
     if (const auto* node = storage->get("job_quota")) {
-      if (auto text = node->value<std::string>(); text && *text == "unlimited") {
-        config->job_quota_bytes = 0;
-      } else {
-        auto bytes = ReadByteSize(*node, origin, "storage.job_quota");
-        if (!bytes.ok()) return bytes.status();
-        config->job_quota_bytes = *bytes;
-      }
+      auto bytes = ReadAutoByteSize(*node, origin, "storage.job_quota");
+      if (!bytes.ok()) return bytes.status();
+      config->job_quota_bytes = *bytes;
+    }
+    if (const auto* node = storage->get("reserved_free")) {
+      auto bytes = ReadAutoByteSize(*node, origin, "storage.reserved_free");
+      if (!bytes.ok()) return bytes.status();
+      config->reserved_free_bytes = *bytes;
     }
   }
   if (const toml::table* memory = table_of("memory")) {
@@ -314,6 +358,16 @@ absl::Status ValidateLimits(const DaemonConfig& config) {
   if (!std::isfinite(config.commit_every_seconds) || config.commit_every_seconds < 0) {
     return absl::InvalidArgumentError(fmt::format(
         "[durability] commit_every_seconds {} is not a number of seconds >= 0 (0 = off)", config.commit_every_seconds));
+  }
+  if (config.max_connections < 1 || config.max_connections > kMaxConnectionsCeiling ||
+      config.max_connections_per_user < 1 || config.max_connections_per_user > kMaxConnectionsCeiling) {
+    return absl::InvalidArgumentError(fmt::format(
+        "[limits] max_connections {} and max_connections_per_user {} must be in 1..{}", config.max_connections,
+        config.max_connections_per_user, kMaxConnectionsCeiling));
+  }
+  if (!std::isfinite(config.idle_connection_timeout_seconds) || config.idle_connection_timeout_seconds < 0) {
+    return absl::InvalidArgumentError(fmt::format("[limits] idle_connection_timeout {} is not a number of seconds >= 0",
+                                                  config.idle_connection_timeout_seconds));
   }
   if (!std::isfinite(config.idle_session_timeout_seconds) || config.idle_session_timeout_seconds < 0) {
     return absl::InvalidArgumentError(fmt::format("[limits] idle_session_timeout {} is not a number of seconds >= 0",

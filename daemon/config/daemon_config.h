@@ -16,6 +16,9 @@ enum class DurabilityMode {
   kStepAtomic,  // a step's states go to shadow extents; the manifest commit flips them
 };
 
+// A byte setting whose value DaemonServer::Start derives from the storage paths.
+inline constexpr uint64_t kAutoBytes = UINT64_MAX;
+
 struct DaemonConfig {
   std::filesystem::path socket_path;       // default: DefaultDaemonSocketPath()
   uint32_t socket_mode = 0660;
@@ -24,8 +27,15 @@ struct DaemonConfig {
   unsigned io_queue_depth = 64;
   bool allow_buffered_io = true;
   // Most bytes one job may reserve on storage (both extents of every chunk, over
-  // all paths); 0 = unlimited. Enforced when chunks are registered.
-  uint64_t job_quota_bytes = 0;
+  // all paths); 0 = unlimited; kAutoBytes (the default): a quarter of the
+  // storage paths' size (statvfs), resolved by DaemonServer::Start. Enforced
+  // when chunks are registered.
+  uint64_t job_quota_bytes = kAutoBytes;
+  // [storage] reserved_free: free bytes kept on every storage path that only
+  // administrators' registrations (root, the daemon's user) may take, so that
+  // another user cannot fill the disk under them. kAutoBytes (the default): 1%
+  // of the path's size, at least 64 MiB and at most 4 GiB; 0 = none.
+  uint64_t reserved_free_bytes = kAutoBytes;
   uint64_t dram_budget_bytes = uint64_t{2} << 30;
   uint64_t max_segment_bytes = uint64_t{8} << 30;
   unsigned worker_threads = 0;  // 0: all cores
@@ -54,6 +64,16 @@ struct DaemonConfig {
   uint64_t max_journal_bytes_per_user = uint64_t{256} << 30;
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
   uint32_t max_jobs_per_user = 64;                           // jobs of one uid on the storage tier; 0 = unlimited
+  // Bytes reserved on storage by all of one uid's jobs (CopyJob's copies
+  // included); 0 = unlimited; kAutoBytes (the default): half the storage paths' size.
+  uint64_t max_storage_bytes_per_user = kAutoBytes;
+  // gRPC connections on the control socket (issue 20). A connection over a limit
+  // is closed at accept; the refusals are logged at a bounded rate.
+  uint32_t max_connections = 1024;          // all users together
+  uint32_t max_connections_per_user = 64;   // one uid
+  // A connection that carries no RPC for this long is closed (gRPC's
+  // max_connection_idle: a GOAWAY; clients reconnect on their next call); 0 = never.
+  double idle_connection_timeout_seconds = 300;
   // An attached session with no stream message for this long is closed (its
   // uncommitted step rolls back, as when the client disconnects); 0 = never.
   double idle_session_timeout_seconds = 4 * 3600;
@@ -75,12 +95,17 @@ absl::Status ApplyTomlFile(const std::filesystem::path& file, DaemonConfig* conf
 // Same, from TOML text (for tests and error messages, `origin` names the source).
 absl::Status ApplyTomlText(std::string_view text, std::string_view origin, DaemonConfig* config);
 
+// "auto" -> kAutoBytes, "unlimited" -> 0, else ParseByteSize (for --job-quota,
+// --max-storage-per-user, --reserved-free).
+absl::StatusOr<uint64_t> ParseAutoByteSize(std::string_view text);
+
 // "4GiB", "512MiB", "1.5G", "1073741824" -> bytes. Binary (KiB, MiB, GiB, TiB) and
 // decimal (KB/K, MB/M, GB/G, TB/T) units; INVALID_ARGUMENT otherwise.
 absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 
 // Bounds of the [limits] settings (ValidateConfig refuses values outside them).
 inline constexpr uint32_t kMaxSessionsCeiling = 65536;
+inline constexpr uint32_t kMaxConnectionsCeiling = 1 << 20;
 inline constexpr uint64_t kMinClientInfoBytes = 64;
 inline constexpr uint64_t kMaxClientInfoBytesCeiling = 64 * 1024;
 inline constexpr uint32_t kMaxCommitEverySteps = 1000000;

@@ -99,9 +99,9 @@ TEST(ApplyTomlText, DurabilityIntervalIsEveryStepUnlessSet) {
   EXPECT_EQ(ValidateConfig(config).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ApplyTomlText, JobQuotaIsUnlimitedUnlessSet) {
+TEST(ApplyTomlText, JobQuotaIsAutoUnlessSet) {
   DaemonConfig config = DefaultDaemonConfig();
-  EXPECT_EQ(config.job_quota_bytes, 0u);
+  EXPECT_EQ(config.job_quota_bytes, kAutoBytes);  // a quarter of the storage paths (DaemonServer::Start)
   ASSERT_TRUE(ApplyTomlText("[storage]\njob_quota = \"100GiB\"\n", "t", &config).ok());
   EXPECT_EQ(config.job_quota_bytes, uint64_t{100} << 30);
   ASSERT_TRUE(ApplyTomlText("[storage]\njob_quota = \"unlimited\"\n", "t", &config).ok());
@@ -109,6 +109,33 @@ TEST(ApplyTomlText, JobQuotaIsUnlimitedUnlessSet) {
   absl::Status bad = ApplyTomlText("[storage]\njob_quota = \"lots\"\n", "t", &config);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("storage.job_quota"), std::string::npos) << bad.message();
+}
+
+TEST(ApplyTomlText, ConnectionAndStorageLimits) {
+  DaemonConfig config = DefaultDaemonConfig();
+  EXPECT_EQ(config.max_connections, 1024u);
+  EXPECT_EQ(config.max_connections_per_user, 64u);
+  EXPECT_EQ(config.idle_connection_timeout_seconds, 300);
+  EXPECT_EQ(config.max_storage_bytes_per_user, kAutoBytes);
+  EXPECT_EQ(config.reserved_free_bytes, kAutoBytes);
+  ASSERT_TRUE(ApplyTomlText("[limits]\nmax_connections = 100\nmax_connections_per_user = 10\n"
+                            "idle_connection_timeout = 30\nmax_storage_bytes_per_user = \"1TiB\"\n"
+                            "[storage]\nreserved_free = \"2GiB\"\njob_quota = \"auto\"\n",
+                            "t", &config)
+                  .ok());
+  EXPECT_EQ(config.max_connections, 100u);
+  EXPECT_EQ(config.max_connections_per_user, 10u);
+  EXPECT_EQ(config.idle_connection_timeout_seconds, 30);
+  EXPECT_EQ(config.max_storage_bytes_per_user, uint64_t{1} << 40);
+  EXPECT_EQ(config.reserved_free_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(config.job_quota_bytes, kAutoBytes);
+  ASSERT_TRUE(ApplyTomlText("[limits]\nmax_storage_bytes_per_user = \"unlimited\"\n", "t", &config).ok());
+  EXPECT_EQ(config.max_storage_bytes_per_user, 0u);
+  EXPECT_EQ(ApplyTomlText("[limits]\nmax_connections = 0\n", "t", &config).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ApplyTomlText("[limits]\nidle_connection_timeout = -1\n", "t", &config).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateConfig(config).ok());
 }
 
 TEST(ApplyTomlText, MaxJobsPerUserDefaultsTo64) {

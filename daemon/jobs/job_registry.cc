@@ -101,7 +101,14 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Create(std::vector<fs:
 
 JobRegistry::JobRegistry(std::vector<fs::path> roots, storage::IoEngine& io, DaemonStats& stats,
                          JobRegistryOptions options)
-    : roots_(std::move(roots)), io_(io), stats_(stats), options_(options) {}
+    : roots_(std::move(roots)), io_(io), stats_(stats), options_(options), budget_(roots_, options.storage) {}
+
+absl::Status JobRegistry::CheckNotCopyingLocked(const std::string& name, uid_t uid, std::string_view action) const {
+  auto it = copying_.find(Job::Key(uid, name));
+  if (it == copying_.end()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fmt::format("cannot {} job '{}': {}; try again when the copy is done", action, name, it->second));
+}
 
 size_t JobRegistry::CountJobs(uid_t uid) const {
   auto root = storage::DirFd::OpenRoot(roots_[0]);
@@ -120,6 +127,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Acquire(const std::string& nam
     return absl::FailedPreconditionError(
         fmt::format("job '{}' is already open in another session; close it first (one session per job)", name));
   }
+  FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(name, uid, "open"));
   auto job = Job::Open(roots_, name, uid, /*create=*/false, io_, stats_);
   if (!job.ok() && absl::IsNotFound(job.status())) {
     if (const uint32_t limit = options_.max_jobs_per_user; limit != 0 && CountJobs(uid) >= limit) {
@@ -210,6 +218,7 @@ absl::StatusOr<uint64_t> JobRegistry::Delete(const std::string& name, uid_t uid)
   if (open_.count(Job::Key(uid, name)) != 0) {
     return absl::FailedPreconditionError(fmt::format("job '{}' is open in a session; close it before deleting", name));
   }
+  FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(name, uid, "delete"));
   return RemoveLocked(name, uid);
 }
 
@@ -217,7 +226,9 @@ absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::st
   if (std::string problem = JobNameProblem(src); !problem.empty()) return absl::InvalidArgumentError(problem);
   if (std::string problem = JobNameProblem(dst); !problem.empty()) return absl::InvalidArgumentError(problem);
   if (src == dst) return absl::InvalidArgumentError(fmt::format("cannot copy job '{}' onto itself", src));
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(src, uid, "copy"));
+  FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(dst, uid, "copy into"));
   if (open_.count(Job::Key(uid, src)) != 0) {
     return absl::FailedPreconditionError(fmt::format(
         "cannot copy job '{}': it is open in a session, whose steps change its committed states; close its "
@@ -243,9 +254,25 @@ absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::st
         src, dst, uid, CountJobs(uid), limit));
   }
   FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> target, Job::Open(roots_, dst, uid, /*create=*/true, io_, stats_));
-  absl::StatusOr<uint64_t> copied = CopyJobStates(*source, *target);
+  const std::string src_key = Job::Key(uid, src);
+  const std::string dst_key = Job::Key(uid, dst);
+  copying_[src_key] = fmt::format("it is being copied into job '{}'", dst);
+  copying_[dst_key] = fmt::format("it is being created as a copy of job '{}'", src);
+  lock.unlock();
+
+  // The copy, outside the lock: only this call touches src and dst now.
+  absl::StatusOr<uint64_t> copied = [&]() -> absl::StatusOr<uint64_t> {
+    FUYOU_ASSIGN_OR_RETURN(StorageBudget::Grant grant,
+                           budget_.Admit(uid, source->bytes_on_storage(), fmt::format("a copy of job '{}'", src)));
+    return CopyJobStates(*source, *target);
+  }();
+  target.reset();
+  source.reset();
+
+  lock.lock();
+  copying_.erase(src_key);
+  copying_.erase(dst_key);
   if (!copied.ok()) {
-    target.reset();
     if (absl::StatusOr<uint64_t> removed = RemoveLocked(dst, uid); !removed.ok()) {
       log::Warn("job '{}' of uid {}: cannot remove what a failed copy left: {}", dst, uid,
                 removed.status().message());
@@ -273,7 +300,21 @@ absl::StatusOr<uint64_t> JobRegistry::RemoveLocked(const std::string& name, uid_
     if (!jobs.ok()) return jobs.status();
     FUYOU_RETURN_IF_ERROR(Job::RemoveFiles(*jobs, name, &freed));
   }
+  RemoveEmptyUserDirsLocked(uid);
   return freed;
+}
+
+void JobRegistry::RemoveEmptyUserDirsLocked(uid_t uid) {
+  // rmdir removes only an empty directory: a job created meanwhile (under this
+  // lock, so none can be) or anything else in it keeps it.
+  const std::string name = std::to_string(uid);
+  for (const fs::path& path : roots_) {
+    auto root = storage::DirFd::OpenRoot(path);
+    auto users = root.ok() ? root->OpenDir("users") : absl::StatusOr<storage::DirFd>(root.status());
+    auto user = users.ok() ? users->OpenDir(name) : absl::StatusOr<storage::DirFd>(users.status());
+    if (!user.ok()) continue;
+    if (user->RemoveDir("jobs").ok()) users->RemoveDir(name).IgnoreError();
+  }
 }
 
 }  // namespace fuyou

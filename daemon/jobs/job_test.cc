@@ -584,6 +584,46 @@ TEST_F(JobTest, ReleasingAnEmptyNewJobRemovesIt) {
   EXPECT_TRUE(fs::exists(JobDir(0, 1234, "kept") / "manifest.pb"));
 }
 
+// Issue 20, item 6: users/<uid>/ goes with a user's last job, on every root.
+TEST_F(JobTest, TheLastJobOfAUserTakesItsDirectoriesWithIt) {
+  auto registry = JobRegistry::Create(roots_, *io_, *stats_);
+  ASSERT_TRUE(registry.ok());
+  auto job = (*registry)->Acquire("empty", 1234);
+  ASSERT_TRUE(job.ok());
+  (*registry)->Release(**job);
+  for (const fs::path& root : roots_) EXPECT_FALSE(fs::exists(root / "users" / "1234")) << root;
+  MakeJob(**registry, "a", 1234);
+  MakeJob(**registry, "b", 1234);
+  ASSERT_TRUE((*registry)->Delete("a", 1234).ok());
+  EXPECT_TRUE(fs::exists(roots_[0] / "users" / "1234" / "jobs" / "b"));
+  ASSERT_TRUE((*registry)->Delete("b", 1234).ok());
+  for (const fs::path& root : roots_) {
+    EXPECT_FALSE(fs::exists(root / "users" / "1234")) << root;
+    EXPECT_TRUE(fs::exists(root / "users")) << "the users directory itself stays";
+  }
+}
+
+// Issue 20, item 4: a copy is refused by the per-user storage limit before it
+// creates anything, and the registry is free again afterwards.
+TEST_F(JobTest, ACopyOverThePerUserStorageLimitLeavesNothing) {
+  auto registry = JobRegistry::Create(
+      roots_, *io_, *stats_,
+      JobRegistryOptions{.storage = StorageBudgetOptions{.max_bytes_per_user = 1 << 20, .commit_reserve_bytes = 0}});
+  ASSERT_TRUE(registry.ok());
+  MakeJob(**registry, "src", 1234, 20000);  // about 480 KiB on storage each: a copy passes 1 MiB
+  MakeJob(**registry, "src2", 1234, 20000);
+  auto copied = (*registry)->Copy("src", "dst", 1234);
+  ASSERT_FALSE(copied.ok());
+  EXPECT_EQ(copied.status().code(), absl::StatusCode::kResourceExhausted) << copied.status();
+  EXPECT_NE(copied.status().message().find("max_storage_bytes_per_user"), std::string::npos) << copied.status();
+  EXPECT_FALSE(fs::exists(JobDir(0, 1234, "dst")));
+  EXPECT_FALSE(fs::exists(JobDir(1, 1234, "dst")));
+  // Neither name is left busy.
+  auto src = (*registry)->Acquire("src", 1234);
+  ASSERT_TRUE(src.ok()) << src.status();
+  (*registry)->Release(**src);
+}
+
 // Migration: a data directory of the layout before namespaces moves, per owner.
 TEST_F(JobTest, OldLayoutJobsMoveToTheirOwnersNamespace) {
   {

@@ -8,10 +8,16 @@
 // `render` returns; any other path is 404, any other method 405. A request may
 // carry no body and at most kMaxHeaderBytes of headers (431 beyond). The server
 // runs on a thread of its own, so a slow or stuck client never holds up the
-// daemon's sessions: each connection has kIoTimeout to send its request and to
-// take the answer, and at most kMaxConnections are open at once (more are
-// closed on accept). One request per connection (the answer says
-// "Connection: close").
+// daemon's sessions: each connection has kHeadTimeout to send its request head
+// and kIoTimeout to take the answer; at most kMaxConnections are open at once,
+// and at most kMaxConnectionsPerSource from one source. A source is the peer's
+// uid for a loopback peer (found in /proc/net/tcp, so that local users are told
+// apart), else its IP address. A new connection of a source at its bound
+// closes that source's oldest connection still sending its head (else it is
+// closed); on a full server it closes that of the source with most connections.
+// So a user holding half-sent requests (issue 20) fills only their own share,
+// and a scrape gets through. One request per
+// connection (the answer says "Connection: close").
 //
 // Anyone who can reach the address sees every figure (all users' activity):
 // the default is off, and a non-loopback address is logged as a warning.
@@ -21,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +39,8 @@ class MetricsHttpServer {
  public:
   static constexpr size_t kMaxHeaderBytes = 8 * 1024;
   static constexpr size_t kMaxConnections = 32;
+  static constexpr size_t kMaxConnectionsPerSource = 4;
+  static constexpr std::chrono::seconds kHeadTimeout{2};
   static constexpr std::chrono::seconds kIoTimeout{10};
 
   // Binds `address` ("IPv4:port", "[IPv6]:port" or "localhost:port"; port 0
@@ -64,5 +73,11 @@ struct HostPort {
   uint16_t port = 0;
 };
 absl::StatusOr<HostPort> ParseHostPort(std::string_view address);
+
+// The uid that owns the IPv4 TCP socket bound to `peer_ip:peer_port` and
+// connected to `local_ip:local_port` (host byte order), from the text of
+// /proc/net/tcp; nullopt when no line matches.
+std::optional<uint32_t> SocketOwnerUid(std::string_view proc_net_tcp, uint32_t peer_ip, uint16_t peer_port,
+                                       uint32_t local_ip, uint16_t local_port);
 
 }  // namespace fuyou::metrics

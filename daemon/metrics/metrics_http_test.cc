@@ -102,6 +102,29 @@ TEST_F(MetricsHttpTest, AClientThatSendsNothingDoesNotHoldUpOthers) {
   ::close(partial);
 }
 
+TEST_F(MetricsHttpTest, AScrapeGetsThroughFortyHalfSentRequests) {
+  // Issue 20: 40 half-sent request lines kept the 32-connection cap full.
+  std::vector<int> held;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = Connect(server_->port());
+    ASSERT_GE(fd, 0);
+    (void)::send(fd, "GET /met", 8, MSG_NOSIGNAL);
+    held.push_back(fd);
+  }
+  EXPECT_EQ(StatusLine(Exchange(server_->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")), "HTTP/1.1 200 OK");
+  for (int fd : held) ::close(fd);
+}
+
+TEST(SocketOwnerUidTest, FindsThePeersLineInProcNetTcp) {
+  const std::string text =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+      "   0: 0100007F:24FC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0\n"
+      "   1: 0100007F:C350 0100007F:24FC 01 00000000:00000000 00:00000000 00000000 65534        0 2 1 0\n";
+  const uint32_t loopback = 0x7F000001;
+  EXPECT_EQ(SocketOwnerUid(text, loopback, 0xC350, loopback, 0x24FC), 65534u);
+  EXPECT_FALSE(SocketOwnerUid(text, loopback, 0xC351, loopback, 0x24FC).has_value());
+}
+
 TEST_F(MetricsHttpTest, StopClosesThePort) {
   const uint16_t port = server_->port();
   server_->Stop();

@@ -18,8 +18,10 @@
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "jobs/job_registry.h"
 #include "journal/journal_scratch.h"
+#include "jobs/storage_budget.h"
 #include "metrics/metrics_http.h"
 #include "metrics/metrics_text.h"
 #include "optimizer/adamw_kernel.h"
@@ -154,6 +156,37 @@ rlim_t RaiseOpenFileLimit(const DaemonConfig& config) {
   return limit.rlim_cur;
 }
 
+// The lowest fd number at which a new gRPC connection is refused: the
+// descriptors above are kept for what open sessions need (their state files,
+// segments, manifest.tmp at each commit, handovers) and for the daemon itself.
+// The reserve is what max_sessions may need, at most half the limit.
+int MaxConnectionFd(const DaemonConfig& config, rlim_t open_files) {
+  if (open_files == 0 || open_files == RLIM_INFINITY) return 0;
+  const uint64_t limit = std::min<uint64_t>(open_files, INT32_MAX);
+  const uint64_t wanted =
+      uint64_t{config.max_sessions} * (kDescriptorsPerSession + config.storage_paths.size()) + kDescriptorReserve;
+  const uint64_t reserve = std::min<uint64_t>(wanted, limit / 2);
+  return static_cast<int>(limit - reserve);
+}
+
+// When PeerListener shuts down a connection that carries no call: after gRPC's
+// own idle timer (GRPC_ARG_MAX_CONNECTION_IDLE_MS, the same timeout) had time
+// to close it gracefully with a GOAWAY, which a real client follows. What is
+// left then is a peer that never completed the HTTP/2 handshake or ignores it.
+std::chrono::milliseconds IdleShutdownAfter(double idle_timeout_seconds) {
+  if (idle_timeout_seconds <= 0) return std::chrono::milliseconds(0);
+  const double grace = std::min(idle_timeout_seconds, 30.0);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::min((idle_timeout_seconds + grace) * 1000, 1e12)));
+}
+
+// Resolves the "auto" storage settings from the paths' sizes (statvfs).
+void ResolveStorageDefaults(DaemonConfig& config) {
+  const StorageDefaults defaults = StorageDefaultsFor(config.storage_paths);
+  if (config.job_quota_bytes == kAutoBytes) config.job_quota_bytes = defaults.job_quota_bytes;
+  if (config.max_storage_bytes_per_user == kAutoBytes) config.max_storage_bytes_per_user = defaults.max_bytes_per_user;
+  if (config.reserved_free_bytes == kAutoBytes) config.reserved_free_bytes = defaults.reserved_free_bytes;
+}
+
 // How often the reaper looks for sessions never attached or idle for too long:
 // every 5 s, or a quarter of a shorter idle timeout (a test may use 1 s).
 std::chrono::milliseconds ReaperPeriod(double idle_timeout_seconds) {
@@ -215,6 +248,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     if (!lock.ok()) return lock.status();
     impl->locks.push_back(std::move(*lock));
   }
+  ResolveStorageDefaults(impl->config);
   impl->stats = std::make_unique<DaemonStats>(config.storage_paths);
   storage::IoEngineOptions io_options;
   io_options.queue_depth = config.io_queue_depth;
@@ -241,7 +275,10 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   impl->kernel = std::make_unique<optimizer::AdamWKernel>(config.worker_threads);
   impl->cache = std::make_unique<StateCache>(config.dram_budget_bytes);
   auto jobs = JobRegistry::Create(config.storage_paths, *impl->io, *impl->stats,
-                                  JobRegistryOptions{.max_jobs_per_user = config.max_jobs_per_user});
+                                  JobRegistryOptions{.max_jobs_per_user = config.max_jobs_per_user,
+                                                     .storage = StorageBudgetOptions{
+                                                         .max_bytes_per_user = impl->config.max_storage_bytes_per_user,
+                                                         .reserved_free_bytes = impl->config.reserved_free_bytes}});
   if (!jobs.ok()) return jobs.status();
   impl->jobs = std::move(*jobs);
   // Gradient journals spill to <root>/journal; what a dead daemon left there goes now.
@@ -252,7 +289,8 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   impl->journal_scratch = std::move(*journal_scratch);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.journal_scratch = impl->journal_scratch.get();
-  services.job_quota_bytes = config.job_quota_bytes;
+  services.job_quota_bytes = impl->config.job_quota_bytes;
+  services.storage_budget = &impl->jobs->storage_budget();
   services.durability = DurabilityInterval{.every_steps = config.commit_every_steps,
                                            .every_seconds = config.commit_every_seconds};
   SessionLimits limits;
@@ -283,9 +321,13 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   // where each client passes its segment's memfd (fuyou/segment_handover.h).
   // The daemon needs no privilege for either: it never creates a segment.
   impl->segment_socket = fs::absolute(config.socket_path).string() + std::string(kSegmentSocketSuffix);
-  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path));
-  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(impl->segment_socket));
-  auto listener = PeerListener::Listen(config.socket_path, config.socket_mode);
+  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(config.socket_path, config.socket_mode));
+  FUYOU_RETURN_IF_ERROR(PrepareSocketPath(impl->segment_socket, config.socket_mode));
+  auto listener = PeerListener::Listen(config.socket_path, config.socket_mode,
+                                       ConnectionLimits{.max_connections = config.max_connections,
+                                                        .max_connections_per_user = config.max_connections_per_user,
+                                                        .max_connection_fd = MaxConnectionFd(config, open_files)},
+                                       IdleShutdownAfter(config.idle_connection_timeout_seconds));
   if (!listener.ok()) return listener.status();
   impl->listener = std::move(*listener);
   auto segment_listener = SegmentListener::Listen(
@@ -309,6 +351,18 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   builder.RegisterService(impl->offload.get());
   builder.RegisterService(impl->admin.get());
   builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(impl->listener->CallCounter());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // A connection with no RPC in flight for this long gets a GOAWAY and is
+  // closed; a client reconnects on its next call. Sessions keep their Stream
+  // call open, so a training job is never idle. PeerListener shuts down the
+  // connections gRPC's timer does not close (no HTTP/2 handshake).
+  if (config.idle_connection_timeout_seconds > 0) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min(config.idle_connection_timeout_seconds * 1000, double{INT32_MAX})));
+  }
   impl->server = builder.BuildAndStart();
   if (!impl->server) {
     return absl::UnavailableError(fmt::format("cannot start the gRPC server for {}", config.socket_path.string()));
@@ -335,6 +389,18 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
             config.idle_session_timeout_seconds > 0 ? fmt::format("{} s", config.idle_session_timeout_seconds)
                                                     : std::string("never"),
             open_files);
+  const auto bytes_or_unlimited = [](uint64_t bytes) {
+    return bytes == 0 ? std::string("unlimited") : fmt::format("{} MiB", bytes >> 20);
+  };
+  log::Info("limits: {} connections in all, {} per user, idle connections closed after {}, new connections refused "
+            "from fd {}; storage: {} per job, {} per user, {} kept free on each path for administrators",
+            config.max_connections, config.max_connections_per_user,
+            config.idle_connection_timeout_seconds > 0 ? fmt::format("{} s", config.idle_connection_timeout_seconds)
+                                                       : std::string("never"),
+            MaxConnectionFd(config, open_files), bytes_or_unlimited(impl->config.job_quota_bytes),
+            bytes_or_unlimited(impl->config.max_storage_bytes_per_user), 
+            impl->config.reserved_free_bytes != 0 ? fmt::format("{} MiB", impl->config.reserved_free_bytes >> 20)
+                                                  : std::string("nothing"));
   return std::unique_ptr<DaemonServer>(new DaemonServer(std::move(impl)));
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/log_throttle.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "fuyou/segment_handover.h"
@@ -84,6 +85,7 @@ void SegmentListener::Stop() {
 }
 
 void SegmentListener::Loop() {
+  LogThrottle accept_failures(std::chrono::seconds(10));  // a peer can repeat them at will
   std::list<Connection> waiting;
   std::map<uid_t, size_t> waiting_per_uid;
   auto finish = [&](std::list<Connection>::iterator it, const absl::Status& reply) {
@@ -193,10 +195,17 @@ void SegmentListener::Loop() {
         if (errno == EMFILE || errno == ENFILE) {
           // The connection stays in the backlog and the socket stays readable:
           // pause instead of spinning until a descriptor is free.
-          log::Warn("segment socket: cannot accept a handover: {}", std::strerror(errno));
+          const int err = errno;
+          if (auto held_back = accept_failures.Allow()) {
+            log::Warn("segment socket: cannot accept a handover: {} ({} more not logged)", std::strerror(err),
+                      *held_back);
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
         } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-          log::Warn("accept on the segment socket failed: {}", std::strerror(errno));
+          const int err = errno;
+          if (auto held_back = accept_failures.Allow()) {
+            log::Warn("accept on the segment socket failed: {} ({} more not logged)", std::strerror(err), *held_back);
+          }
         }
         break;
       }

@@ -1,5 +1,6 @@
 #include "server/socket_path.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,19 +16,62 @@
 namespace fuyou {
 namespace fs = std::filesystem;
 
-absl::Status PrepareSocketPath(const fs::path& path) {
+mode_t SocketDirectoryMode(mode_t socket_mode) {
+  mode_t mode = 0700;
+  if (socket_mode & 0060) mode |= 0010;
+  if (socket_mode & 0006) mode |= 0001;
+  return mode;
+}
+
+absl::Status CheckSocketDirectory(const fs::path& dir) {
+  struct stat info {};
+  if (::stat(dir.c_str(), &info) != 0) {
+    return ErrnoStatus(errno, fmt::format("cannot inspect the socket directory {}", dir.string()));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(fmt::format("the socket directory {} is not a directory", dir.string()));
+  }
+  const uid_t self = ::geteuid();
+  if (info.st_uid != self && info.st_uid != 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "refusing the socket directory {}: it belongs to uid {}, not to this daemon's uid {} or root, so that user "
+        "could replace the socket; someone else may have created it first. Remove it (as root, or ask its owner) "
+        "and start fuyoud again, or choose another --socket",
+        dir.string(), info.st_uid, self));
+  }
+  if ((info.st_mode & 0022) != 0 && (info.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(fmt::format(
+        "refusing the socket directory {}: its mode {:04o} lets {} write it, so they could replace the socket. "
+        "Run `chmod go-w {}` (or `chmod +t` for a shared directory), or choose another --socket",
+        dir.string(), info.st_mode & 07777, (info.st_mode & 0002) ? "every user" : "its group", dir.string()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareSocketPath(const fs::path& path, mode_t socket_mode) {
   sockaddr_un address{};
   if (path.string().size() >= sizeof(address.sun_path)) {
     return absl::InvalidArgumentError(
         fmt::format("socket path {} is longer than the {} bytes a Unix socket path may have", path.string(),
                     sizeof(address.sun_path) - 1));
   }
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        fmt::format("cannot create the socket directory {}: {}", path.parent_path().string(), ec.message()));
+  if (!fs::exists(dir, ec)) {
+    if (dir.has_parent_path()) fs::create_directories(dir.parent_path(), ec);
+    // Made 0700, then given its search bits through an fd opened without
+    // following links. EEXIST (another creator won a race) is checked below
+    // like any directory found.
+    if (::mkdir(dir.c_str(), 0700) == 0) {
+      if (const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); dir_fd >= 0) {
+        (void)::fchmod(dir_fd, SocketDirectoryMode(socket_mode));
+        ::close(dir_fd);
+      }
+    } else if (errno != EEXIST) {
+      return ErrnoStatus(errno, fmt::format("cannot create the socket directory {}", dir.string()));
+    }
   }
+  FUYOU_RETURN_IF_ERROR(CheckSocketDirectory(dir));
   struct stat info {};
   if (::lstat(path.c_str(), &info) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
@@ -64,7 +108,9 @@ absl::StatusOr<int> ListenOnSocketPath(const fs::path& path, mode_t mode) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-  const mode_t old_umask = ::umask(0177);
+  // bind creates the file with the socket inode's mode less the umask.
+  (void)::fchmod(fd, mode & 0777);
+  const mode_t old_umask = ::umask(~mode & 0777);
   const int bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
   const int bind_errno = errno;
   ::umask(old_umask);
@@ -72,7 +118,7 @@ absl::StatusOr<int> ListenOnSocketPath(const fs::path& path, mode_t mode) {
     ::close(fd);
     return ErrnoStatus(bind_errno, fmt::format("cannot bind {}", path.string()));
   }
-  if (::chmod(path.c_str(), mode) != 0 || ::listen(fd, 128) != 0) {
+  if (::listen(fd, 128) != 0) {
     int err = errno;
     ::close(fd);
     return ErrnoStatus(err, fmt::format("cannot set up {}", path.string()));

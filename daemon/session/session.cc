@@ -141,7 +141,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
         .store_weights = spec.store_weights(),
     });
   }
-  auto registered = store_->Register(chunks, services_.job_quota_bytes);
+  auto registered = store_->Register(chunks, services_.job_quota_bytes, services_.storage_budget);
   if (!registered.ok()) return NoteCommitResult(registered.status());
   v1::RegisterChunksResponse response;
   for (size_t i = 0; i < chunks.size(); ++i) {

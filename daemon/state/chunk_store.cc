@@ -277,7 +277,8 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
 // ---- Registration.
 
 absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::span<const Registration> chunks,
-                                                                         uint64_t job_quota_bytes) {
+                                                                         uint64_t job_quota_bytes,
+                                                                         StorageBudget* budget) {
   // Whether a chunk stores its working weights is part of its layout on
   // storage: a resumed chunk keeps it, and the weights' dtype with it.
   for (const Registration& chunk : chunks) {
@@ -326,6 +327,11 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
           job_.name(), needed ? fmt::format("{}", *needed) : std::string("more than 2^64"), job_quota_bytes,
           job_.bytes_on_storage(), *new_bytes));
     }
+  }
+  // Held until the extents are reserved (the disk shows them after that).
+  StorageBudget::Grant grant;
+  if (budget != nullptr && *new_bytes != 0) {
+    FUYOU_ASSIGN_OR_RETURN(grant, budget->Admit(job_.uid(), *new_bytes, fmt::format("job '{}'", job_.name())));
   }
   JobEdit edit(job_);  // gives back its reservations unless committed
   bool any_new = false;

@@ -83,6 +83,7 @@
 #include "fuyou/dtype.h"
 #include "jobs/chunk_layout.h"
 #include "jobs/job.h"
+#include "jobs/storage_budget.h"
 #include "state/fetch_order.h"
 #include "state/learned_order.h"
 #include "state/state_cache.h"
@@ -166,13 +167,15 @@ class ChunkStore {
   // chunk that stores weights gets its committed weights copied there), and
   // their dtypes, a missing fingerprint and missing segments are adopted. One
   // manifest commit when anything changed. All or nothing: RESOURCE_EXHAUSTED
-  // (over `job_quota_bytes`, 0 = unlimited, or the storage full) or an I/O
+  // (over `job_quota_bytes`, 0 = unlimited, refused by `budget` when given: the
+  // per-user storage limit and the free space kept, or the storage full) or an I/O
   // error leaves the job as committed, nothing reserved. FAILED_PRECONDITION,
   // before anything is done, for a resumed chunk whose store_weights differs
   // from its stored one, or that stores weights and changes its param_dtype.
   // Results are in the order of `chunks`. Crash points: registration_reserved,
   // registration_states_written, registration_committed.
-  absl::StatusOr<std::vector<Registered>> Register(std::span<const Registration> chunks, uint64_t job_quota_bytes);
+  absl::StatusOr<std::vector<Registered>> Register(std::span<const Registration> chunks, uint64_t job_quota_bytes,
+                                                   StorageBudget* budget = nullptr);
 
   // ---- The step (committed_step() + 1).
   // Stages chunk `chunk_id`'s update: pins its committed states (cache hit,

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ._errors import (DaemonUnavailable, DeadlineExceeded, FailedPrecondition, FuyouError,
                       InvalidArgument)
-from .daemon import EmbeddedDaemon, default_socket_path, find_daemon_binary
+from .daemon import EmbeddedDaemon, UntrustedDaemon, default_socket_path, find_daemon_binary
 from ._admin import admin_client, admin_stats
 from ._loop_stats import LoopStats
 from ._materialize import init_empty, materialize
@@ -33,6 +33,7 @@ __all__ = [
     "EmbeddedDaemon",
     "FuyouError",
     "DaemonUnavailable",
+    "UntrustedDaemon",
     "InvalidArgument",
     "FailedPrecondition",
     "DeadlineExceeded",

@@ -11,10 +11,14 @@ user. Fails (exit 1, with hypothesis's failing sequence of steps) when:
   RPC_TIMEOUT_S (a hang), or a stream message gets no reply;
 - the daemon does what it must refuse: accepts a second stream on an attached
   session, closes a session twice, acts on another user's session or job, shows
-  another user's session, accepts a bad segment handover (fuzz_segment.py).
+  another user's session, accepts a bad segment handover (fuzz_segment.py);
+- a limit of issue 20 does not hold: more connections of this uid stay open
+  than --max-connections-per-user, or its jobs (CopyJob's copies included)
+  hold more storage than --max-storage-per-user.
 Exit 0 after --seconds of fuzzing otherwise; prints what it sent and got.
 
 Usage: fuzz_worker.py --socket PATH --daemon-pid PID --seconds N
+                      [--max-connections-per-user N] [--max-storage-per-user BYTES]
 """
 
 import argparse
@@ -22,6 +26,7 @@ import collections
 import functools
 import os
 import queue
+import socket
 import struct
 import sys
 import threading
@@ -58,6 +63,7 @@ UNARY = {
     "ListSessions": (ADMIN, apb.ListSessionsRequest, apb.ListSessionsResponse),
     "ListJobs": (ADMIN, apb.ListJobsRequest, apb.ListJobsResponse),
     "DeleteJob": (ADMIN, apb.DeleteJobRequest, apb.DeleteJobResponse),
+    "CopyJob": (ADMIN, apb.CopyJobRequest, apb.CopyJobResponse),
 }
 DTYPE_BYTES = {1: 4, 2: 2, 3: 2}
 OK = grpc.StatusCode.OK
@@ -82,6 +88,9 @@ class Daemon:
         self.foreign_sessions = set()  # ids of other users' sessions that the daemon showed
         self.forgotten = 0
         self.fresh_jobs = 0
+        self.socket_path = socket_path
+        self.max_connections_per_user = 0  # 0: not checked
+        self.max_storage_per_user = 0
 
     def out_of_time(self):
         return time.monotonic() >= self.end
@@ -123,6 +132,19 @@ class Daemon:
             self.unary["Health"](b"", timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as error:
             raise DaemonDied(f"fuyoud (pid {self.pid}) does not answer Health: {error.code().name} {error.details()}")
+
+
+def _still_open(s):
+    """False once the daemon closed or shut down connection `s` (what it sent is read away)."""
+    s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 DAEMON = None  # set by main()
@@ -644,6 +666,53 @@ class DaemonFuzz(RuleBasedStateMachine):
         if name == "OpenSession" and code == OK:
             self._track("", response)
 
+    # --- the limits of issue 20 -------------------------------------------------------
+
+    @rule(count=st.integers(1, 48), garbage=st.binary(max_size=32))
+    @step
+    def connection_flood(self, count, garbage):
+        """Opens `count` raw connections (some sending a few bytes) and holds them:
+        no more than the per-user cap stay open, and the daemon still answers."""
+        if not DAEMON.max_connections_per_user:
+            return
+        held = []
+        try:
+            for n in range(count):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(DAEMON.socket_path)
+                    if garbage and n % 2:
+                        s.send(garbage)
+                    held.append(s)
+                except OSError:
+                    s.close()
+            time.sleep(0.3)
+            open_now = sum(_still_open(s) for s in held)
+            # The worker's own channel holds a connection of this uid too.
+            if open_now > DAEMON.max_connections_per_user:
+                raise AssertionError(f"{open_now} connections of uid {DAEMON.uid} are open, over the cap of "
+                                     f"{DAEMON.max_connections_per_user}")
+        finally:
+            for s in held:
+                s.close()
+        DAEMON.check_alive()
+
+    @rule(src=fv.job_name(), dst=fv.job_name(), i=fv.index(), seen=st.booleans())
+    @step
+    def copy_job(self, src, dst, i, seen):
+        if seen and DAEMON.seen_jobs:
+            src = fv.choose(sorted(DAEMON.seen_jobs), i)
+        code, _ = DAEMON.call("CopyJob", apb.CopyJobRequest(src=src, dst=dst))
+        if code != OK or not DAEMON.max_storage_per_user:
+            return
+        self.jobs.add(dst)
+        code, listed = DAEMON.call("ListJobs", apb.ListJobsRequest())
+        if code == OK:
+            used = sum(job.bytes_on_storage for job in listed.jobs)
+            if used > DAEMON.max_storage_per_user:
+                raise AssertionError(f"after CopyJob {src!r} -> {dst!r} uid {DAEMON.uid}'s jobs hold {used} bytes, "
+                                     f"over --max-storage-per-user {DAEMON.max_storage_per_user}")
+
     def teardown(self):
         try:
             for session in list(self.live):
@@ -661,8 +730,12 @@ def main():
     parser.add_argument("--socket", required=True)
     parser.add_argument("--daemon-pid", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--max-connections-per-user", type=int, default=0)
+    parser.add_argument("--max-storage-per-user", type=int, default=0)
     args = parser.parse_args()
     DAEMON = Daemon(args.socket, args.daemon_pid, args.seconds)
+    DAEMON.max_connections_per_user = args.max_connections_per_user
+    DAEMON.max_storage_per_user = args.max_storage_per_user
     DAEMON.check_alive()
     # Hypothesis has no time budget: runs of a few examples, each sized to the
     # time left from how long the last examples took.

@@ -30,6 +30,9 @@ import time
 import grpc
 
 NOBODY = 65534
+# The limits of issue 20 that the worker checks (fuzz_worker.py's connection_flood, copy_job).
+MAX_CONNECTIONS_PER_USER = 32
+MAX_STORAGE_PER_USER = "512MiB"
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
                      "SUMMARY: AddressSanitizer", "SUMMARY: UndefinedBehaviorSanitizer", "ERROR: ThreadSanitizer")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +101,8 @@ def start_daemon(daemon, tmp, stderr_file):
     socket_path = os.path.join(tmp, "fuyoud.sock")
     args = [daemon, "--socket", socket_path, "--data-dir", os.path.join(tmp, "data"), "--socket-mode", "0666",
             "--dram-budget", "64MiB", "--max-segment", "8MiB", "--job-quota", "256MiB", "--drain-seconds", "5",
-            "--log-level", "warn"]
+            "--log-level", "warn", "--max-connections-per-user", str(MAX_CONNECTIONS_PER_USER),
+            "--max-storage-per-user", MAX_STORAGE_PER_USER]
     process = subprocess.Popen(args, stdout=stderr_file, stderr=stderr_file, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -164,7 +168,8 @@ def main():
         started = time.monotonic()
         worker = subprocess.Popen(
             [sys.executable, os.path.join(lib, "fuzz_worker.py"), "--socket", socket_path, "--daemon-pid",
-             str(daemon.pid), "--seconds", str(args.seconds)],
+             str(daemon.pid), "--seconds", str(args.seconds), "--max-connections-per-user",
+             str(MAX_CONNECTIONS_PER_USER), "--max-storage-per-user", str(512 << 20)],
             cwd=home, env=env, user=NOBODY, group=NOBODY, extra_groups=[])
         while worker.poll() is None:
             if daemon.poll() is not None:

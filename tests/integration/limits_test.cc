@@ -36,7 +36,7 @@ class LimitsTest : public ::testing::Test {
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to act as a second user";
     // nobody must reach the socket (and write its output files) under the test's directory.
-    ::chmod(dir_.path().c_str(), 0777);
+    ::chmod(dir_.path().c_str(), 01777);  // sticky: fuyoud refuses a socket directory others can write otherwise
   }
 
   void StartDaemon(std::vector<std::string> args = {}) {

@@ -463,7 +463,7 @@ TEST(WeightsStatsTest, EachUserSeesTheirOwnFetchesAndFuyouctlPrintsThem) {
   if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to act as a second user";
   constexpr uid_t kNobody = 65534;
   TempDir dir;
-  ::chmod(dir.path().c_str(), 0777);  // nobody must reach the socket and write its output
+  ::chmod(dir.path().c_str(), 01777);  // nobody must reach the socket and write its output (sticky, as fuyoud requires)
   DaemonProcess daemon(dir.path(), {"--dram-budget", "64MiB", "--socket-mode", "0666", "--drain-seconds", "0"});
   absl::Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << Text(started);

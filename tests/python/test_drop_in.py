@@ -392,7 +392,7 @@ def test_copy_job_is_refused_across_users():
     """Another user names root's job: it is not in their namespace (NOT_FOUND),
     and nothing is created."""
     tmp_path = Path(tempfile.mkdtemp(prefix="fuyou-copy-"))
-    os.chmod(tmp_path, 0o777)  # nobody reaches the socket
+    os.chmod(tmp_path, 0o1777)  # nobody reaches the socket (sticky, as fuyoud requires)
     binary = require_daemon()
     with fuyou.EmbeddedDaemon(data_dir=str(tmp_path / "data"), socket_path=str(tmp_path / "s.sock"),
                               extra_args=["--dram-budget", "64MiB", "--socket-mode", "0666"],

@@ -98,7 +98,7 @@ def test_progress_bar_counts_an_ordinary_users_own_bytes():
     binary = require_daemon()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="fuyou-limits-"))
     try:
-        os.chmod(tmp, 0o777)  # nobody reaches the socket and has a HOME here
+        os.chmod(tmp, 0o1777)  # nobody reaches the socket and has a HOME here (sticky, as fuyoud requires)
         with fuyou.EmbeddedDaemon(data_dir=str(tmp / "data"), socket_path=str(tmp / "s.sock"),
                                   extra_args=["--dram-budget", "64MiB", "--socket-mode", "0666"],
                                   binary=binary) as d:

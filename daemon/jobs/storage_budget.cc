@@ -1,0 +1,130 @@
+#include "jobs/storage_budget.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "fmt/format.h"
+#include "jobs/job.h"
+#include "storage/dir_fd.h"
+
+namespace fuyou {
+namespace fs = std::filesystem;
+
+StorageBudget::Grant& StorageBudget::Grant::operator=(Grant&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    budget_ = other.budget_;
+    uid_ = other.uid_;
+    bytes_ = other.bytes_;
+    other.budget_ = nullptr;
+  }
+  return *this;
+}
+
+void StorageBudget::Grant::Reset() {
+  if (budget_ != nullptr) budget_->Give(uid_, bytes_);
+  budget_ = nullptr;
+}
+
+StorageBudget::StorageBudget(std::vector<fs::path> roots, StorageBudgetOptions options)
+    : roots_(std::move(roots)), options_(options) {}
+
+void StorageBudget::Give(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto it = pending_.find(uid);
+  if (it != pending_.end()) {
+    it->second -= std::min(it->second, bytes);
+    if (it->second == 0) pending_.erase(it);
+  }
+  pending_total_ -= std::min(pending_total_, bytes);
+}
+
+uint64_t StorageBudget::UsedBy(uid_t uid) const {
+  uint64_t used = 0;
+  for (const fs::path& path : roots_) {
+    auto root = storage::DirFd::OpenRoot(path);
+    if (!root.ok()) continue;
+    auto jobs = OpenUserJobsDir(*root, uid, /*create=*/false);
+    if (!jobs.ok()) continue;
+    auto names = jobs->List();
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      struct stat info {};
+      const std::string file = name + "/states.bin";
+      if (::fstatat(jobs->get(), file.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(info.st_mode)) {
+        used += static_cast<uint64_t>(info.st_blocks) * 512;
+      }
+    }
+  }
+  return used;
+}
+
+absl::StatusOr<StorageBudget::Grant> StorageBudget::Admit(uid_t uid, uint64_t bytes, std::string_view what) {
+  Grant grant;
+  if (bytes == 0) return grant;
+  const bool administrator = uid == 0 || uid == ::geteuid();
+  // Outside the lock: a directory walk. Two Admits of one uid that race both
+  // see the other's pending bytes below, which is what matters.
+  const uint64_t used = options_.max_bytes_per_user != 0 ? UsedBy(uid) : 0;
+  std::lock_guard lock(mutex_);
+  const uint64_t pending = pending_.count(uid) ? pending_[uid] : 0;
+  if (const uint64_t limit = options_.max_bytes_per_user; limit != 0) {
+    const uint64_t after = used + pending + bytes;
+    if (after < bytes || after > limit) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} of uid {} needs {} more bytes on storage, which would bring uid {}'s jobs to {} bytes, over the "
+          "per-user storage limit max_storage_bytes_per_user ({} bytes; they reserve {} now); nothing was written. "
+          "Delete jobs (fuyouctl jobs delete) or raise [limits] max_storage_bytes_per_user / --max-storage-per-user",
+          what, uid, bytes, uid, after, limit, used + pending));
+    }
+  }
+  const uint64_t share = (bytes + roots_.size() - 1) / roots_.size();
+  const uint64_t pending_share = (pending_total_ + roots_.size() - 1) / roots_.size();
+  const uint64_t keep = options_.commit_reserve_bytes + (administrator ? 0 : options_.reserved_free_bytes);
+  for (const fs::path& path : roots_) {
+    struct statvfs info {};
+    if (::statvfs(path.c_str(), &info) != 0) continue;  // the reservation itself reports the error
+    const uint64_t free = static_cast<uint64_t>(info.f_bavail) * info.f_frsize;
+    const uint64_t available = free > pending_share ? free - pending_share : 0;
+    if (available < keep || available - keep < share) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} of uid {} needs {} more bytes on storage path {}, which has {} bytes free ({} of them promised to "
+          "registrations in progress); {} bytes are kept free there ({}), so nothing was written. Free space on "
+          "the path, delete jobs (fuyouctl jobs delete), or lower [storage] reserved_free / --reserved-free "
+          "(now {} bytes)",
+          what, uid, share, path.string(), free, std::min(free, pending_share), keep,
+          administrator ? "for the commits of running jobs"
+                        : "for the commits of running jobs and for administrators' jobs, reserved_free",
+          options_.reserved_free_bytes));
+    }
+  }
+  pending_[uid] += bytes;
+  pending_total_ += bytes;
+  grant.budget_ = this;
+  grant.uid_ = uid;
+  grant.bytes_ = bytes;
+  return grant;
+}
+
+StorageDefaults StorageDefaultsFor(const std::vector<fs::path>& roots) {
+  StorageDefaults defaults;
+  uint64_t smallest = UINT64_MAX;
+  for (const fs::path& path : roots) {
+    struct statvfs info {};
+    if (::statvfs(path.c_str(), &info) != 0) continue;
+    const uint64_t size = static_cast<uint64_t>(info.f_blocks) * info.f_frsize;
+    defaults.total_bytes += size;
+    smallest = std::min(smallest, size);
+  }
+  if (defaults.total_bytes == 0) return defaults;
+  defaults.job_quota_bytes = std::max<uint64_t>(defaults.total_bytes / 4, 1);
+  defaults.max_bytes_per_user = std::max<uint64_t>(defaults.total_bytes / 2, 1);
+  defaults.reserved_free_bytes = std::clamp<uint64_t>(smallest / 100, uint64_t{64} << 20, uint64_t{4} << 30);
+  return defaults;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,89 @@
+// StorageBudget: how much of the storage tier a registration may take (issue 20:
+// one user registered chunks until 4 KiB were left and root's next job failed
+// with ENOSPC). Two bounds, checked before anything is reserved:
+//
+//  - per user: the bytes all of a uid's jobs reserve (states.bin on every path,
+//    CopyJob's copies included, as allocated on disk) plus what this request
+//    adds must stay within max_bytes_per_user;
+//  - free space: on every storage path a registration must leave
+//    commit_reserve_bytes free (manifests and commits of running jobs), and one
+//    by an ordinary user also reserved_free_bytes (kept for administrators:
+//    root and the daemon's own user).
+//
+// Registrations in flight count until their Grant is dropped (after the
+// extents are fallocated, when the disk shows them), so two that race cannot
+// both take the last bytes. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fuyou {
+
+struct StorageBudgetOptions {
+  uint64_t max_bytes_per_user = 0;    // 0: no per-user bound
+  uint64_t reserved_free_bytes = 0;   // per path, for administrators only
+  uint64_t commit_reserve_bytes = 16 << 20;  // per path, for nobody's registrations
+};
+
+class StorageBudget {
+ public:
+  // Bytes admitted and not yet on disk. Move-only; gives them back when
+  // destroyed. Must not outlive its StorageBudget.
+  class Grant {
+   public:
+    Grant() = default;
+    Grant(Grant&& other) noexcept { *this = std::move(other); }
+    Grant& operator=(Grant&& other) noexcept;
+    ~Grant() { Reset(); }
+    void Reset();
+
+   private:
+    friend class StorageBudget;
+    StorageBudget* budget_ = nullptr;
+    uid_t uid_ = 0;
+    uint64_t bytes_ = 0;
+  };
+
+  StorageBudget(std::vector<std::filesystem::path> roots, StorageBudgetOptions options);
+
+  // Admits `bytes` more on storage (striped evenly over the paths) for a job of
+  // `uid` (`what` names it in messages: "job 'x'"). RESOURCE_EXHAUSTED naming
+  // the limit, its value, the use and the setting when it would pass
+  // max_storage_bytes_per_user or eat into the free space kept.
+  absl::StatusOr<Grant> Admit(uid_t uid, uint64_t bytes, std::string_view what);
+
+  // Bytes the jobs of `uid` have allocated on every path (states.bin files).
+  uint64_t UsedBy(uid_t uid) const;
+  const StorageBudgetOptions& options() const { return options_; }
+
+ private:
+  void Give(uid_t uid, uint64_t bytes);
+
+  const std::vector<std::filesystem::path> roots_;
+  const StorageBudgetOptions options_;
+  std::mutex mutex_;
+  std::map<uid_t, uint64_t> pending_;  // admitted, not yet dropped
+  uint64_t pending_total_ = 0;
+};
+
+// The auto values of issue 20 from the paths' sizes (statvfs): a quarter of
+// their total size for the per-job quota, half for the per-user limit, and per
+// path 1% of the smallest path's size, within 64 MiB..4 GiB, kept free.
+struct StorageDefaults {
+  uint64_t total_bytes = 0;
+  uint64_t job_quota_bytes = 0;
+  uint64_t max_bytes_per_user = 0;
+  uint64_t reserved_free_bytes = 0;
+};
+StorageDefaults StorageDefaultsFor(const std::vector<std::filesystem::path>& roots);
+
+}  // namespace fuyou

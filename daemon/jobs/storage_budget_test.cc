@@ -1,0 +1,89 @@
+#include "jobs/storage_budget.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fuyou {
+namespace {
+namespace fs = std::filesystem;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+class StorageBudgetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/fuyou-storage-budget-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    root_ = dir;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  // A job of `uid` whose states.bin has `bytes` allocated.
+  void MakeJob(uid_t uid, const std::string& name, uint64_t bytes) {
+    const fs::path dir = root_ / "users" / std::to_string(uid) / "jobs" / name;
+    fs::create_directories(dir);
+    const int fd = ::open((dir / "states.bin").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(bytes)), 0);
+    ::close(fd);
+  }
+  fs::path root_;
+};
+
+void ExpectRefusal(const absl::StatusOr<StorageBudget::Grant>& grant, const std::vector<std::string>& words) {
+  ASSERT_FALSE(grant.ok());
+  EXPECT_EQ(grant.status().code(), absl::StatusCode::kResourceExhausted);
+  for (const std::string& word : words) {
+    EXPECT_NE(grant.status().message().find(word), std::string::npos) << word << " in: " << grant.status().message();
+  }
+}
+
+TEST_F(StorageBudgetTest, BoundsTheBytesOfAllOfAUsersJobs) {
+  MakeJob(1000, "a", 4 * kMiB);
+  MakeJob(1000, "b", 4 * kMiB);
+  MakeJob(1001, "c", 8 * kMiB);
+  StorageBudget budget({root_}, StorageBudgetOptions{.max_bytes_per_user = 10 * kMiB, .commit_reserve_bytes = 0});
+  EXPECT_GE(budget.UsedBy(1000), 8 * kMiB);
+  ExpectRefusal(budget.Admit(1000, 4 * kMiB, "job 'x'"),
+                {"job 'x' of uid 1000", "max_storage_bytes_per_user (10485760 bytes", "--max-storage-per-user"});
+  // What is in flight counts: two registrations cannot both take the rest.
+  auto first = budget.Admit(1000, 1 * kMiB, "job 'y'");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectRefusal(budget.Admit(1000, 1 * kMiB + kMiB / 2, "job 'z'"), {"job 'z'"});
+  first->Reset();
+  EXPECT_TRUE(budget.Admit(1000, 1 * kMiB + kMiB / 2, "job 'z'").ok());
+  // Another user is counted apart.
+  EXPECT_TRUE(budget.Admit(1001, 2 * kMiB, "job 'w'").ok());
+}
+
+TEST_F(StorageBudgetTest, KeepsFreeSpaceForAdministratorsAndCommits) {
+  struct statvfs info {};
+  ASSERT_EQ(::statvfs(root_.c_str(), &info), 0);
+  const uint64_t free = static_cast<uint64_t>(info.f_bavail) * info.f_frsize;
+  ASSERT_GT(free, 64 * kMiB);
+  // Keep all but 32 MiB of what is free for administrators.
+  StorageBudget budget({root_}, StorageBudgetOptions{.reserved_free_bytes = free - 32 * kMiB,
+                                                     .commit_reserve_bytes = 8 * kMiB});
+  ExpectRefusal(budget.Admit(65534, 64 * kMiB, "job 'big'"), {"kept free", "reserved_free", "--reserved-free"});
+  if (::geteuid() == 0) EXPECT_TRUE(budget.Admit(0, 64 * kMiB, "job 'root'").ok());
+  // Nobody takes the space kept for commits.
+  ExpectRefusal(budget.Admit(::geteuid(), free, "job 'all'"), {"for the commits of running jobs"});
+}
+
+TEST(StorageDefaultsTest, ChoosesFiniteLimitsFromThePathsSize) {
+  const StorageDefaults defaults = StorageDefaultsFor({fs::temp_directory_path()});
+  ASSERT_GT(defaults.total_bytes, 0u);
+  EXPECT_EQ(defaults.job_quota_bytes, defaults.total_bytes / 4);
+  EXPECT_EQ(defaults.max_bytes_per_user, defaults.total_bytes / 2);
+  EXPECT_GE(defaults.reserved_free_bytes, 64 * kMiB);
+  EXPECT_LE(defaults.reserved_free_bytes, uint64_t{4} << 30);
+}
+
+}  // namespace
+}  // namespace fuyou

@@ -1,0 +1,77 @@
+#include "server/socket_path.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace fuyou {
+namespace {
+namespace fs = std::filesystem;
+
+class SocketPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/fuyou-socket-path-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    dir_ = dir;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+mode_t ModeOf(const fs::path& path) {
+  struct stat info {};
+  EXPECT_EQ(::lstat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 07777;
+}
+
+TEST_F(SocketPathTest, CreatesThePrivateDirectoryAndTheSocketWithItsMode) {
+  const fs::path socket = dir_ / "run" / "fuyoud.sock";
+  ::umask(0);  // the modes must not depend on the umask
+  ASSERT_TRUE(PrepareSocketPath(socket, 0600).ok());
+  ::umask(022);
+  EXPECT_EQ(ModeOf(dir_ / "run"), 0700u);
+  auto fd = ListenOnSocketPath(socket, 0600);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(ModeOf(socket), 0600u);
+  ::close(*fd);
+  // A socket others may use gets a directory they can only search.
+  const fs::path shared = dir_ / "shared" / "fuyoud.sock";
+  ASSERT_TRUE(PrepareSocketPath(shared, 0666).ok());
+  EXPECT_EQ(ModeOf(dir_ / "shared"), 0711u);
+  auto shared_fd = ListenOnSocketPath(shared, 0666);
+  ASSERT_TRUE(shared_fd.ok());
+  EXPECT_EQ(ModeOf(shared), 0666u);
+  ::close(*shared_fd);
+}
+
+TEST_F(SocketPathTest, RefusesADirectoryOthersCanWrite) {
+  const fs::path open = dir_ / "open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  const absl::Status status = PrepareSocketPath(open / "fuyoud.sock", 0600);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find(open.string()), std::string::npos) << status;
+  EXPECT_NE(status.message().find("chmod go-w"), std::string::npos) << status;
+  // Sticky, as /tmp: others cannot remove or rename what is not theirs.
+  ASSERT_EQ(::chmod(open.c_str(), 01777), 0);
+  EXPECT_TRUE(PrepareSocketPath(open / "fuyoud.sock", 0600).ok());
+}
+
+TEST_F(SocketPathTest, RefusesADirectoryOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown";
+  const fs::path squatted = dir_ / "fuyou-1000";
+  ASSERT_EQ(::mkdir(squatted.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(squatted.c_str(), 65534, 65534), 0);
+  const absl::Status status = PrepareSocketPath(squatted / "fuyoud.sock", 0600);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("belongs to uid 65534"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("Remove it"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace fuyou
