@@ -260,8 +260,7 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
     cache_.SetContents(*pin, record->committed_version(), /*committed=*/true, /*weights_valid=*/!partial);
     StartIo();
     // By value: a commit may replace the manifest `record` lives in meanwhile.
-    job_.states().ReadAsync(
-        extent.offset(), std::span(pin->data(), read_bytes),
+    (void)job_.states().ReadAsync(extent.offset(), std::span(pin->data(), read_bytes)).Then(
         [this, pin, layout = RecordLayout(*record), extent, chunk_id, partial, read_bytes,
          read_start = trace::NowUs()](absl::Status status) {
           trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
@@ -270,6 +269,7 @@ void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
           cache_.FinishLoad(*pin, status);
           pin->Reset();
           FinishIo();
+          return absl::OkStatus();
         });
   }
 }
@@ -455,8 +455,7 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
   const v1::StateExtent& extent = ShadowExtent(*record);
   auto held = std::make_shared<StatePin>(std::move(pin));
   StartIo();
-  job_.states().WriteAsync(
-      extent.offset(), std::span<const std::byte>(held->data(), extent.length()),
+  (void)job_.states().WriteAsync(extent.offset(), std::span<const std::byte>(held->data(), extent.length())).Then(
       [this, held, write, chunk_id, layout, length = extent.length(), write_start = trace::NowUs()](absl::Status status) {
         trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
         const ChunkChecksums checksums = status.ok() ? Checksums(*held, layout) : ChunkChecksums{};
@@ -473,6 +472,7 @@ absl::Status ChunkStore::StageUpdate(uint32_t chunk_id, absl::FunctionRef<void(c
         }
         --inflight_io_;
         io_done_.notify_all();
+        return absl::OkStatus();
       });
   FUYOU_CRASH_POINT("writeback_submitted");
   // Read ahead: the chunks that followed this one in the last step.
@@ -848,8 +848,7 @@ void ChunkStore::ReadWeightsAhead(const std::vector<uint32_t>& chunk_ids) {
     const v1::StateExtent& extent = CommittedExtent(*record);
     StartIo();
     // By value: a commit may replace the manifest `record` lives in meanwhile.
-    job_.states().ReadAsync(
-        extent.offset() + *layout.WeightsOffset(), std::span(pin->data(), region),
+    (void)job_.states().ReadAsync(extent.offset() + *layout.WeightsOffset(), std::span(pin->data(), region)).Then(
         [this, pin, layout, extent, chunk_id, region, read_start = trace::NowUs()](absl::Status status) {
           trace::Record("ssd_read_weights", chunk_id, read_start, trace::NowUs());
           if (status.ok()) {
@@ -861,6 +860,7 @@ void ChunkStore::ReadWeightsAhead(const std::vector<uint32_t>& chunk_ids) {
           cache_.FinishLoad(*pin, status);
           pin->Reset();
           FinishIo();
+          return absl::OkStatus();
         });
   }
 }
