@@ -10,7 +10,7 @@
 #include "fmt/format.h"
 #include "fuyou/checked_math.h"
 #include "jobs/job_edit.h"
-#include "optimizer/adamw_kernel.h"
+#include "optimizer/dtype_convert.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {

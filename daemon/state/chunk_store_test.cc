@@ -11,7 +11,7 @@
 
 #include "common/status_util.h"
 #include "fmt/format.h"
-#include "optimizer/adamw_kernel.h"
+#include "optimizer/dtype_convert.h"
 #include "stats/daemon_stats.h"
 #include "storage/io_engine.h"
 
