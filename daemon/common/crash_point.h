@@ -20,7 +20,7 @@
 //     grad_received                GradReady accepted, before the states are acquired
 //     after_kernel                 new weights in the slot, before ParamsReady is sent
 //     writeback_submitted          write-back to the shadow extent queued
-//     writeback_completed          a write-back finished (in its Future's continuation: an I/O thread)
+//     writeback_completed          a write-back finished (its Future's continuation, on an I/O thread unless done first)
 //   a redo (GradReady.redo: the chunk's update of the step done again)
 //     redo_received                redo accepted, the step's update of the chunk not yet dropped
 //     redo_after_kernel            the chunk updated again from its committed states, before ParamsReady
