@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "optimizer/adamw_kernel.h"
+#include "optimizer/dtype_convert.h"
 
 namespace fuyou::bench {
 void AdamShapedProbeAvx512(float* p, const float* g, float* m, float* v, size_t begin,

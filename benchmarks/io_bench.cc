@@ -96,8 +96,12 @@ double OursGBps(const Config& c, StateFile& file, AlignedBuffer& buffer, bool wr
       ++completed;
       cv.notify_all();
     };
-    if (write) file.WriteAsync(i * c.bs, slot, done);
-    else file.ReadAsync(i * c.bs, slot, done);
+    auto then = [done](const absl::Status& status) {
+      done(status);
+      return absl::OkStatus();
+    };
+    if (write) (void)file.WriteAsync(i * c.bs, slot).Then(then);
+    else (void)file.ReadAsync(i * c.bs, slot).Then(then);
   };
   const auto start = Clock::now();
   for (unsigned k = 0; k < c.qd; ++k) issue();

@@ -12,15 +12,15 @@
 // simulated). When the variable is unset, a point costs one load of a static bool.
 //
 // The points, in the order a job meets them:
-//   registration (ChunkStore::Register, in daemon/state/chunk_store.cc)
+//   registration (ChunkStore::Register, in daemon/state/chunk_registration.cc)
 //     registration_reserved        extents of every new chunk reserved, nothing written
 //     registration_states_written  initial states of the new chunks written, not committed
 //     registration_committed       the manifest naming them committed, before the reply
-//   a step (daemon/session/session.cc; writeback_* in daemon/state/chunk_store.cc)
+//   a step (daemon/session/session.cc; writeback_* in daemon/state/step_transaction.cc)
 //     grad_received                GradReady accepted, before the states are acquired
 //     after_kernel                 new weights in the slot, before ParamsReady is sent
 //     writeback_submitted          write-back to the shadow extent queued
-//     writeback_completed          a write-back finished (on an I/O completion thread)
+//     writeback_completed          a write-back finished (its Future's continuation, on an I/O thread unless done first)
 //   a redo (GradReady.redo: the chunk's update of the step done again)
 //     redo_received                redo accepted, the step's update of the chunk not yet dropped
 //     redo_after_kernel            the chunk updated again from its committed states, before ParamsReady

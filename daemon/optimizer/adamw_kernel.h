@@ -73,10 +73,8 @@ bool IsaSupported(Isa isa);
 void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers& buffers,
                       size_t begin, size_t end);
 
-// Converts n values between dtypes (used to initialise master weights from the
-// job's weights and to return weights on resume).
-void ConvertToFloat32(const void* src, DType src_dtype, float* dst, size_t n);
-void ConvertFromFloat32(const float* src, void* dst, DType dst_dtype, size_t n);
+// The dtype conversions (ConvertToFloat32, ConvertFromFloat32) are in
+// optimizer/dtype_convert.h.
 
 // Splits updates over a fixed pool of worker threads. Thread-safe: concurrent
 // Update calls (from different sessions) are served one after another.

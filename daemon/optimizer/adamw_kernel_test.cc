@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "optimizer/adamw_kernel_internal.h"
+#include "optimizer/dtype_convert.h"
 
 namespace fuyou::optimizer {
 namespace {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 
+#include "optimizer/dtype_convert.h"
+
 namespace fuyou::optimizer {
 namespace {
 

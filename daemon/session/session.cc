@@ -227,6 +227,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   uint64_t skipped = 0;  // elements without gradient
   for (uint32_t s : without) skipped += segments.empty() ? record.num_elements() : segments[s];
   double kernel_seconds = 0;  // set by run_kernel
+  // Runs the kernel on the chunk's staged states.
   auto run_kernel = [&](const ChunkStates& states) {
     const uint64_t n = states.num_elements();
     optimizer::AdamWBuffers buffers;
@@ -263,17 +264,23 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   // The per-segment counts after the step, when they are not all update_count + 1.
   std::vector<int64_t> counts_after;
   if (!without.empty() || record.segment_update_counts_size() != 0) counts_after = CountsAfterUpdate(update);
-  if (absl::Status staged = store_->StageUpdate(chunk_id, run_kernel, std::move(counts_after)); !staged.ok()) {
+  // The store stages the chunk's committed states; the kernel updates them
+  // here, then the store writes them back.
+  absl::StatusOr<StagedUpdate> staged = store_->BeginUpdate(chunk_id);
+  if (!staged.ok()) {
+    const absl::Status& failed = staged.status();
     if (redo) {
       // The chunk's update of the step is gone and no new one was made: the step
       // cannot commit (EndStep rolls it back), and no later GradReady fixes it.
-      failed_redo_ = absl::Status(staged.code(), fmt::format("the redo of chunk {} failed after its update of the "
+      failed_redo_ = absl::Status(failed.code(), fmt::format("the redo of chunk {} failed after its update of the "
                                                              "step was dropped: {}",
-                                                             chunk_id, staged.message()));
+                                                             chunk_id, failed.message()));
       return ErrorReply(failed_redo_, chunk_id, step);
     }
-    return ErrorReply(staged, chunk_id, step);
+    return ErrorReply(failed, chunk_id, step);
   }
+  run_kernel(staged->states());
+  store_->SubmitUpdate(*std::move(staged), std::move(counts_after));
   // The session's own figures (SessionInfo, fuyouctl top): the kernel, and the
   // rest of the request (waiting for the states, submitting the write-back).
   const double request_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -11,7 +11,7 @@
 
 #include "common/status_util.h"
 #include "fmt/format.h"
-#include "optimizer/adamw_kernel.h"
+#include "optimizer/dtype_convert.h"
 #include "stats/daemon_stats.h"
 #include "storage/io_engine.h"
 
@@ -21,6 +21,18 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kElements = 1000;  // 12000 bytes of states: one 12288-byte extent
 constexpr uid_t kUid = 1000;
+
+// One chunk's update as the session makes it: BeginUpdate, `update` on the
+// staged states (the session's kernel), SubmitUpdate.
+template <typename Update>
+absl::Status StageUpdate(ChunkStore& store, uint32_t chunk_id, Update update,
+                         std::vector<int64_t> segment_update_counts = {}) {
+  absl::StatusOr<StagedUpdate> staged = store.BeginUpdate(chunk_id);
+  if (!staged.ok()) return staged.status();
+  update(staged->states());
+  store.SubmitUpdate(*std::move(staged), std::move(segment_update_counts));
+  return absl::OkStatus();
+}
 
 // The engine's own test seam: fails every write while `fail_writes` is set.
 class WriteFailures final : public storage::FaultInjector {
@@ -204,7 +216,7 @@ TEST_F(ChunkStoreTest, RegistrationOverTheQuotaReservesAndWritesNothing) {
 TEST_F(ChunkStoreTest, CommitStepMakesTheShadowTheCommittedExtent) {
   Register(1);
   const uint32_t version_before = store_->Find(0)->committed_version();
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.5f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 0.5f)).ok());
   EXPECT_TRUE(store_->IsStaged(0));
   auto committed = store_->CommitStep(1);
   ASSERT_TRUE(committed.ok()) << committed.status();
@@ -218,7 +230,7 @@ TEST_F(ChunkStoreTest, CommitStepMakesTheShadowTheCommittedExtent) {
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kExpAvg), std::vector<float>(kElements, 0.5f));
   // The next step writes the other extent: the flip goes back.
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(store_->Find(0)->committed_version(), version_before);
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
@@ -226,8 +238,8 @@ TEST_F(ChunkStoreTest, CommitStepMakesTheShadowTheCommittedExtent) {
 
 TEST_F(ChunkStoreTest, RollBackStepKeepsTheCommittedStates) {
   Register(2);
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(5.0f)).ok());
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(5.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(5.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(5.0f)).ok());
   store_->RollBackStep();
   EXPECT_EQ(store_->staged_count(), 0u);
   EXPECT_EQ(store_->committed_step(), 0);
@@ -236,7 +248,7 @@ TEST_F(ChunkStoreTest, RollBackStepKeepsTheCommittedStates) {
   EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
   EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
   // The step can be done again.
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(2.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(2.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
 }
@@ -245,13 +257,13 @@ TEST_F(ChunkStoreTest, RollBackStepKeepsTheCommittedStates) {
 TEST_F(ChunkStoreTest, RollBackChunkThenStageAgainCommitsTheSecondUpdate) {
   Register(2);
   EXPECT_EQ(store_->RollBackChunk(0).code(), absl::StatusCode::kFailedPrecondition);  // nothing staged
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 7.0f)).ok());
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 7.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->RollBackChunk(0).ok());
   EXPECT_FALSE(store_->IsStaged(0));
   EXPECT_TRUE(store_->IsStaged(1));
   // The second staging starts from the committed states (1.0), not the first update's (2.0).
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(10.0f, 3.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(10.0f, 3.0f)).ok());
   auto committed = store_->CommitStep(1);
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_EQ(*committed, 2u);
@@ -263,10 +275,10 @@ TEST_F(ChunkStoreTest, RollBackChunkThenStageAgainCommitsTheSecondUpdate) {
 
 TEST_F(ChunkStoreTest, AFailedWriteBackRollsTheStepBack) {
   Register(2);
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // chunk 0's write-back is done
   faults_.fail_writes = true;
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());  // submitted; fails on completion
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());  // submitted; fails on completion
   const absl::Status failed = store_->WaitForWriteBacks();
   EXPECT_FALSE(failed.ok());
   EXPECT_NE(failed.message().find("write-back of chunk 1"), std::string::npos) << failed;
@@ -278,7 +290,7 @@ TEST_F(ChunkStoreTest, AFailedWriteBackRollsTheStepBack) {
   EXPECT_TRUE(store_->StepError().ok());
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
   // The next try of the step succeeds.
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
 }
@@ -288,7 +300,7 @@ TEST_F(ChunkStoreTest, StagingPrefetchesTheChunksPredictedNext) {
   cache_->DropJob(job_->key());  // a cold cache
   UserCounters& user = stats_->ForUser(kUid);
   // Before any step the prediction is backward: 3, 2, 1, 0.
-  ASSERT_TRUE(store_->StageUpdate(3, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 3, AddToMaster(1.0f)).ok());
   EXPECT_TRUE(cache_->Contains(job_->key(), 2));
   EXPECT_TRUE(cache_->Contains(job_->key(), 1));
   EXPECT_FALSE(cache_->Contains(job_->key(), 0));  // outside the window of 2
@@ -296,16 +308,16 @@ TEST_F(ChunkStoreTest, StagingPrefetchesTheChunksPredictedNext) {
   const uint64_t misses = user.cache_misses.load();
   // Served by the prefetch, without a read of its own; but its bytes came from
   // storage, so it counts as a miss, not as a read served from DRAM.
-  ASSERT_TRUE(store_->StageUpdate(2, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 2, AddToMaster(1.0f)).ok());
   EXPECT_EQ(user.cache_hits.load(), hits);
   EXPECT_EQ(user.cache_misses.load(), misses + 1);
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(CommittedOnStorage(2, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
   // The next step finds every chunk resident (the budget holds them): hits.
   const uint64_t hits_before_step_2 = user.cache_hits.load();
-  for (uint32_t chunk : {3u, 2u, 1u, 0u}) ASSERT_TRUE(store_->StageUpdate(chunk, AddToMaster(1.0f)).ok());
+  for (uint32_t chunk : {3u, 2u, 1u, 0u}) ASSERT_TRUE(StageUpdate(*store_, chunk, AddToMaster(1.0f)).ok());
   EXPECT_EQ(user.cache_hits.load(), hits_before_step_2 + 4);
 }
 
@@ -318,7 +330,7 @@ TEST_F(ChunkStoreTest, StepsUnderATightBudgetEvictAndStayWithinIt) {
   Register(4);
   for (int64_t step = 1; step <= 3; ++step) {
     for (uint32_t chunk = 0; chunk < 4; ++chunk) {
-      ASSERT_TRUE(store_->StageUpdate(chunk, AddToMaster(1.0f)).ok()) << step << " " << chunk;
+      ASSERT_TRUE(StageUpdate(*store_, chunk, AddToMaster(1.0f)).ok()) << step << " " << chunk;
       EXPECT_LE(small.bytes_in_use(), small.budget_bytes());
     }
     ASSERT_TRUE(store_->CommitStep(step).ok());
@@ -374,14 +386,14 @@ TEST_F(ChunkStoreTest, ADroppedImportLeavesTheCommittedStates) {
 
 TEST_F(ChunkStoreTest, SegmentCountsAfterAStepAreCommitted) {
   Register(1);
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f), /*segment_update_counts=*/{1, 0}).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f), /*segment_update_counts=*/{1, 0}).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   const v1::ChunkRecord& record = *store_->Find(0);
   EXPECT_EQ(record.update_count(), 1);
   ASSERT_EQ(record.segment_update_counts_size(), 2);
   EXPECT_EQ(record.segment_update_counts(1), 0);
   // A step that updates every segment counts one more in each.
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(store_->Find(0)->update_count(), 2);
   ASSERT_EQ(store_->Find(0)->segment_update_counts_size(), 2);
@@ -391,7 +403,7 @@ TEST_F(ChunkStoreTest, SegmentCountsAfterAStepAreCommitted) {
 
 TEST_F(ChunkStoreTest, CloseRollsBackAndDropsWhatIsPending) {
   Register(2);
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   store_->Close();
   store_ = MakeStore(*cache_);
   EXPECT_EQ(store_->committed_step(), 0);
@@ -413,7 +425,7 @@ TEST_F(ChunkStoreTest, SegmentsAreStoredAdoptedAndTheirCountsCommitted) {
   EXPECT_TRUE(store_->Find(1)->segment_elements().empty());
 
   // Step 1: chunk 0's second segment had no gradient.
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f), {1, 0}).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f), {1, 0}).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(store_->Find(0)->update_count(), 1);
   EXPECT_EQ(std::vector<int64_t>(store_->Find(0)->segment_update_counts().begin(),
@@ -444,8 +456,8 @@ TEST_F(ChunkStoreTest, WithAnIntervalOnlyEveryNthStepWritesAndCommits) {
   store_ = MakeStore(*cache_, 2, {.every_steps = 3});
   const uint64_t written = BytesWritten();
   for (int64_t step = 1; step <= 2; ++step) {
-    ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.5f)).ok());
-    ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(2.0f)).ok());
+    ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 0.5f)).ok());
+    ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(2.0f)).ok());
     auto committed = store_->CommitStep(step);
     ASSERT_TRUE(committed.ok()) << committed.status();
     EXPECT_EQ(store_->committed_step(), step);
@@ -458,7 +470,7 @@ TEST_F(ChunkStoreTest, WithAnIntervalOnlyEveryNthStepWritesAndCommits) {
   EXPECT_EQ(job_->manifest().committed_step(), 0);
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 1.0f));
   // Step 3 is durable: every chunk's states written once, the manifest at step 3.
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(3).ok());
   EXPECT_EQ(store_->durable_step(), 3);
   EXPECT_EQ(BytesWritten() - written, 2 * ShadowExtent(*store_->Find(0)).length());
@@ -473,14 +485,14 @@ TEST_F(ChunkStoreTest, WithAnIntervalOnlyEveryNthStepWritesAndCommits) {
 TEST_F(ChunkStoreTest, WithAnIntervalRedoAndRollBackReturnToTheAcknowledgedStates) {
   Register(1);
   store_ = MakeStore(*cache_, 2, {.every_steps = 10});
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.5f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 0.5f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(10.0f, 9.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(10.0f, 9.0f)).ok());
   ASSERT_TRUE(store_->RollBackChunk(0).ok());
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f, 0.25f)).ok());  // from step 1's 2.0
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 0.25f)).ok());  // from step 1's 2.0
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(100.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(100.0f)).ok());
   store_->RollBackStep();
   EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
   EXPECT_EQ(Committed(*store_, 0, ChunkState::kExpAvg), std::vector<float>(kElements, 0.25f));
@@ -494,9 +506,9 @@ TEST_F(ChunkStoreTest, WithAnIntervalRedoAndRollBackReturnToTheAcknowledgedState
 TEST_F(ChunkStoreTest, WithAnIntervalClosingTheStoreMakesTheLastStepDurable) {
   Register(1);
   store_ = MakeStore(*cache_, 2, {.every_steps = 10});
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(5.0f)).ok());  // step 2, never committed
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(5.0f)).ok());  // step 2, never committed
   store_->Close();
   EXPECT_EQ(job_->manifest().committed_step(), 1);
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
@@ -507,11 +519,11 @@ TEST_F(ChunkStoreTest, WithAnIntervalClosingTheStoreMakesTheLastStepDurable) {
 TEST_F(ChunkStoreTest, WithAnIntervalInSecondsAStepIsDurableOnceThePeriodPassed) {
   Register(1);
   store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 1e-9});
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(store_->durable_step(), 1);
   store_ = MakeStore(*cache_, 2, {.every_steps = 1000, .every_seconds = 3600});
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(store_->durable_step(), 1);
 }
@@ -522,8 +534,8 @@ TEST_F(ChunkStoreTest, WithAnIntervalAJobTooLargeForDramCommitsEveryStep) {
   Register(2);
   StateCache small(3 * 12288);  // half: 18432 bytes, under 2 x 2 chunks x 12288
   store_ = MakeStore(small, 2, {.every_steps = 10});
-  ASSERT_TRUE(store_->StageUpdate(0, AddToMaster(1.0f)).ok());
-  ASSERT_TRUE(store_->StageUpdate(1, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(store_->durable_step(), 1);
   EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
@@ -538,7 +550,7 @@ TEST_F(ChunkStoreTest, AFetchReadsOnlyTheWeightsAndReturnsWhatTheCommittedUpdate
   // A new chunk's weights are the slot's initial weights.
   EXPECT_EQ(Fetch(*store_, 1), Bf16Weights(1.0f));
   Bytes produced;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.5f, &produced)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.5f, &produced)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   ASSERT_NE(produced, Bf16Weights(0.0f));
   // The manifest carries their checksum beside the states'.
@@ -591,17 +603,17 @@ TEST_F(ChunkStoreTest, AFetchReadsOnlyTheWeightsAndReturnsWhatTheCommittedUpdate
 TEST_F(ChunkStoreTest, DuringTheStepAfterARollBackOrARedoAFetchReturnsTheCommittedWeights) {
   RegisterWithWeights(*store_, 1);
   Bytes step1;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &step1)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   // Step 2 updates the chunk: its DRAM entry holds the uncommitted update.
   Bytes step2;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(2.0f, &step2)).ok());
   ASSERT_NE(step2, step1);
   EXPECT_EQ(Fetch(*store_, 0), step1);
   // A redo drops the update and makes another.
   ASSERT_TRUE(store_->RollBackChunk(0).ok());
   EXPECT_EQ(Fetch(*store_, 0), step1);
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(3.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(3.0f, &step2)).ok());
   EXPECT_EQ(Fetch(*store_, 0), step1);
   // An aborted step.
   store_->RollBackStep();
@@ -609,12 +621,12 @@ TEST_F(ChunkStoreTest, DuringTheStepAfterARollBackOrARedoAFetchReturnsTheCommitt
   // Committed: the new weights, also once the chunk's states left DRAM and
   // the weights entry read during the step would have the committed extent's
   // version again (two commits later).
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(4.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(4.0f, &step2)).ok());
   EXPECT_EQ(Fetch(*store_, 0), step1);  // read from the committed extent (version 1) during step 2
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(Fetch(*store_, 0), step2);
   Bytes step3;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(5.0f, &step3)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(5.0f, &step3)).ok());
   ASSERT_TRUE(store_->CommitStep(3).ok());
   ASSERT_EQ(store_->Find(0)->committed_version(), 1u);
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
@@ -628,18 +640,18 @@ TEST_F(ChunkStoreTest, WithAnIntervalAFetchReturnsTheAcknowledgedWeights) {
   store_ = MakeStore(*cache_, 2, DurabilityInterval{.every_steps = 3});
   RegisterWithWeights(*store_, 1);
   Bytes step1;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &step1)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   ASSERT_EQ(store_->durable_step(), 0);  // acknowledged only: in DRAM
   ChunkStore::FetchSource source;
   EXPECT_EQ(Fetch(*store_, 0, &source), step1);
   EXPECT_TRUE(source.from_dram);
   Bytes step2;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(2.0f, &step2)).ok());
   EXPECT_EQ(Fetch(*store_, 0), step1);  // the undo copy
   ASSERT_TRUE(store_->RollBackChunk(0).ok());
   EXPECT_EQ(Fetch(*store_, 0), step1);
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(3.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(3.0f, &step2)).ok());
   ASSERT_TRUE(store_->CommitStep(2).ok());
   EXPECT_EQ(Fetch(*store_, 0), step2);
   // Closing makes step 2 durable, weights included.
@@ -653,7 +665,7 @@ TEST_F(ChunkStoreTest, WithAnIntervalAFetchReturnsTheAcknowledgedWeights) {
 TEST_F(ChunkStoreTest, CorruptedWeightsAreDataLossAndNothingIsCopied) {
   RegisterWithWeights(*store_, 1);
   Bytes produced;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &produced)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &produced)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   const uint64_t weights_at = CommittedExtent(*store_->Find(0)).offset() + kWeightsOffset;
   store_.reset();
@@ -680,7 +692,7 @@ TEST_F(ChunkStoreTest, CorruptedWeightsAreDataLossAndNothingIsCopied) {
   // An update reads only the states region (which is intact) and writes new
   // weights over the whole region: once committed, they are fetched again.
   Bytes step2;
-  ASSERT_TRUE(store->StageUpdate(0, UpdateStoringWeights(1.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store, 0, UpdateStoringWeights(1.0f, &step2)).ok());
   ASSERT_TRUE(store->CommitStep(2).ok());
   EXPECT_EQ(Fetch(*store, 0), step2);
 }
@@ -688,14 +700,14 @@ TEST_F(ChunkStoreTest, CorruptedWeightsAreDataLossAndNothingIsCopied) {
 TEST_F(ChunkStoreTest, AnUpdateOfAnEvictedChunkReadsOnlyItsStatesRegion) {
   RegisterWithWeights(*store_, 1);
   Bytes step1;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step1)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &step1)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
   cache_->DropJob(job_->key());  // evicted
   const uint64_t before = StorageBytesRead();
   const uint64_t weights_read = UserWeights().weights_bytes_read.load();
   Bytes step2;
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(1.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &step2)).ok());
   // master|m|v padded to a block; never the weights region (the update writes it).
   EXPECT_EQ(StorageBytesRead() - before, kWeightsOffset);
   EXPECT_EQ(UserWeights().weights_bytes_read.load(), weights_read);
@@ -712,15 +724,15 @@ TEST_F(ChunkStoreTest, AnUpdateOfAnEvictedChunkReadsOnlyItsStatesRegion) {
 TEST_F(ChunkStoreTest, AFetchAfterAStatesOnlyLoadReturnsTheCommittedWeights) {
   RegisterWithWeights(*store_, 2);
   std::vector<Bytes> step1(2);
-  ASSERT_TRUE(store_->StageUpdate(1, UpdateStoringWeights(1.0f, &step1[1])).ok());
-  ASSERT_TRUE(store_->StageUpdate(0, UpdateStoringWeights(2.0f, &step1[0])).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, UpdateStoringWeights(1.0f, &step1[1])).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(2.0f, &step1[0])).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
   cache_->DropJob(job_->key());  // evicted
   // Step 2 stages chunk 1 (acquired states only) and prefetches chunk 0 for
   // its update (states only): neither entry holds the weights.
   Bytes step2;
-  ASSERT_TRUE(store_->StageUpdate(1, UpdateStoringWeights(3.0f, &step2)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, UpdateStoringWeights(3.0f, &step2)).ok());
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // the prefetch too
   ASSERT_TRUE(cache_->Contains(job_->key(), 0));
   // A fetch of chunk 0 reads its weights region, not the prefetched entry's
@@ -761,7 +773,7 @@ TEST_F(ChunkStoreTest, PerStepWithStatesEvictedEachRegionIsReadOnceByItsUser) {
     for (uint32_t id = 0; id < kChunks; ++id) Fetch(*store_, id);  // forward
     for (uint32_t id = kChunks; id-- > 0;) {                        // backward and updates
       Fetch(*store_, id);
-      ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(1.0f, &produced[id])).ok());
+      ASSERT_TRUE(StageUpdate(*store_, id, UpdateStoringWeights(1.0f, &produced[id])).ok());
     }
     ASSERT_TRUE(store_->WaitForWriteBacks().ok());
     const uint64_t weights_read = UserWeights().weights_bytes_read.load() - weights_before;
@@ -792,7 +804,7 @@ TEST_F(ChunkStoreTest, TheSecondStepsFetchesHitReadAheadsInTheLearnedOrder) {
     for (uint32_t id = 0; id < kChunks; ++id) Fetch(*store_, id);
     for (uint32_t id = kChunks; id-- > 0;) {
       Fetch(*store_, id);
-      ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(1.0f, &produced[id])).ok());
+      ASSERT_TRUE(StageUpdate(*store_, id, UpdateStoringWeights(1.0f, &produced[id])).ok());
     }
     ASSERT_TRUE(store_->CommitStep(number).ok());
   };
@@ -863,7 +875,7 @@ TEST_F(ChunkStoreTest, AfterARestartAFetchAndAResumeGetTheCommittedWeights) {
   RegisterWithWeights(*store_, 2);
   std::vector<Bytes> produced(2);
   for (uint32_t id = 0; id < 2; ++id) {
-    ASSERT_TRUE(store_->StageUpdate(id, UpdateStoringWeights(0.5f, &produced[id])).ok());
+    ASSERT_TRUE(StageUpdate(*store_, id, UpdateStoringWeights(0.5f, &produced[id])).ok());
   }
   ASSERT_TRUE(store_->CommitStep(1).ok());
   // A restart: new Job, cache and store over the same files.

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -55,13 +54,13 @@ class UringStateFile final : public StateFile {
     // fd_ closes after this body.
   }
 
-  void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) override {
-    Start(FaultInjector::Op::kRead, offset, buffer.data(), buffer.size(), std::move(done));
+  IoFuture ReadAsync(uint64_t offset, std::span<std::byte> buffer) override {
+    return Start(FaultInjector::Op::kRead, offset, buffer.data(), buffer.size());
   }
 
-  void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) override {
+  IoFuture WriteAsync(uint64_t offset, std::span<const std::byte> buffer) override {
     // The kernel only reads from the buffer of a write.
-    Start(FaultInjector::Op::kWrite, offset, const_cast<std::byte*>(buffer.data()), buffer.size(), std::move(done));
+    return Start(FaultInjector::Op::kWrite, offset, const_cast<std::byte*>(buffer.data()), buffer.size());
   }
 
   absl::Status Reserve(uint64_t bytes) override {
@@ -150,7 +149,9 @@ class UringStateFile final : public StateFile {
     return absl::OkStatus();
   }
 
-  void Start(FaultInjector::Op op, uint64_t offset, std::byte* data, uint64_t length, IoCallback done) {
+  IoFuture Start(FaultInjector::Op op, uint64_t offset, std::byte* data, uint64_t length) {
+    auto promise = std::make_shared<Promise<void>>();
+    IoFuture future = promise->future();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++in_flight_;
@@ -159,7 +160,7 @@ class UringStateFile final : public StateFile {
     const uint64_t pieces = !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
     // Everything `finish` needs after in_flight_ drops is copied out of `this`, so
     // a callback may destroy this file.
-    auto finish = [this, op, offset, length, counters = counters_, done = std::move(done)](absl::Status status) {
+    auto finish = [this, op, offset, length, counters = counters_, promise](absl::Status status) {
       if (counters != nullptr) {
         if (!status.ok()) {
           counters->errors.fetch_add(1, std::memory_order_relaxed);
@@ -172,12 +173,11 @@ class UringStateFile final : public StateFile {
         }
       }
       if (status.ok() && op == FaultInjector::Op::kWrite) GrowSize(offset + length);
-      IoCallback callback = std::move(done);
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (--in_flight_ == 0) drained_.notify_all();
       }
-      if (callback) callback(std::move(status));
+      promise->Set(std::move(status));
     };
     auto transfer =
         std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces), std::move(finish));
@@ -205,6 +205,7 @@ class UringStateFile final : public StateFile {
       }
     }
     queue_->Submit(std::move(requests));
+    return future;
   }
 
   FileDescriptor fd_;
@@ -318,21 +319,14 @@ class UringIoEngine final : public IoEngine {
   std::map<dev_t, std::shared_ptr<UringQueue>> queues_;  // one ring per filesystem
 };
 
-absl::Status WaitFor(const std::function<void(IoCallback)>& start) {
-  std::promise<absl::Status> promise;
-  std::future<absl::Status> future = promise.get_future();
-  start([&promise](absl::Status status) { promise.set_value(std::move(status)); });
-  return future.get();
-}
-
 }  // namespace
 
 absl::Status StateFile::Read(uint64_t offset, std::span<std::byte> buffer) {
-  return WaitFor([&](IoCallback done) { ReadAsync(offset, buffer, std::move(done)); });
+  return ReadAsync(offset, buffer).status();
 }
 
 absl::Status StateFile::Write(uint64_t offset, std::span<const std::byte> buffer) {
-  return WaitFor([&](IoCallback done) { WriteAsync(offset, buffer, std::move(done)); });
+  return WriteAsync(offset, buffer).status();
 }
 
 absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& options) {

@@ -3,8 +3,9 @@
 // One engine serves every storage path; each opened StateFile is driven by the
 // ring of its storage path. Completions run on the engine's completion threads.
 // Short transfers are continued until complete; a transfer that cannot complete
-// (EOF, EIO, ENOSPC, ...) completes its callback with an error Status naming the
-// file, offset and errno text. Nothing is asserted, nothing is silent.
+// (EOF, EIO, ENOSPC, ...) completes its Future (common/future.h) with an error
+// Status naming the file, offset and errno text. Nothing is asserted, nothing is
+// silent.
 //
 // Rings: one io_uring and one completion thread per filesystem, keyed by the
 // st_dev of the opened file (so per storage path when, as intended, each storage
@@ -16,7 +17,7 @@
 // them are queued at once, at most queue_depth are in a ring, the rest wait in a
 // FIFO and enter as earlier ones complete. Submission is thread-safe.
 //
-// Status codes a callback (or Reserve/Sync) may see:
+// Status codes a transfer's Future (or Reserve/Sync) may hold:
 //   INVALID_ARGUMENT    misaligned offset/length/address (checked before any I/O),
 //                       or EINVAL from the kernel
 //   RESOURCE_EXHAUSTED  ENOSPC, EDQUOT (the errno table is common/errno_code.h)
@@ -24,8 +25,8 @@
 //   OUT_OF_RANGE        a read that reached end of file (result 0)
 //   INTERNAL            a write that transferred 0 bytes; other errnos
 //   FAILED_PRECONDITION the engine was destroyed before the transfer started
-// A failed transfer still waits for all of its requests before its callback runs,
-// so `buffer` is no longer touched by the kernel when the callback runs.
+// A failed transfer still waits for all of its requests before its Future is set,
+// so `buffer` is no longer touched by the kernel once it is ready.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/future.h"
 #include "storage/dir_fd.h"
 
 namespace fuyou::storage {
@@ -55,12 +57,14 @@ struct IoCounters {
   std::atomic<uint64_t> errors{0};
 };
 
-// Called exactly once per transfer, on a completion thread (also for argument
-// errors, which never run on the caller's thread), except after the engine was
-// destroyed, when it runs on the caller's thread. Must not block long, and must
-// not call the blocking Read/Write/Sync or destroy the engine. It may start new
-// transfers, and may destroy the StateFile whose transfer it completes.
-using IoCallback = std::function<void(absl::Status)>;
+// What an async transfer returns. Its result is set exactly once, on a
+// completion thread (also for argument errors, which are never set on the
+// caller's thread), except after the engine was destroyed, when it is set on
+// the caller's thread. A continuation (Future::Then) runs where the result is
+// set: it must not block long, and must not call the blocking Read/Write/Sync
+// or destroy the engine. It may start new transfers, and may destroy the
+// StateFile whose transfer it completes.
+using IoFuture = Future<void>;
 
 // A test seam: consulted on every completion before the engine acts on it.
 // Returning a value replaces the kernel's result (bytes transferred, or -errno),
@@ -86,11 +90,11 @@ class StateFile {
  public:
   virtual ~StateFile() = default;
 
-  // Async transfers. Preconditions (checked; a violation completes `done` with
-  // INVALID_ARGUMENT): offset, buffer.size() and buffer.data() are multiples of
-  // kBlockSize. `buffer` must stay alive until `done` runs.
-  virtual void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) = 0;
-  virtual void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) = 0;
+  // Async transfers. Preconditions (checked; a violation completes the Future
+  // with INVALID_ARGUMENT): offset, buffer.size() and buffer.data() are
+  // multiples of kBlockSize. `buffer` must stay alive until the Future is ready.
+  [[nodiscard]] virtual IoFuture ReadAsync(uint64_t offset, std::span<std::byte> buffer) = 0;
+  [[nodiscard]] virtual IoFuture WriteAsync(uint64_t offset, std::span<const std::byte> buffer) = 0;
 
   // Blocking forms of the above. Not to be called on a completion thread.
   absl::Status Read(uint64_t offset, std::span<std::byte> buffer);

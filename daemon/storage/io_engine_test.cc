@@ -63,24 +63,42 @@ class ScriptedFaults final : public FaultInjector {
   std::map<Op, int> calls_;
 };
 
-// Waits for one callback; a transfer that never completes fails the test binary
+using IoCallback = std::function<void(absl::Status)>;
+
+// Set while a continuation is being attached (Future::Then runs it there when
+// the result is already set): a continuation that runs then ran on the
+// caller's thread because the engine was quick, not because it set the
+// result there.
+thread_local bool attaching = false;
+
+// Runs `done` with the transfer's status once `future` is ready.
+void OnDone(const IoFuture& future, IoCallback done) {
+  attaching = true;
+  (void)future.Then([done = std::move(done)](const absl::Status& status) {
+    done(status);
+    return absl::OkStatus();
+  });
+  attaching = false;
+}
+
+// Waits for one transfer; a transfer that never completes fails the test binary
 // instead of hanging it.
-absl::Status Await(const std::function<void(IoCallback)>& start) {
+absl::Status Await(const IoFuture& transfer) {
   auto promise = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> future = promise->get_future();
-  start([promise](absl::Status status) { promise->set_value(std::move(status)); });
+  OnDone(transfer, [promise](absl::Status status) { promise->set_value(std::move(status)); });
   if (future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
-    std::fprintf(stderr, "FATAL: an I/O callback did not run within 30 s\n");
+    std::fprintf(stderr, "FATAL: an I/O transfer did not complete within 30 s\n");
     std::abort();
   }
   return future.get();
 }
 
 absl::Status AwaitWrite(StateFile& file, uint64_t offset, std::span<const std::byte> data) {
-  return Await([&](IoCallback done) { file.WriteAsync(offset, data, std::move(done)); });
+  return Await(file.WriteAsync(offset, data));
 }
 absl::Status AwaitRead(StateFile& file, uint64_t offset, std::span<std::byte> data) {
-  return Await([&](IoCallback done) { file.ReadAsync(offset, data, std::move(done)); });
+  return Await(file.ReadAsync(offset, data));
 }
 
 void FillPattern(std::span<std::byte> data, uint32_t seed) {
@@ -247,16 +265,16 @@ TEST_F(IoEngineTest, ManyConcurrentAsyncTransfers) {
         for (int i = 0; i < kPerThread; ++i) {
           const uint64_t offset = (uint64_t{static_cast<uint64_t>(i)} * kThreads + t) * kChunk;
           IoCallback done = [&, me](absl::Status status) {
-            if (std::this_thread::get_id() == me) ++on_caller_thread;
+            if (std::this_thread::get_id() == me && !attaching) ++on_caller_thread;
             std::lock_guard<std::mutex> lock(mu);
             if (!status.ok()) ++failed;
             ++completed;
             cv.notify_all();
           };
           if (write) {
-            file->WriteAsync(offset, out.span().subspan(offset, kChunk), std::move(done));
+            OnDone(file->WriteAsync(offset, out.span().subspan(offset, kChunk)), std::move(done));
           } else {
-            file->ReadAsync(offset, in.span().subspan(offset, kChunk), std::move(done));
+            OnDone(file->ReadAsync(offset, in.span().subspan(offset, kChunk)), std::move(done));
           }
         }
       });
@@ -552,7 +570,7 @@ TEST_F(IoEngineTest, EngineDestructorDrainsInFlightTransfers) {
   std::atomic<int> failed{0};
   constexpr int kTransfers = 16;
   for (int i = 0; i < kTransfers; ++i) {
-    file->WriteAsync(i * kMiB, buffer.span().subspan(i * kMiB, kMiB), [&](absl::Status status) {
+    OnDone(file->WriteAsync(i * kMiB, buffer.span().subspan(i * kMiB, kMiB)), [&](absl::Status status) {
       if (!status.ok()) ++failed;
       ++completed;
     });
@@ -573,9 +591,9 @@ TEST_F(IoEngineTest, CallbacksMayChainTransfersAndDestroyTheirFile) {
   std::promise<absl::Status> finished;
   StateFile* raw = file.get();
   // write -> (callback) read -> (callback) destroy the file.
-  raw->WriteAsync(0, buffer.span(), [&](absl::Status status) {
+  OnDone(raw->WriteAsync(0, buffer.span()), [&](absl::Status status) {
     if (!status.ok()) return finished.set_value(status);
-    raw->ReadAsync(0, buffer.span(), [&](absl::Status read_status) {
+    OnDone(raw->ReadAsync(0, buffer.span()), [&](absl::Status read_status) {
       file.reset();
       finished.set_value(read_status);
     });

@@ -1,33 +1,10 @@
 #include "storage/striped_file.h"
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 
 #include "fmt/format.h"
 
 namespace fuyou::storage {
-namespace {
-
-// Joins the completions of a transfer's pieces: `done` runs once, after the last
-// piece, with the first error if any (so the buffer is free by then).
-struct PieceJoin {
-  explicit PieceJoin(size_t pieces, IoCallback done) : remaining(pieces), done(std::move(done)) {}
-  void Finish(absl::Status status) {
-    {
-      std::lock_guard lock(mutex);
-      if (!status.ok() && first_error.ok()) first_error = std::move(status);
-    }
-    if (remaining.fetch_sub(1) == 1) done(first_error);
-  }
-  std::atomic<size_t> remaining;
-  IoCallback done;
-  std::mutex mutex;
-  absl::Status first_error;
-};
-
-}  // namespace
-
 StripedFile::StripedFile(std::vector<std::unique_ptr<StateFile>> members, uint64_t unit)
     : members_(std::move(members)), unit_(unit) {}
 
@@ -49,45 +26,35 @@ uint64_t StripedFile::MemberBytes(size_t member, uint64_t bytes) const {
 }
 
 template <typename Span, typename Submit>
-void StripedFile::Split(uint64_t offset, Span buffer, IoCallback done, Submit submit) {
-  if (members_.size() == 1) {
-    submit(*members_[0], offset, buffer, std::move(done));
-    return;
-  }
+IoFuture StripedFile::Split(uint64_t offset, Span buffer, Submit submit) {
+  if (members_.size() == 1) return submit(*members_[0], offset, buffer);
   if (offset % kBlockSize != 0 || buffer.size() % kBlockSize != 0) {
-    done(absl::InvalidArgumentError(fmt::format("striped transfer at {} of {} bytes on {} is not {}-byte aligned",
-                                                offset, buffer.size(), path().string(), kBlockSize)));
-    return;
+    return MakeReadyFuture<void>(absl::InvalidArgumentError(fmt::format(
+        "striped transfer at {} of {} bytes on {} is not {}-byte aligned", offset, buffer.size(), path().string(),
+        kBlockSize)));
   }
-  size_t pieces = 0;
-  for (uint64_t at = offset; at < offset + buffer.size(); at = (at / unit_ + 1) * unit_) ++pieces;
-  if (pieces == 0) {
-    done(absl::OkStatus());
-    return;
-  }
-  auto join = std::make_shared<PieceJoin>(pieces, std::move(done));
+  std::vector<IoFuture> pieces;
   uint64_t done_bytes = 0;
   while (done_bytes < buffer.size()) {
     const uint64_t at = offset + done_bytes;
     const uint64_t length = std::min<uint64_t>(unit_ - at % unit_, buffer.size() - done_bytes);
     const Location where = Locate(at);
-    submit(*members_[where.member], where.offset, buffer.subspan(done_bytes, length),
-           [join](absl::Status status) { join->Finish(std::move(status)); });
+    pieces.push_back(submit(*members_[where.member], where.offset, buffer.subspan(done_bytes, length)));
     done_bytes += length;
   }
+  return AllOf(pieces);  // ready at once when there are no pieces
 }
 
-void StripedFile::ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) {
-  Split(offset, buffer, std::move(done), [](StateFile& file, uint64_t at, std::span<std::byte> piece, IoCallback cb) {
-    file.ReadAsync(at, piece, std::move(cb));
+IoFuture StripedFile::ReadAsync(uint64_t offset, std::span<std::byte> buffer) {
+  return Split(offset, buffer, [](StateFile& file, uint64_t at, std::span<std::byte> piece) {
+    return file.ReadAsync(at, piece);
   });
 }
 
-void StripedFile::WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) {
-  Split(offset, buffer, std::move(done),
-        [](StateFile& file, uint64_t at, std::span<const std::byte> piece, IoCallback cb) {
-          file.WriteAsync(at, piece, std::move(cb));
-        });
+IoFuture StripedFile::WriteAsync(uint64_t offset, std::span<const std::byte> buffer) {
+  return Split(offset, buffer, [](StateFile& file, uint64_t at, std::span<const std::byte> piece) {
+    return file.WriteAsync(at, piece);
+  });
 }
 
 absl::Status StripedFile::Reserve(uint64_t bytes) {

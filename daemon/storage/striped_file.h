@@ -24,8 +24,10 @@ class StripedFile final : public StateFile {
   // `members` (at least one) become owned; `unit` is a multiple of kBlockSize.
   StripedFile(std::vector<std::unique_ptr<StateFile>> members, uint64_t unit = kDefaultUnit);
 
-  void ReadAsync(uint64_t offset, std::span<std::byte> buffer, IoCallback done) override;
-  void WriteAsync(uint64_t offset, std::span<const std::byte> buffer, IoCallback done) override;
+  // A transfer over several members is ready when all its pieces are (AllOf),
+  // with the first error in the pieces' order.
+  IoFuture ReadAsync(uint64_t offset, std::span<std::byte> buffer) override;
+  IoFuture WriteAsync(uint64_t offset, std::span<const std::byte> buffer) override;
   // Reserves on every member what its share of `bytes` logical bytes needs; on
   // failure every member is given back what it had before.
   absl::Status Reserve(uint64_t bytes) override;
@@ -51,7 +53,7 @@ class StripedFile final : public StateFile {
 
  private:
   template <typename Span, typename Submit>
-  void Split(uint64_t offset, Span buffer, IoCallback done, Submit submit);
+  IoFuture Split(uint64_t offset, Span buffer, Submit submit);
 
   std::vector<std::unique_ptr<StateFile>> members_;
   uint64_t unit_;

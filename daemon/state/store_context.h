@@ -1,0 +1,59 @@
+// StoreContext: what the parts of a ChunkStore (state/chunk_store.h) share.
+//
+// The job on storage, its view of the DRAM tier, the counters, the read-ahead
+// window, and the acknowledged manifest: the job's manifest as of
+// ChunkStore::committed_step() (the durable one, with the counts and step of
+// the steps acknowledged since; see DurabilityPolicy). Each part reads it
+// through Find; the parts that commit (the step, import, registration) replace
+// it after every commit.
+//
+// Not thread-safe: the store's calls are serialised by its caller. The Job,
+// the cache and the counters outlive it.
+#pragma once
+
+#include <cstdint>
+
+#include "fuyou/v1/manifest.pb.h"
+#include "jobs/job.h"
+#include "state/job_cache.h"
+
+namespace fuyou {
+
+class DaemonStats;
+struct UserCounters;
+
+// What the store counts into: the daemon's counters and the job owner's.
+struct StoreCounters {
+  DaemonStats& daemon;
+  UserCounters& user;
+};
+
+// How often a step is made durable (DaemonConfig commit_every_steps/seconds).
+struct DurabilityInterval {
+  uint32_t every_steps = 1;   // 1: every step
+  double every_seconds = 0;   // > 0: also once this long passed since the last durable step
+};
+
+struct StoreContext {
+  StoreContext(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
+      : job(job), cache(cache, job.key()), counters(counters), prefetch_window(prefetch_window),
+        acknowledged(job.manifest()) {}
+
+  // The record of `chunk_id` in the acknowledged manifest, or null.
+  const v1::ChunkRecord* Find(uint32_t chunk_id) const {
+    // acknowledged lists the chunks in the durable manifest's order (a copy of
+    // it, with later counts and step).
+    const int index = job.FindChunk(chunk_id);
+    return index < 0 ? nullptr : &acknowledged.chunks(index);
+  }
+  // After a commit: the acknowledged manifest is the job's again.
+  void Reload() { acknowledged = job.manifest(); }
+
+  Job& job;
+  const JobCache cache;
+  const StoreCounters counters;
+  const unsigned prefetch_window;  // chunks read ahead after the one in use
+  v1::JobManifest acknowledged;
+};
+
+}  // namespace fuyou
