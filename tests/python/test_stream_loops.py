@@ -11,6 +11,7 @@ during backward (the overlap was kept).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -248,12 +249,22 @@ def test_bf16_clip_and_unscale_match_the_resident_run(loop_backend):
         resident.close()
 
 
-def test_freed_grad_answers_and_refuses(loop_backend):
+@contextlib.contextmanager
+def streamed_twice_net(backend):
+    """A streamed TwiceNet and its optimizer, closed afterwards."""
     torch.manual_seed(1)
     model = TwiceNet()
-    opt = offload_adamw(loop_backend, model.parameters())
+    opt = offload_adamw(backend, model.parameters())
     handle = fuyou.stream_parameters(model, opt, device_budget="4KiB")
     try:
+        yield model, opt
+    finally:
+        handle.close()
+        opt.close()
+
+
+def test_freed_grad_answers_and_refuses(loop_backend):
+    with streamed_twice_net(loop_backend) as (model, opt):
         _loss(model, 0).backward()
         g = model.shared.weight.grad
         assert isinstance(g, FreedGrad) and g.shape == (24, 24)
@@ -267,18 +278,11 @@ def test_freed_grad_answers_and_refuses(loop_backend):
             g.mul_(2)
         opt.zero_grad()
         assert opt.committed_step == 1
-    finally:
-        handle.close()
-        opt.close()
 
 
 def test_backward_without_zero_grad_after_step_is_refused(loop_backend):
     """torch would add the new gradients to the last step's, which fuyou freed."""
-    torch.manual_seed(1)
-    model = TwiceNet()
-    opt = offload_adamw(loop_backend, model.parameters())
-    handle = fuyou.stream_parameters(model, opt, device_budget="4KiB")
-    try:
+    with streamed_twice_net(loop_backend) as (model, opt):
         _loss(model, 0).backward()
         opt.step()
         with pytest.raises(RuntimeError, match="zero_grad"):
@@ -288,6 +292,3 @@ def test_backward_without_zero_grad_after_step_is_refused(loop_backend):
         opt.step()
         opt.zero_grad()
         assert opt.committed_step == 2
-    finally:
-        handle.close()
-        opt.close()
