@@ -1,5 +1,6 @@
 // DaemonConfig: every setting of fuyoud, with defaults that need no config file.
-// Sources, later ones winning: built-in defaults, the TOML file (--config), flags.
+// Sources, later ones winning: built-in defaults, the TOML file (--config), flags;
+// every setting is one entry of the option table (option_table.h).
 #pragma once
 
 #include <cstdint>
@@ -84,6 +85,8 @@ struct DaemonConfig {
   std::string metrics_listen;
   // TEST-ONLY: storage faults to inject (FUYOU_TEST_FAULTS; see storage/fault_spec.h).
   std::string test_faults;
+
+  friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
 // Built-in defaults for the calling user (see proto/include/fuyou/defaults.h).

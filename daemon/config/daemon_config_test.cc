@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
+
+#include "config/command_line.h"
+#include "config/option_table.h"
+#include "fmt/format.h"
+
 namespace fuyou {
 namespace {
 
@@ -220,6 +227,164 @@ TEST(ValidateConfig, RejectsTinyBudgetAndDuplicatePaths) {
   config = DefaultDaemonConfig();
   config.storage_paths = {"/a", "/a"};
   EXPECT_FALSE(ValidateConfig(config).ok());
+}
+
+// A non-default value for every setting of the option table, as TOML and as a flag's values.
+struct Example {
+  std::string toml;
+  std::vector<std::string> flag;
+};
+const std::map<std::string, Example>& Examples() {
+  static const std::map<std::string, Example> examples = {
+      {"daemon.socket", {"\"/tmp/t.sock\"", {"/tmp/t.sock"}}},
+      {"daemon.socket_mode", {"\"0600\"", {"0600"}}},
+      {"daemon.log_level", {"\"debug\"", {"debug"}}},
+      {"storage.paths", {"[\"/a\", \"/b\"]", {"/a", "/b"}}},
+      {"storage.io_queue_depth", {"32", {"32"}}},
+      {"storage.allow_buffered", {"false", {"false"}}},
+      {"storage.job_quota", {"\"unlimited\"", {"unlimited"}}},
+      {"storage.reserved_free", {"\"4GiB\"", {"4GiB"}}},
+      {"memory.dram_budget", {"\"1GiB\"", {"1GiB"}}},
+      {"memory.max_segment_bytes", {"\"1MiB\"", {"1MiB"}}},
+      {"optimizer.worker_threads", {"3", {"3"}}},
+      {"durability.mode", {"\"step-atomic\"", {"step-atomic"}}},  // the only mode: the default
+      {"durability.commit_every_steps", {"10", {"10"}}},
+      {"durability.commit_every_seconds", {"2.5", {"2.5"}}},
+      {"--drain-seconds", {"", {"0.5"}}},
+      {"limits.max_sessions", {"5", {"5"}}},
+      {"limits.max_sessions_per_user", {"2", {"2"}}},
+      {"limits.max_segment_bytes_per_user", {"\"2GiB\"", {"2GiB"}}},
+      {"limits.max_journal_bytes_per_user", {"\"3GiB\"", {"3GiB"}}},
+      {"limits.max_client_info_bytes", {"\"2KiB\"", {"2KiB"}}},
+      {"limits.idle_session_timeout", {"60", {"60"}}},
+      {"limits.max_jobs_per_user", {"0", {"0"}}},
+      {"limits.max_storage_bytes_per_user", {"\"1TiB\"", {"1TiB"}}},
+      {"limits.max_connections", {"10", {"10"}}},
+      {"limits.max_connections_per_user", {"3", {"3"}}},
+      {"limits.idle_connection_timeout", {"0", {"0"}}},
+      {"metrics.listen", {"\"127.0.0.1:9464\"", {"127.0.0.1:9464"}}},
+  };
+  return examples;
+}
+
+// Parses `args` (after the program name) as fuyoud's command line.
+absl::StatusOr<DaemonConfig> FromCommandLine(std::vector<std::string> args) {
+  CLI::App app;
+  DaemonCommandLine command_line(app);
+  std::vector<const char*> argv = {"fuyoud"};
+  for (const auto& arg : args) argv.push_back(arg.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& error) {
+    return absl::InvalidArgumentError(error.what());
+  }
+  return command_line.Resolve();
+}
+
+TEST(OptionTable, EveryEntryRoundTripsThroughTomlAndFlag) {
+  const DaemonConfig defaults = DefaultDaemonConfig();
+  for (const DaemonOption& option : DaemonOptions()) {
+    const std::string name = OptionName(option);
+    SCOPED_TRACE(name);
+    auto example = Examples().find(name);
+    ASSERT_NE(example, Examples().end()) << "add an example for the new setting " << name;
+    std::optional<DaemonConfig> from_toml, from_flag;
+    if (!option.key.empty()) {
+      DaemonConfig config = DefaultDaemonConfig();
+      std::string text = fmt::format("[{}]\n{} = {}\n", option.table, option.key, example->second.toml);
+      absl::Status status = ApplyTomlText(text, "test", &config);
+      ASSERT_TRUE(status.ok()) << status;
+      from_toml = config;
+    }
+    if (!option.flag.empty()) {
+      std::vector<std::string> args;
+      for (const auto& value : example->second.flag) args.insert(args.end(), {std::string(FlagName(option)), value});
+      auto config = FromCommandLine(args);
+      ASSERT_TRUE(config.ok()) << config.status();
+      from_flag = *config;
+    }
+    ASSERT_TRUE(from_toml || from_flag) << "a setting with neither a TOML key nor a flag";
+    if (from_toml && from_flag) {
+      EXPECT_TRUE(*from_toml == *from_flag) << "TOML and flag disagree";
+    }
+    const DaemonConfig& result = from_toml ? *from_toml : *from_flag;
+    if (name != "durability.mode") {
+      EXPECT_FALSE(result == defaults) << "the example did not change the config";
+    }
+    EXPECT_TRUE(ValidateConfig(result).ok()) << ValidateConfig(result);
+  }
+}
+
+TEST(OptionTable, DocumentedDefaultsAreTheBuiltInOnes) {
+  for (const DaemonOption& option : DaemonOptions()) {
+    if (option.parser == OptionParser::kPath || option.parser == OptionParser::kPathList ||
+        option.parser == OptionParser::kText) {
+      continue;  // described in words ($FUYOU_SOCKET ..., "off")
+    }
+    SCOPED_TRACE(OptionName(option));
+    DaemonConfig config = DefaultDaemonConfig();
+    ASSERT_TRUE(ApplyFlag(option, {std::string(option.default_text)}, &config).ok());
+    EXPECT_TRUE(config == DefaultDaemonConfig()) << "default_text is not the built-in default";
+  }
+}
+
+TEST(OptionTable, UnknownKeysAndTablesAreRefused) {
+  for (const DaemonOption& option : DaemonOptions()) {
+    if (option.key.empty()) continue;
+    DaemonConfig config = DefaultDaemonConfig();
+    absl::Status status = ApplyTomlText(fmt::format("[{}]\nbogus = 1\n", option.table), "test", &config);
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find(fmt::format("{}.bogus", option.table)), std::string::npos) << status;
+  }
+  DaemonConfig config = DefaultDaemonConfig();
+  absl::Status table = ApplyTomlText("[nosuch]\nx = 1\n", "test", &config);
+  EXPECT_NE(table.message().find("nosuch"), std::string::npos) << table;
+  absl::Status top = ApplyTomlText("drain_seconds = 1\n", "test", &config);
+  EXPECT_NE(top.message().find("drain_seconds"), std::string::npos) << top;
+  EXPECT_TRUE(config == DefaultDaemonConfig());
+  EXPECT_FALSE(FromCommandLine({"--no-such-flag", "1"}).ok());
+}
+
+TEST(DaemonCommandLine, BadValuesNameTheFlagAndTheProblem) {
+  for (const auto& [args, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--max-sessions", "0"}, "1..65536"},
+           {{"--dram-budget", "4 parsecs"}, "unknown unit"},
+           {{"--socket-mode", "999"}, "octal"},
+           {{"--log-level", "loud"}, "trace|debug"},
+           {{"--drain-seconds", "soon"}, "seconds"},
+           {{"--job-quota", "lots"}, "not a size"}}) {
+    auto config = FromCommandLine(args);
+    ASSERT_FALSE(config.ok()) << args[0];
+    EXPECT_NE(config.status().message().find(args[0]), std::string::npos) << config.status();
+    EXPECT_NE(config.status().message().find(expected), std::string::npos) << config.status();
+  }
+}
+
+TEST(DaemonCommandLine, FlagsOverTheFileOverDefaults) {
+  std::string file = ::testing::TempDir() + "/fuyoud_precedence.toml";
+  std::ofstream(file) << "[memory]\ndram_budget = \"1GiB\"\n[limits]\nmax_sessions = 5\n";
+  auto config = FromCommandLine({"--config", file, "--max-sessions", "7"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->dram_budget_bytes, uint64_t{1} << 30);  // the file over the default
+  EXPECT_EQ(config->max_sessions, 7u);                      // the flag over the file
+  EXPECT_EQ(config->max_sessions_per_user, DefaultDaemonConfig().max_sessions_per_user);
+  std::ofstream(file) << "[limits]\nmax_sessions = 0\n";
+  auto bad = FromCommandLine({"--config", file});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("limits.max_sessions"), std::string::npos) << bad.status();
+  EXPECT_FALSE(FromCommandLine({"--config", file + ".missing"}).ok()) << "--config must name an existing file";
+}
+
+TEST(DaemonCommandLine, HelpListsEveryFlag) {
+  CLI::App app;
+  DaemonCommandLine command_line(app);
+  std::string help = app.help();
+  EXPECT_NE(help.find("--config"), std::string::npos);
+  for (const DaemonOption& option : DaemonOptions()) {
+    if (!option.flag.empty()) {
+      EXPECT_NE(help.find(FlagName(option)), std::string::npos) << help;
+    }
+  }
 }
 
 }  // namespace
