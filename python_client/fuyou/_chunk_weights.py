@@ -1,13 +1,15 @@
 """Moving one chunk's weights between its parameters and a packed tensor (the
-layout of the chunk: its segments one after another)."""
+layout of the chunk: its segments one after another), and its gradients from
+``.grad`` into the parts a slot copy takes."""
 
 from __future__ import annotations
 
 import torch
 
 from ._chunking import Chunk
+from ._freed_grad import FreedGrad
 
-__all__ = ["gather_weights", "install", "as_byte_buffer"]
+__all__ = ["gather_weights", "install", "as_byte_buffer", "grad_parts"]
 
 
 def gather_weights(c: Chunk) -> torch.Tensor:
@@ -36,3 +38,19 @@ def install(c: Chunk, src: torch.Tensor, non_blocking: bool = False) -> None:
 def as_byte_buffer(t: torch.Tensor):
     """A writable buffer over a contiguous CPU tensor's bytes (works for bfloat16)."""
     return t.view(torch.uint8).numpy()
+
+def grad_parts(c: Chunk):
+    """The chunk's gradients in ``.grad`` as copy parts (offset, numel, piece or
+    None: zeros), the gradient tensors (for the device marker), and the
+    segments without one (None, or a FreedGrad: nothing new in ``.grad``)."""
+    parts, grads, missing = [], [], set()
+    for i, seg in enumerate(c.segments):
+        g = seg.param.grad
+        if g is None or isinstance(g, FreedGrad):
+            parts.append((seg.offset, seg.numel, None))
+            missing.add(i)
+        else:
+            g = g.detach()
+            grads.append(g)
+            parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
+    return parts, grads, missing

@@ -34,11 +34,12 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ._errors import FuyouError
+from ._protocol import GRAD_OP_DIV, GRAD_OP_MUL
 
 __all__ = ["FreedGrad", "GradRecord", "FreedGradError", "OP_MUL", "OP_DIV", "is_freed"]
 
 # fuyou.v1.GradOp.Kind values.
-OP_MUL, OP_DIV = 1, 2
+OP_MUL, OP_DIV = GRAD_OP_MUL, GRAD_OP_DIV
 
 _aten = torch.ops.aten
 _NORMS = {_aten.norm.Scalar, _aten.norm.ScalarOpt_dim, _aten.linalg_vector_norm.default}

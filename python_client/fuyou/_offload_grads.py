@@ -88,7 +88,7 @@ class OffloadedGradients:
                          if c.chunk_id in sent and c.chunk_id not in self._adding]
             if journaled and record.zeroed:
                 # model.zero_grad() and a new backward without step(): skipped.
-                self._abandon(skipped=True)
+                self._abandon_skipped_step()
                 journaled = []
             for c in journaled:
                 earlier = pipeline.take_sent(c.chunk_id)
@@ -111,12 +111,10 @@ class OffloadedGradients:
         k = pipeline.passes_per_step
         grad_scale = pipeline.hook_grad_scale()
         hold = grad_scale is None
-        journaled: List[Chunk] = []
         for c in done:
             cid = c.chunk_id
             if cid in self._adding and not hold:
                 self._send_add(c, grad_scale)
-                journaled.append(c)
             elif cid in self._adding:  # an overflow since: the step is lost anyway
                 self._adding.pop(cid)
                 self._to_host(c, self._host.get(cid))
@@ -132,7 +130,6 @@ class OffloadedGradients:
                     pipeline.send(c, grad_scale, speculative=True, journal=True,
                                   on_copied=lambda n=nbytes: self._weights.add_grad_bytes(-n))
                 self._ops_sent[cid] = {}
-                journaled.append(c)
             else:
                 self._to_host(c, self._host.get(cid))
         passes = pipeline.param_passes
@@ -155,7 +152,6 @@ class OffloadedGradients:
         becomes a FreedGrad (a send still reading it holds a reference)."""
         pipeline = self._pipeline
         p = pipeline.params[index]
-        g = p.grad.detach()
         chunks = pipeline.chunks_of_param(index)
         name = self._name(index)
         if any(c.chunk_id in self._host for c in chunks):
@@ -170,6 +166,7 @@ class OffloadedGradients:
             record = GradRecord(name, stats=lambda: (norm2, max_abs))
         else:
             # Exactly what clip_grad_norm_ computes from the real .grad.
+            g = p.grad.detach()
             norm2, max_abs = torch.norm(g, 2.0), g.abs().max()
             record = GradRecord(name, stats=lambda: (norm2, max_abs))
         shape = pipeline.param_shapes[index]
@@ -218,9 +215,7 @@ class OffloadedGradients:
                                         for i in pipeline.chunk_params(cid)})
             if ops or clipping:
                 pipeline.replay(c, grad_scale, ops, changed if ops else clipped)
-                self._ops_sent[cid] = {i: len(r.ops) for i, r in
-                                       ((i, self._record(i)) for i in pipeline.chunk_params(cid))
-                                       if r is not None}
+                self._mark_ops_sent(cid)
             if pipeline.overflow:
                 break
 
@@ -242,9 +237,14 @@ class OffloadedGradients:
         ops = self._one_op_list(c, pending)
         self._pipeline.journal_add(c, grad_scale, ops, earlier)
         # Members the pass did not reach keep their FreedGrad, whose ops are sent now.
-        self._ops_sent[c.chunk_id] = {
+        self._mark_ops_sent(c.chunk_id)
+
+    def _mark_ops_sent(self, chunk_id: int) -> None:
+        """The daemon's journal of the chunk now has every op of its members'
+        FreedGrads."""
+        self._ops_sent[chunk_id] = {
             i: len(r.ops) for i, r in ((i, self._record(i))
-                                       for i in self._pipeline.chunk_params(c.chunk_id))
+                                       for i in self._pipeline.chunk_params(chunk_id))
             if r is not None}
 
     def send_unsent(self, grad_scale: float) -> None:
@@ -290,13 +290,9 @@ class OffloadedGradients:
         self._weights.release_backward_holds()
         self._weights.drain_fetches()  # the daemon reads and writes states only without fetches in flight
 
-    def abort_step(self) -> None:
-        self._pipeline.abort(0)
-        self.reset_step()
-
     # ------------------------------------------------------------ internals
-    def _abandon(self, skipped: bool) -> None:
-        self._pipeline.abort(ABORT_SKIPPED_STEP if skipped else 0)
+    def _abandon_skipped_step(self) -> None:
+        self._pipeline.abort(ABORT_SKIPPED_STEP)
         self._pipeline.reset_passes()
         self.reset_step()
 

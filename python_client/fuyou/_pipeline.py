@@ -37,11 +37,10 @@ import torch
 
 from . import _device
 from ._chunk_states import ChunkStates
-from ._chunk_weights import gather_weights, install
+from ._chunk_weights import gather_weights, grad_parts, install
 from ._chunking import Chunk
 from ._errors import FuyouError
 from ._fingerprints import missing_grads
-from ._freed_grad import FreedGrad
 from ._loop_stats import LoopStats
 from ._passes import PassCounter
 from ._protocol import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, JOURNAL_ADD, JOURNAL_KEEP,
@@ -326,20 +325,14 @@ class ChunkPipeline:
             missing_sent: Tuple[int, ...] = ()  # one segment: zeros stand in
         else:
             missing_sent = missing
-        parts, grads = [], []
         if packed is not None:
+            parts, grads = [], []
             flat = packed[0]  # on the host: no device work to wait for
             for i, seg in enumerate(c.segments):
                 piece = None if i in missing else flat[seg.offset:seg.offset + seg.numel]
                 parts.append((seg.offset, seg.numel, piece))
-        for seg in (c.segments if packed is None else ()):
-            g = seg.param.grad
-            if g is None:
-                parts.append((seg.offset, seg.numel, None))
-            else:
-                g = g.detach()
-                grads.append(g)
-                parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
+        else:
+            parts, grads, _ = grad_parts(c)
         hyper = self.hyper_now(c.group_index)
         job = self._job(c, parts, grad_scale, missing_sent, redo=redo, earlier=earlier,
                         journal=JOURNAL_KEEP if journal else 0, grad_ops=(),
@@ -384,16 +377,7 @@ class ChunkPipeline:
         after `grad_ops`, and the chunk updated again from the sum."""
         cid = c.chunk_id
         self._drop_earlier(cid)
-        parts, grads, now_missing = [], [], set()
-        for i, seg in enumerate(c.segments):
-            g = seg.param.grad
-            if g is None or isinstance(g, FreedGrad):  # no new gradient: zeros
-                parts.append((seg.offset, seg.numel, None))
-                now_missing.add(i)
-            else:
-                g = g.detach()
-                grads.append(g)
-                parts.append((seg.offset, seg.numel, g.reshape(-1)[seg.start:seg.end]))
+        parts, grads, now_missing = grad_parts(c)
         missing = tuple(i for i in earlier.missing if i in now_missing)
         not_updated = missing if len(c.segments) <= MAX_CHUNK_SEGMENTS else ()
         self._slots.submit(self._job(c, parts, grad_scale, not_updated,
@@ -498,3 +482,4 @@ class ChunkPipeline:
                 self.stats.redone_clipped -= 1
             elif job.redo:
                 self.stats.redone_changed -= 1
+

@@ -12,41 +12,19 @@ on a real fuyoud through fuyou._fuyou, so that the fake behaves as the daemon:
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-import fuyou
 from fuyou._errors import FailedPrecondition
-from fake_session import FakeSession
+from test_fetch_weights import job_name, opener  # noqa: F401  (a fixture)
 
 DT_F32 = 1
 N = 1000
 SEGMENTS = [400, 600]
-SLOT_BYTES = 4096
 HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
 JOURNAL_KEEP, JOURNAL_ADD, JOURNAL_REPLAY = 1, 2, 3
 GRAD_OP_MUL, GRAD_OP_DIV = 1, 2
-
-
-@pytest.fixture(params=["fake", "daemon"])
-def opener(request):
-    if request.param == "fake":
-        import fake_session
-        fake_session.JOBS.clear()
-        return lambda job, slots=3: FakeSession(job, slots, SLOT_BYTES)
-    d = request.getfixturevalue("daemon")
-    from fuyou import _fuyou
-    return lambda job, slots=3: _fuyou.Session.open(job, slots, SLOT_BYTES, address=d.address,
-                                                    rpc_timeout=20.0)
-
-
-_jobs = iter(range(10**6))
-
-
-def job_name(prefix):
-    return f"{prefix}-{os.getpid()}-{next(_jobs)}"
 
 
 def register(session, weights):
