@@ -14,6 +14,9 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   # Paths relative to the checkout, so that clones elsewhere share the cache.
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  # Without this, ccache hashes the working directory into every -g compile
+  # and a clone at another path (a worktree, CI's fresh clone) rebuilds all.
+  export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja \
