@@ -69,7 +69,7 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
         raise InvalidArgument("export_checkpoint(shard_bytes=...) needs the directory path")
     with optimizer._lock:
         optimizer._check_usable()
-        if optimizer.pipeline.in_step:
+        if optimizer.pipeline.step.in_step:
             raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
                                      "call it after step()")
         optimizer._mode.quiesce()  # states are read only with no fetch in flight

@@ -50,13 +50,13 @@ def committed_states(opt, pipeline: ChunkPipeline, indices: Optional[List[int]] 
     per_param = {pidx: [torch.empty(math.prod(shapes[pidx]), dtype=torch.float32)
                         for _ in range(3)] for pidx in wanted}
     steps: Dict[int, set] = {pidx: set() for pidx in wanted}
-    chunks = pipeline.chunks if indices is None else list(
-        {c.chunk_id: c for pidx in wanted for c in pipeline.chunks_of_param(pidx)}.values())
+    chunks = pipeline.plan.chunks if indices is None else list(
+        {c.chunk_id: c for pidx in wanted for c in pipeline.plan.of_param(pidx)}.values())
     for c in chunks:
         states, _t = pipeline.states.read(c)
         # Adam's t per segment: a parameter without a gradient in some step has
         # fewer updates than the others of its chunk, as in torch.
-        for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
+        for seg, t in zip(c.segments, pipeline.states.update_counts(c)):
             if seg.param_index not in per_param:
                 continue
             for dst, src in zip(per_param[seg.param_index], states):
@@ -217,7 +217,7 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: boo
         per_param.append((master, m, v, int(step)))
 
     chunks = []
-    for c in pipeline.chunks:
+    for c in pipeline.plan.chunks:
         # Adam's t per segment: parameters of one chunk may have different steps
         # (one without a gradient in some steps), as torch keeps them.
         steps = [per_param[seg.param_index][3] for seg in c.segments]
@@ -275,7 +275,7 @@ def apply_load(pipeline: ChunkPipeline, plan: ImportPlan) -> None:
     chunk's master weights (those the plan has), moments and per-segment step counts (zeros where the
     state dict has none, as torch starts such a parameter afresh) are replaced in
     one atomic CommitImport; the committed step stays. Between steps only."""
-    if pipeline.in_step:
+    if pipeline.step.in_step:
         raise FailedPrecondition("load_state_dict during a step: call it between steps")
     for ci in plan.chunks:
         if ci.master is not None:  # None: offload_params keeps the daemon's weights

@@ -33,7 +33,7 @@ def has_trained(opt) -> bool:
     segment updated)."""
     pipeline = opt.pipeline
     return opt.resumed or opt.committed_step != 0 or any(
-        any(pipeline.segment_update_counts(c)) for c in pipeline.chunks)
+        any(pipeline.states.update_counts(c)) for c in pipeline.plan.chunks)
 
 
 def fork_or_import(opt, state_dict: dict, extra: dict) -> None:
@@ -45,7 +45,7 @@ def fork_or_import(opt, state_dict: dict, extra: dict) -> None:
         fork_from(opt, source)
     except FuyouError as e:
         missing = getattr(e, "code", None) == "NOT_FOUND" or "does not exist" in str(e)
-        if not (moments and missing and not opt.pipeline.in_step):
+        if not (moments and missing and not opt.pipeline.step.in_step):
             raise
         opt._mode.import_moments(opt, state_dict)
 
@@ -61,7 +61,7 @@ def fork_from(opt, source: str) -> None:
             f"and moments stay those of {opt.job!r}. Load the state_dict into an optimizer "
             f"on a new job to fork {source!r}")
         return
-    if opt.pipeline.in_step:
+    if opt.pipeline.step.in_step:
         raise FailedPrecondition(f"load_state_dict into job {opt.job!r} during a step: "
                                  "call it between steps")
     opt._mode.check_fork(source, opt.job)
@@ -78,13 +78,13 @@ def copy_from(opt, other) -> None:
     imported into `opt`'s job (through the sessions' shared memory)."""
     with other._lock:
         other._check_usable()
-        if other.pipeline.in_step:
+        if other.pipeline.step.in_step:
             raise FailedPrecondition(
                 f"load_state_dict from job {other.job!r}, whose optimizer is in a step: "
                 "take the state_dict between steps")
-        theirs = {c.chunk_id: c for c in other.pipeline.chunks}
+        theirs = {c.chunk_id: c for c in other.pipeline.plan.chunks}
         imports = []
-        for c in opt.pipeline.chunks:
+        for c in opt.pipeline.plan.chunks:
             src = theirs.get(c.chunk_id)
             if src is None or src.num_elements != c.num_elements:
                 raise InvalidArgument(
@@ -92,7 +92,7 @@ def copy_from(opt, other) -> None:
                     f"{c.num_elements} elements; build the optimizer over the same model, "
                     "parameter groups and chunk_bytes")
             states, _t = other.pipeline.states.read(src)
-            imports.append((c, states, other.pipeline.segment_update_counts(src)))
+            imports.append((c, states, other.pipeline.states.update_counts(src)))
     states = opt.pipeline.states
     for c, (master, m, v), counts in imports:
         states.write(c, STATE_MASTER, master)

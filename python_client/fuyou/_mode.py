@@ -63,18 +63,18 @@ class StepMode:
         self._step_starting()
         inv_scale = 1.0 / scaler.scale
         grad_scale = inv_scale
-        if not pipeline.overflow:
+        if not pipeline.step.overflow:
             clipping = max_grad_norm is not None
             squares = self._settle(inv_scale, clipping)
             clip_coef = clip_coefficient(squares, max_grad_norm, scaler) if clipping else 1.0
             if not math.isfinite(clip_coef):
-                pipeline.mark_overflow()
+                pipeline.step.mark_overflow()
             else:
                 grad_scale = clip_coef * inv_scale
                 self._redo_sent(grad_scale, clip_coef < 1.0)
-        if not pipeline.overflow:
+        if not pipeline.step.overflow:
             self._send_unsent(grad_scale)
-        if pipeline.overflow:
+        if pipeline.step.overflow:
             pipeline.abort(ABORT_OVERFLOW)
             self._step_ended(committed=False)
             scaler.update(overflow=True)
@@ -90,7 +90,7 @@ class StepMode:
         pipeline = self.pipeline
         if not pipeline.attached or pipeline.failed is not None:
             return
-        if pipeline.in_step:
+        if pipeline.step.in_step:
             try:
                 pipeline.abort(ABORT_SKIPPED_STEP)
             except BaseException as e:

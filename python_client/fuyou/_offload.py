@@ -236,7 +236,7 @@ class OffloadedParams:
                 opt.resumed = True
             if self.registered:
                 pipeline.set_device()
-                pipeline.pin_slots()
+                pipeline.slots.pin()
             return resumed_any
 
     def _replace_param(self, old: torch.nn.Parameter, new: torch.nn.Parameter) -> None:
@@ -253,7 +253,7 @@ class OffloadedParams:
         for i, q in enumerate(params):
             if q is old:
                 params[i] = new
-        for c in self._pipeline.chunks:
+        for c in self._pipeline.plan.chunks:
             for seg in c.segments:
                 if seg.param is old:
                     seg.param = new

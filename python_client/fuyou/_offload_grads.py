@@ -83,18 +83,18 @@ class OffloadedGradients:
                     "the gradients of the last step (fuyou freed them when step() committed "
                     "it); call zero_grad() after step(), as torch would otherwise add this "
                     "step's gradients to the last step's")
-            sent = pipeline.sent
-            journaled = [c for c in pipeline.chunks_of_param(index)
+            sent = pipeline.step.sent
+            journaled = [c for c in pipeline.plan.of_param(index)
                          if c.chunk_id in sent and c.chunk_id not in self._adding]
             if journaled and record.zeroed:
                 # model.zero_grad() and a new backward without step(): skipped.
                 self._abandon_skipped_step()
                 journaled = []
             for c in journaled:
-                earlier = pipeline.take_sent(c.chunk_id)
-                pending = {i: self._pending_ops(c, i) for i in pipeline.chunk_params(c.chunk_id)}
+                earlier = pipeline.step.take(c.chunk_id)
+                pending = {i: self._pending_ops(c, i) for i in pipeline.plan.params_of(c.chunk_id)}
                 self._adding[c.chunk_id] = (earlier, pending)
-                pipeline.mark_accumulating()
+                pipeline.step.mark_accumulating()
             p.grad = None  # a zero, or kept by the host copy or the daemon's journal
         block = self._block_of_param.get(index)
         if block is not None and block.refs == 0 and not block.backward_held:
@@ -108,7 +108,7 @@ class OffloadedGradients:
         their host copy; then the parameters whose every chunk is complete get a
         FreedGrad, and blocks whose chunks are all complete are released."""
         pipeline = self._pipeline
-        k = pipeline.passes_per_step
+        k = pipeline.passes.passes_per_step
         grad_scale = pipeline.hook_grad_scale()
         hold = grad_scale is None
         for c in done:
@@ -132,13 +132,13 @@ class OffloadedGradients:
                 self._ops_sent[cid] = {}
             else:
                 self._to_host(c, self._host.get(cid))
-        passes = pipeline.param_passes
+        passes = pipeline.passes.param_passes
         for c in done:
             for seg in c.segments:
                 i = seg.param_index
                 if seg.param.grad is None or isinstance(seg.param.grad, FreedGrad):
                     continue
-                if all(rounds[o.chunk_id] >= passes[i] for o in pipeline.chunks_of_param(i)):
+                if all(rounds[o.chunk_id] >= passes[i] for o in pipeline.plan.of_param(i)):
                     self._free(i)
         blocks = {id(b): b for b in (self._block_of_chunk[c.chunk_id] for c in done)}
         for block in blocks.values():
@@ -152,7 +152,7 @@ class OffloadedGradients:
         becomes a FreedGrad (a send still reading it holds a reference)."""
         pipeline = self._pipeline
         p = pipeline.params[index]
-        chunks = pipeline.chunks_of_param(index)
+        chunks = pipeline.plan.of_param(index)
         name = self._name(index)
         if any(c.chunk_id in self._host for c in chunks):
             slices = [self._host_slice(self._host[c.chunk_id][0], c, index) for c in chunks]
@@ -189,12 +189,12 @@ class OffloadedGradients:
                     and not record.stale:
                 norm2, _ = record.stats()
                 out.append(float(norm2.float()) ** 2 * record.scale ** 2)
-        for c in pipeline.chunks:
+        for c in pipeline.plan.chunks:
             host = self._host.get(c.chunk_id)
             if host is not None:
                 t = torch.linalg.vector_norm(host[0], dtype=torch.float32).square()
                 out.append(float(t))
-            elif c.chunk_id not in pipeline.sent:
+            elif c.chunk_id not in pipeline.step.sent:
                 pieces = [seg.param.grad.detach().reshape(-1)[seg.start:seg.end]
                           for seg in c.segments
                           if seg.param.grad is not None and not isinstance(seg.param.grad, FreedGrad)]
@@ -209,14 +209,14 @@ class OffloadedGradients:
         is, with ``grad_scale``."""
         changed, clipped = reasons
         pipeline = self._pipeline
-        for c in pipeline.sent_chunks():
+        for c in pipeline.step.sent_chunks():
             cid = c.chunk_id
             ops = self._one_op_list(c, {i: self._pending_ops(c, i)
-                                        for i in pipeline.chunk_params(cid)})
+                                        for i in pipeline.plan.params_of(cid)})
             if ops or clipping:
                 pipeline.replay(c, grad_scale, ops, changed if ops else clipped)
                 self._mark_ops_sent(cid)
-            if pipeline.overflow:
+            if pipeline.step.overflow:
                 break
 
     def finish_adding(self, grad_scale: float) -> None:
@@ -225,9 +225,9 @@ class OffloadedGradients:
         with what the pass gave them."""
         pipeline = self._pipeline
         for cid in list(self._adding):
-            c = pipeline.chunk(cid)
+            c = pipeline.plan.chunk(cid)
             self._send_add(c, grad_scale)
-            for i in pipeline.chunk_params(cid):
+            for i in pipeline.plan.params_of(cid):
                 g = pipeline.params[i].grad
                 if g is not None and not isinstance(g, FreedGrad):
                     self._free(i)
@@ -244,7 +244,7 @@ class OffloadedGradients:
         FreedGrads."""
         self._ops_sent[chunk_id] = {
             i: len(r.ops) for i, r in ((i, self._record(i))
-                                       for i in self._pipeline.chunk_params(chunk_id))
+                                       for i in self._pipeline.plan.params_of(chunk_id))
             if r is not None}
 
     def send_unsent(self, grad_scale: float) -> None:
@@ -252,8 +252,8 @@ class OffloadedGradients:
         are still in ``.grad`` (a pass that left some parameter without one, or
         a parameter whose .grad was zeroed: it updates with zeros, as in torch)."""
         pipeline = self._pipeline
-        sent = pipeline.sent
-        for c in pipeline.chunks:
+        sent = pipeline.step.sent
+        for c in pipeline.plan.chunks:
             if c.chunk_id in sent:
                 continue
             host = self._host.pop(c.chunk_id, None)
@@ -269,7 +269,7 @@ class OffloadedGradients:
                     for seg in c.segments:
                         if seg.param.grad is not None:
                             self._free(seg.param_index)
-            if pipeline.overflow:
+            if pipeline.step.overflow:
                 break
         pipeline.wait_sent()
 
@@ -325,7 +325,7 @@ class OffloadedGradients:
         return list(lists.pop()) if lists else []
 
     def _was_added(self, c: Chunk) -> bool:
-        sent = self._pipeline.sent.get(c.chunk_id)
+        sent = self._pipeline.step.sent.get(c.chunk_id)
         return sent is not None and sent.journal_added
 
     def _daemon_stats(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -333,7 +333,7 @@ class OffloadedGradients:
         journal holds them after an accumulating pass (waits for its reply)."""
         pipeline = self._pipeline
         squares, largest = 0.0, 0.0
-        for c in pipeline.chunks_of_param(index):
+        for c in pipeline.plan.of_param(index):
             sums, maxes = pipeline.journal_stats(c)
             for i, seg in enumerate(c.segments):
                 if seg.param_index == index:
@@ -359,7 +359,7 @@ class OffloadedGradients:
     def _partial(self, c: Chunk, rounds: Dict[int, int]) -> bool:
         """A parameter of `c` accumulated a gradient of a pass that has not
         completed the chunk yet."""
-        passes = self._pipeline.param_passes
+        passes = self._pipeline.passes.param_passes
         return any(passes[seg.param_index] > rounds[c.chunk_id] for seg in c.segments)
 
     def _chunk_grad_bytes(self, c: Chunk) -> int:

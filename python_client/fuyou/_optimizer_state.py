@@ -34,9 +34,9 @@ def build_state_dict(opt) -> dict:
     pipeline = opt.pipeline
     size = _checkpoint.moment_bytes(pipeline)
     limit = opt.state_dict_max_bytes
-    included = (limit is None or size <= limit) and not pipeline.in_step
+    included = (limit is None or size <= limit) and not pipeline.step.in_step
     state: dict = {}
-    if pipeline.in_step:  # backward sent chunks, no step() yet: the slots are busy
+    if pipeline.step.in_step:  # backward sent chunks, no step() yet: the slots are busy
         warnings.warn(
             f"fuyou.AdamW.state_dict of job {opt.job!r} during a step (backward "
             "without step()): the state dict holds a reference to the job in the "
@@ -67,7 +67,7 @@ def build_state_dict(opt) -> dict:
         "accumulation_steps": opt.accumulation_steps,
         "max_grad_norm": opt.max_grad_norm,
         "chunk_bytes": opt.chunk_bytes,
-        "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in pipeline.chunks],
+        "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in pipeline.plan.chunks],
     }}
 
 
@@ -77,7 +77,7 @@ def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
     _check_layout(opt, state_dict, extra)
     action = _load_action(opt, state_dict, extra)
     if action == "import":
-        if opt.pipeline.in_step:
+        if opt.pipeline.step.in_step:
             raise FailedPrecondition(f"load_state_dict into job {opt.job!r} during a "
                                      "step: call it between steps")
         opt._mode.import_moments(opt, state_dict)
@@ -108,7 +108,7 @@ def _check_layout(opt, state_dict: dict, extra: Optional[dict]) -> None:
     if extra is None:
         return
     chunks = [tuple(c) for c in extra.get("chunks", [])]
-    mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in opt.pipeline.chunks]
+    mine = [(c.chunk_id, c.num_elements, str(c.dtype)) for c in opt.pipeline.plan.chunks]
     if chunks and chunks != mine:
         raise InvalidArgument(
             f"state_dict was saved with a different chunk layout ({len(chunks)} chunks, "

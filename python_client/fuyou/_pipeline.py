@@ -9,13 +9,17 @@ weight_decay, maximize; maximize negates ``grad_scale``), with which
 not send), and when to commit or abandon a step. It is a facade over parts
 with one idea each:
 
+- ``plan`` (_chunk_plan.py): the chunks and which parameters each holds;
 - ``states`` (_chunk_states.py): registration and the committed states
-  (ReadState, an import), the per-segment update counts;
-- the pass counter (_passes.py): backward passes per parameter and chunk;
-- the slots (_slots.py): the sender thread, the chunks in flight, the
-  staging copies of new weights, the slot views;
-- here: the chunk plan, the session's lifetime, one step's record of the chunks
-  sent (``send``, ``redo``, ``replay``, ``journal_add``), ``commit``, ``abort``.
+  (ReadState, an import), the per-segment update counts (``update_counts``);
+- ``passes`` (_passes.py): backward passes per parameter and chunk, the
+  passes per step;
+- ``slots`` (_slots.py): the sender thread, the chunks in flight, the
+  staging copies of new weights, the slot views, the copy machinery;
+- ``step`` (_step_record.py): this step's chunks sent and its flags
+  (overflow, accumulating);
+- here: the session's lifetime and the step's traffic (``send``, ``redo``,
+  ``replay``, ``journal_add``, ``commit``, ``abort``).
 
 One step: a mode's hook calls ``count_pass(index)`` and sends the chunks it
 completed; at step() the mode redoes or replays what changed, then ``commit``
@@ -31,11 +35,12 @@ as the pipeline's failure.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from . import _device
+from ._chunk_plan import ChunkPlan
 from ._chunk_states import ChunkStates
 from ._chunk_weights import gather_weights, grad_parts, install
 from ._chunking import Chunk
@@ -47,6 +52,7 @@ from ._protocol import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, JOURNAL_ADD, JOURNAL
                         JOURNAL_REPLAY, MAX_CHUNK_SEGMENTS, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, Hyper)
 from ._slots import ChunksInFlight, Sent, SendJob
+from ._step_record import StepRecord
 
 __all__ = ["ChunkPipeline", "LoopStats"]
 
@@ -84,8 +90,8 @@ class ChunkPipeline:
         self._hook_grad_scale = hook_grad_scale
         self._session = None
         self._committed = 0
-        self._passes = PassCounter(accumulation_steps)
-        self._slots = ChunksInFlight(_device.for_params(params), timeout, check_finite,
+        self.passes = PassCounter(accumulation_steps)
+        self.slots = ChunksInFlight(_device.for_params(params), timeout, check_finite,
                                      install_weights)
         self.set_chunks(chunks)
 
@@ -93,33 +99,10 @@ class ChunkPipeline:
     def set_chunks(self, chunks: List[Chunk]) -> None:
         """Sets the chunk plan (before any chunk is registered): offload_params
         plans the chunks from the model's modules after the optimizer was made."""
-        self.chunks = chunks
-        self._chunks_of_param: List[List[Chunk]] = [[] for _ in self.params]
-        for c in chunks:
-            for seg in c.segments:
-                if not self._chunks_of_param[seg.param_index] or \
-                        self._chunks_of_param[seg.param_index][-1] is not c:
-                    self._chunks_of_param[seg.param_index].append(c)
-        self._chunk_by_id = {c.chunk_id: c for c in chunks}
-        self._chunk_params = {c.chunk_id: sorted({s.param_index for s in c.segments})
-                              for c in chunks}
+        self.plan = ChunkPlan(chunks, len(self.params))
         self.states = ChunkStates(chunks)
         self.states.session = self._session
         self._reset_step()
-
-    def chunk(self, chunk_id: int) -> Chunk:
-        return self._chunk_by_id[chunk_id]
-
-    def chunks_of_param(self, index: int) -> List[Chunk]:
-        return self._chunks_of_param[index]
-
-    def chunk_params(self, chunk_id: int) -> List[int]:
-        """Indices of the parameters with a segment in the chunk."""
-        return self._chunk_params[chunk_id]
-
-    def segment_update_counts(self, c: Chunk) -> List[int]:
-        """``states.update_counts(c)``: committed Adam updates per segment."""
-        return self.states.update_counts(c)
 
     # ------------------------------------------------------------ session
     def attach(self, session, register: bool = True, reserved_slots: int = 0) -> bool:
@@ -132,17 +115,17 @@ class ChunkPipeline:
         if num_slots < 1:
             raise ValueError(f"session has {session.num_slots} slots, {reserved_slots} reserved")
         self._session = self.states.session = session
-        self._slots.attach(session, num_slots, f"fuyou-sender-{id(self):x}")
+        self.slots.attach(session, num_slots, f"fuyou-sender-{id(self):x}")
         self._committed = int(session.committed_step)
         resumed_any = False
         if register:
             with torch.no_grad():
-                for c in self.chunks:
+                for c in self.plan.chunks:
                     buf = gather_weights(c)
                     if self.states.register(c, buf):
                         install(c, buf)
                         resumed_any = True
-        self.pin_slots()
+        self.slots.pin()
         return resumed_any
 
     @property
@@ -150,26 +133,10 @@ class ChunkPipeline:
         """The session (None when detached); offload_params fetches through it."""
         return self._session
 
-    @property
-    def _device(self):  # the copy machinery (_device.py); benchmarks read it
-        return self._slots.device
-
-    @property
-    def _sender(self):  # the sender thread (_sender.py); tests read it
-        return self._slots.sender
-
     def set_device(self) -> None:
         """Chooses the copy machinery again from the parameters' devices (after
         offload_params placed its placeholders on the modules' devices)."""
-        self._slots.device = _device.for_params(self.params)
-
-    def pin_slots(self) -> None:
-        """On CUDA: registers the session's slots with CUDA (DMA copies)."""
-        self._slots.pin()
-
-    def slot_view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        """The slot's "grad" or "param" region as a flat tensor of `dtype`."""
-        return self._slots.view(slot, kind, dtype)
+        self.slots.device = _device.for_params(self.params)
 
     @property
     def attached(self) -> bool:
@@ -191,8 +158,8 @@ class ChunkPipeline:
             if self.failed is None:
                 try:  # a step in progress is abandoned, not committed
                     self._flush()
-                    self._slots.drain_all()
-                    if self._sent:
+                    self.slots.drain_all()
+                    if self.step.in_step:
                         session.abort_step(self._committed + 1)
                 except FuyouError:
                     pass
@@ -200,7 +167,7 @@ class ChunkPipeline:
                     self.failed = e
         finally:
             self._session = self.states.session = None
-            self._slots.stop()
+            self.slots.stop()
         try:
             session.close()
         except FuyouError:
@@ -210,33 +177,13 @@ class ChunkPipeline:
     def detach(self) -> None:
         """Stops the sender thread and unpins the slots without talking to the
         daemon: for an owner that closes the session itself (a failed start)."""
-        self._slots.stop()
+        self.slots.stop()
         self._session = self.states.session = None
 
     # ------------------------------------------------------------ passes
-    @property
-    def accumulation_steps(self) -> int:
-        return self._passes.accumulation_steps
-
-    @property
-    def passes_per_step(self) -> int:
-        """Backward passes per step a hook waits for before it sends a chunk: the
-        accumulation_steps hint, or more when the loop was seen accumulating."""
-        return self._passes.passes_per_step
-
-    @property
-    def param_passes(self) -> List[int]:
-        """Per parameter, the backward passes of this step that accumulated into it."""
-        return self._passes.param_passes
-
-    @property
-    def rounds(self) -> Dict[int, int]:
-        """Per chunk id, the backward passes of this step that completed it."""
-        return self._passes.rounds
-
     def reset_passes(self) -> None:
         """Forgets the backward passes counted so far (zero_grad before any send)."""
-        self._passes.reset(self.chunks, len(self.params))
+        self.passes.reset(self.plan.chunks, len(self.params))
 
     def hooks_live(self) -> bool:
         """Whether a hook should act: attached and not failed."""
@@ -245,56 +192,14 @@ class ChunkPipeline:
     def count_pass(self, index: int) -> List[Chunk]:
         """Parameter `index` accumulated a gradient: the chunks not sent yet in
         this step that this completed. Raises (and fails) on a sender error."""
-        sender = self._slots.sender
+        sender = self.slots.sender
         if sender is not None and sender.error is not None:
             self.failed = sender.error
             raise self.failed
-        return self._passes.count(index, self._chunks_of_param[index], self.chunk_params,
-                                  self._sent.__contains__)
-
-    def first_reached_sent(self, index: int) -> List[Chunk]:
-        """Chunks of parameter `index` sent in this step that a pass reaches
-        again, each reported once per step."""
-        reached = [c for c in self._chunks_of_param[index]
-                   if c.chunk_id in self._sent and c.chunk_id not in self._checked]
-        self._checked.update(c.chunk_id for c in reached)
-        return reached
-
-    def mark_accumulating(self) -> None:
-        """The loop made one more backward pass into a chunk sent in this step:
-        commit() learns the passes per step."""
-        self._accumulating = True
+        return self.passes.count(index, self.plan.of_param(index), self.plan.params_of,
+                                 self.step.sent.__contains__)
 
     # ------------------------------------------------------------ per step
-    @property
-    def in_step(self) -> bool:
-        """True while the step has chunks sent and not yet committed or abandoned."""
-        return bool(self._sent)
-
-    @property
-    def sent(self) -> Mapping[int, Sent]:
-        """The chunks sent in this step: chunk id -> its record (read only)."""
-        return self._sent
-
-    def sent_chunks(self) -> List[Chunk]:
-        """The chunks sent in this step, in send order."""
-        return [self._chunk_by_id[cid] for cid in self._sent]
-
-    def take_sent(self, chunk_id: int) -> Sent:
-        """Takes chunk `chunk_id` out of the step's sent chunks (an accumulating
-        pass will send it again: ``journal_add``)."""
-        return self._sent.pop(chunk_id)
-
-    @property
-    def overflow(self) -> bool:
-        """True when a chunk's gradients held inf or nan (with check_finite), as
-        far as the sender thread has seen (exact after any step-time method)."""
-        return self._overflow or self._slots.overflow_pending
-
-    def mark_overflow(self) -> None:
-        """The step cannot be committed (a non-finite gradient norm, say)."""
-        self._overflow = True
-
     def hook_grad_scale(self) -> Optional[float]:
         """``grad_scale`` for a chunk sent during backward; None: do not send now."""
         return self._hook_grad_scale()
@@ -336,14 +241,14 @@ class ChunkPipeline:
         hyper = self.hyper_now(c.group_index)
         job = self._job(c, parts, grad_scale, missing_sent, redo=redo, earlier=earlier,
                         journal=JOURNAL_KEEP if journal else 0, grad_ops=(),
-                        marker=self._device.marker(grads), speculative=speculative,
+                        marker=self.slots.device.marker(grads), speculative=speculative,
                         on_copied=on_copied)
-        self._sent[c.chunk_id] = Sent(missing, fingerprint, missing_sent, hyper)
+        self.step.put(c.chunk_id, Sent(missing, fingerprint, missing_sent, hyper))
         if journal:
             self.stats.journaled_bytes += c.nbytes
         if speculative:
             self.stats.speculative_updates += 1
-        self._slots.submit(job)
+        self.slots.submit(job)
         return True
 
     def redo(self, c: Chunk, grad_scale: float, reason: int) -> None:
@@ -351,7 +256,7 @@ class ChunkPipeline:
         the daemon drops its update of the step and updates again from the
         committed states. Its earlier new weights (in flight or staged) are dropped."""
         self._drop_earlier(c.chunk_id)
-        earlier = self._sent.pop(c.chunk_id)
+        earlier = self.step.take(c.chunk_id)
         self.send(c, grad_scale, redo=reason, earlier=earlier)
         self._count_redo(reason)
 
@@ -361,18 +266,18 @@ class ChunkPipeline:
         in-place mul_/div_ since), with `grad_scale`: nothing is copied."""
         cid = c.chunk_id
         self._drop_earlier(cid)
-        earlier = self._sent.pop(cid)
-        self._slots.submit(self._job(c, None, grad_scale, earlier.not_updated, redo=reason,
+        earlier = self.step.take(cid)
+        self.slots.submit(self._job(c, None, grad_scale, earlier.not_updated, redo=reason,
                                      earlier=earlier, journal=JOURNAL_REPLAY,
                                      grad_ops=grad_ops))
-        self._sent[cid] = Sent(earlier.missing, None, earlier.not_updated, earlier.hyper,
-                               journal_added=earlier.journal_added)
+        self.step.put(cid, Sent(earlier.missing, None, earlier.not_updated, earlier.hyper,
+                                journal_added=earlier.journal_added))
         self._count_redo(reason)
         self.stats.replayed += 1
 
     def journal_add(self, c: Chunk, grad_scale: float, grad_ops, earlier: Sent) -> None:
         """An undeclared backward pass completed chunk `c`, whose gradients the
-        daemon journaled in this step (``earlier``: ``take_sent``): its ``.grad``
+        daemon journaled in this step (``earlier``: ``step.take``): its ``.grad``
         (zeros where a parameter has no new gradient) is added to the journal
         after `grad_ops`, and the chunk updated again from the sum."""
         cid = c.chunk_id
@@ -380,11 +285,11 @@ class ChunkPipeline:
         parts, grads, now_missing = grad_parts(c)
         missing = tuple(i for i in earlier.missing if i in now_missing)
         not_updated = missing if len(c.segments) <= MAX_CHUNK_SEGMENTS else ()
-        self._slots.submit(self._job(c, parts, grad_scale, not_updated,
+        self.slots.submit(self._job(c, parts, grad_scale, not_updated,
                                      redo=REDO_GRADIENTS_CHANGED, earlier=earlier,
                                      journal=JOURNAL_ADD, grad_ops=grad_ops,
-                                     marker=self._device.marker(grads)))
-        self._sent[cid] = Sent(missing, None, not_updated, journal_added=True)
+                                     marker=self.slots.device.marker(grads)))
+        self.step.put(cid, Sent(missing, None, not_updated, journal_added=True))
         self._count_redo(REDO_GRADIENTS_CHANGED)
         self.stats.replayed += 1
         self.stats.journaled_bytes += c.nbytes
@@ -393,7 +298,7 @@ class ChunkPipeline:
         """Per segment, the sum of squares and the largest magnitude of the
         chunk's journaled gradients after its last update (waits for it)."""
         self._flush()
-        self._slots.collect(c.chunk_id)
+        self.slots.collect(c.chunk_id)
         stats = self._session.journal_stats(c.chunk_id)
         if stats is None:
             raise FuyouError(f"fuyoud sent no journal statistics for chunk {c.chunk_id:#x}")
@@ -411,15 +316,16 @@ class ChunkPipeline:
         the step (nothing to commit when nothing was sent). Learns the passes per
         step of an accumulating loop."""
         self._flush()
-        self._slots.install_all()
-        if self._redo_started is not None:
-            self.stats.redo_seconds += time.monotonic() - self._redo_started
+        self.slots.install_all()
+        step = self.step
+        if step.redo_started is not None:
+            self.stats.redo_seconds += time.monotonic() - step.redo_started
             self.stats.steps_with_redo += 1
-        self._passes.learn(self._accumulating)
-        if self._sent:
+        self.passes.learn(step.accumulating)
+        if step.in_step:
             committed, _chunks = self._session.end_step(self._committed + 1)
             self._committed = int(committed)
-            self.states.count_committed((cid, s.not_updated) for cid, s in self._sent.items())
+            self.states.count_committed((cid, s.not_updated) for cid, s in step.sent.items())
             self.stats.steps += 1
         self._reset_step()
 
@@ -427,21 +333,17 @@ class ChunkPipeline:
         """Abandons the step: waits for the chunks in flight, rolls back what the
         daemon updated (AbortStep with `reason`), installs nothing."""
         self._flush()
-        self._slots.drain_all()
-        if self._sent:
+        self.slots.drain_all()
+        if self.step.in_step:
             self._session.abort_step(self._committed + 1, reason=reason)
             if reason in (ABORT_SKIPPED_STEP, ABORT_OVERFLOW):
-                self.stats.rolled_back_skipped += len(self._sent)
+                self.stats.rolled_back_skipped += len(self.step.sent)
         self._reset_step()
 
     # ------------------------------------------------------------ internals
     def _reset_step(self) -> None:
-        self._slots.reset()
-        self._sent: Dict[int, Sent] = {}
-        self._checked: set = set()
-        self._overflow = False
-        self._accumulating = False
-        self._redo_started: Optional[float] = None
+        self.slots.reset()
+        self.step = StepRecord(self.plan, lambda: self.slots.overflow_pending)
         self.reset_passes()
 
     def _job(self, c: Chunk, parts, grad_scale: float, missing_sent, *, redo: int, earlier,
@@ -456,9 +358,8 @@ class ChunkPipeline:
                        journal=journal, grad_ops=tuple(grad_ops))
 
     def _drop_earlier(self, cid: int) -> None:
-        if self._redo_started is None:
-            self._redo_started = time.monotonic()
-        self._slots.drop_earlier(cid)
+        self.step.mark_redo()
+        self.slots.drop_earlier(cid)
 
     def _count_redo(self, reason: int) -> None:
         if reason == REDO_CLIPPED:
@@ -469,13 +370,13 @@ class ChunkPipeline:
     def _flush(self) -> None:
         """Waits until the sender thread ran every queued job; raises its error.
         Chunks it found inf/nan in are taken out of the step (overflow)."""
-        for job in self._slots.flush():
-            self._overflow = True
+        for job in self.slots.flush():
+            self.step.mark_overflow()
             cid = job.chunk.chunk_id
             if job.earlier is not None:
-                self._sent[cid] = job.earlier
+                self.step.put(cid, job.earlier)
             else:
-                self._sent.pop(cid, None)
+                self.step.discard(cid)
             if job.speculative:
                 self.stats.speculative_updates -= 1
             if job.redo == REDO_CLIPPED:

@@ -70,7 +70,7 @@ class ResidentMode(StepMode):
         pipeline = self.pipeline
         if not pipeline.hooks_live():
             return
-        sent = pipeline.first_reached_sent(index)
+        sent = pipeline.step.first_reached_sent(index)
         if not sent:
             return
         try:
@@ -81,7 +81,7 @@ class ResidentMode(StepMode):
             else:
                 # One more backward pass into gradients already sent: the loop
                 # accumulates; step() redoes these chunks and learns the passes.
-                pipeline.mark_accumulating()
+                pipeline.step.mark_accumulating()
         except BaseException as e:
             pipeline.failed = e
             raise
@@ -92,7 +92,7 @@ class ResidentMode(StepMode):
         if not pipeline.hooks_live():
             return
         for c in pipeline.count_pass(index):
-            if pipeline.rounds[c.chunk_id] < pipeline.passes_per_step:
+            if pipeline.passes.rounds[c.chunk_id] < pipeline.passes.passes_per_step:
                 continue
             grad_scale = pipeline.hook_grad_scale()
             if grad_scale is None:
@@ -113,7 +113,7 @@ class ResidentMode(StepMode):
         zero (or None) beside others with gradients does not make it so (one check
         per chunk and step, one wait for the device)."""
         pipeline = self.pipeline
-        grads = [pipeline.params[i].grad for c in chunks for i in pipeline.chunk_params(c.chunk_id)]
+        grads = [pipeline.params[i].grad for c in chunks for i in pipeline.plan.params_of(c.chunk_id)]
         flags = [g.detach().ne(0).any() for g in grads if g is not None]
         return not flags or not bool(torch.stack(flags).any())
 
@@ -124,9 +124,9 @@ class ResidentMode(StepMode):
         pipeline = self.pipeline
         pipeline.wait_sent()
         started = time.perf_counter()
-        sent = pipeline.sent
-        chunks = pipeline.chunks if clipping else [
-            pipeline.chunk(cid) for cid, s in sent.items() if s.fingerprint is not None]
+        sent = pipeline.step.sent
+        chunks = pipeline.plan.chunks if clipping else [
+            pipeline.plan.chunk(cid) for cid, s in sent.items() if s.fingerprint is not None]
         changed, squares = changed_chunks(chunks, sent, pipeline.hyper_now)
         pipeline.stats.fingerprint_seconds += time.perf_counter() - started
         self._changed = changed
@@ -136,21 +136,21 @@ class ResidentMode(StepMode):
         pipeline = self.pipeline
         changed_ids = {c.chunk_id for c in self._changed}
         self._changed = []
-        for c in pipeline.sent_chunks():
+        for c in pipeline.step.sent_chunks():
             if c.chunk_id in changed_ids:
                 pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED)
             elif clipped:
                 pipeline.redo(c, grad_scale, REDO_CLIPPED)
-            if pipeline.overflow:
+            if pipeline.step.overflow:
                 break
 
     def _send_unsent(self, grad_scale: float) -> None:
         """Sends every chunk not sent yet in this step (stops at an overflow)."""
         pipeline = self.pipeline
-        for c in pipeline.chunks:
-            if c.chunk_id not in pipeline.sent:
+        for c in pipeline.plan.chunks:
+            if c.chunk_id not in pipeline.step.sent:
                 pipeline.send(c, grad_scale)
-                if pipeline.overflow:
+                if pipeline.step.overflow:
                     break
         pipeline.wait_sent()
 

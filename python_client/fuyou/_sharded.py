@@ -183,12 +183,12 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
                               "given; pass the model the optimizer trains")
 
     chunks_of: List[List[tuple]] = [[] for _ in params]
-    for c in pipeline.chunks:
+    for c in pipeline.plan.chunks:
         for seg in c.segments:
             chunks_of[seg.param_index].append((c, seg))
     steps: List[int] = [0] * len(params)
-    for c in pipeline.chunks:
-        for seg, t in zip(c.segments, pipeline.segment_update_counts(c)):
+    for c in pipeline.plan.chunks:
+        for seg, t in zip(c.segments, pipeline.states.update_counts(c)):
             steps[seg.param_index] = max(steps[seg.param_index], int(t))
 
     shapes: Dict[str, list] = {}
@@ -210,7 +210,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     weights = _ShardWriter(directory, "pytorch_model", weight_plan, shard_bytes)
     moments = _ShardWriter(directory, "optimizer", opt_plan, shard_bytes)
 
-    remaining = {c.chunk_id: len(c.segments) for c in pipeline.chunks}
+    remaining = {c.chunk_id: len(c.segments) for c in pipeline.plan.chunks}
     cache: Dict[int, List[torch.Tensor]] = {}
     peak_chunk_bytes = 0
     for name, t in entries:
@@ -456,7 +456,7 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
     steps = {int(k): int(v) for k, v in (meta.get("steps") or {}).items()}
     names = {int(k): v for k, v in (meta.get("names") or {}).items()}
     counts = {c.chunk_id: [steps.get(saved_index[id(seg.param)], 0) for seg in c.segments]
-              for c in pipeline.chunks}
+              for c in pipeline.plan.chunks}
     # One state at a time over all chunks: one chunk's buffer and one shard in
     # memory, each shard read once per pass (a pass per parameter group's
     # chunks; the moments' shards are read twice, for exp_avg and exp_avg_sq).
@@ -464,7 +464,7 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
               (STATE_EXP_AVG, reader.moments, lambda i: f"state.{i}.exp_avg"),
               (STATE_EXP_AVG_SQ, reader.moments, lambda i: f"state.{i}.exp_avg_sq"))
     for kind, shards, key in passes:
-        for c in pipeline.chunks:
+        for c in pipeline.plan.chunks:
             if kind != STATE_MASTER and not any(counts[c.chunk_id]):
                 continue  # a new chunk's moments are already zero
             values = torch.zeros(c.num_elements, dtype=torch.float32)
@@ -480,7 +480,7 @@ def import_optimizer_states(opt, reader: ShardReader, model=None, *, install: bo
             del values
         shards.close()
         release_freed_memory()
-    for c in pipeline.chunks:
+    for c in pipeline.plan.chunks:
         if any(counts[c.chunk_id]):
             pipeline.states.set_update_count(c, counts[c.chunk_id])
     pipeline.states.commit_import()

@@ -46,8 +46,8 @@ class StateView(Mapping):
 
     def _count(self, pidx) -> int:
         pipeline = self._opt._pipeline
-        counts = [t for c in pipeline.chunks_of_param(pidx)
-                  for seg, t in zip(c.segments, pipeline.segment_update_counts(c))
+        counts = [t for c in pipeline.plan.of_param(pidx)
+                  for seg, t in zip(c.segments, pipeline.states.update_counts(c))
                   if seg.param_index == pidx]
         return max(counts, default=0)
 
@@ -60,7 +60,7 @@ class StateView(Mapping):
         opt = self._opt
         with opt._lock:
             opt._check_usable()
-            if opt._pipeline.in_step:
+            if opt._pipeline.step.in_step:
                 raise FailedPrecondition(
                     f"opt.state[p] of job {opt.job!r} during a step: the daemon has the "
                     "moments of the last committed step; read them after step()")

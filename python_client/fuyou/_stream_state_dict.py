@@ -164,7 +164,7 @@ class StreamedStateDict:
     def _check_between_steps(self, offload, opt, what: str) -> None:
         opt._check_usable()
         pipeline = offload._pipeline
-        if pipeline.in_step or any(pipeline.param_passes):
+        if pipeline.step.in_step or any(pipeline.passes.param_passes):
             raise FailedPrecondition(
                 f"model.{what}() of a streamed model during a step of job {opt.job!r} (a backward "
                 "pass ran and step() was not called yet): call it after optimizer.step() (or "
@@ -298,7 +298,7 @@ class StreamedStateDict:
         weights = offload.weights
         weights.drop_cache()  # also waits for the fetches in flight
         touched = []
-        for c in pipeline.chunks:
+        for c in pipeline.plan.chunks:
             if any(seg.param_index in values for seg in c.segments):
                 touched.append(c)
         for c in touched:

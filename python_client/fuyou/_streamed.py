@@ -74,7 +74,7 @@ class StreamedMode(StepMode):
         done = pipeline.count_pass(index)
         if done:
             try:
-                self._gradients.chunks_done(done, pipeline.rounds)
+                self._gradients.chunks_done(done, pipeline.passes.rounds)
             except BaseException as e:
                 if not isinstance(e, FailedPrecondition):
                     pipeline.failed = e

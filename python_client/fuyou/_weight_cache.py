@@ -275,7 +275,7 @@ class WeightCache:
             slot = session.wait_weights(c.chunk_id, self._timeout)
             self._fetching.pop(c.chunk_id, None)
             try:
-                src = self._pipeline.slot_view(slot, "param", c.dtype)[:c.num_elements]
+                src = self._pipeline.slots.view(slot, "param", c.dtype)[:c.num_elements]
                 buf[offset:offset + c.nbytes].view(c.dtype).copy_(src)
             finally:
                 session.release_slot(slot)

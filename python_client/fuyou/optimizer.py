@@ -155,7 +155,7 @@ class AdamW(torch.optim.Optimizer):
 
     @property
     def num_chunks(self) -> int:
-        return len(self._pipeline.chunks)
+        return len(self._pipeline.plan.chunks)
 
     @property
     def pipeline(self) -> ChunkPipeline:
@@ -165,7 +165,7 @@ class AdamW(torch.optim.Optimizer):
     @property
     def accumulation_steps(self) -> int:
         """Backward passes per step given by ``accumulation_steps=``."""
-        return self._pipeline.accumulation_steps
+        return self._pipeline.passes.accumulation_steps
 
     @property
     def loop_stats(self) -> LoopStats:
@@ -266,7 +266,7 @@ class AdamW(torch.optim.Optimizer):
         Call it between steps."""
         with self._lock:
             self._check_usable()
-            if self._pipeline.in_step:
+            if self._pipeline.step.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
             self._mode.quiesce()
@@ -338,7 +338,7 @@ class AdamW(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         """The job, then each parameter group's settings as torch prints them."""
-        chunks = len(self._pipeline.chunks) if self._pipeline is not None else 0
+        chunks = len(self._pipeline.plan.chunks) if self._pipeline is not None else 0
         head = (f"fuyou.AdamW(job={self.job!r}, {chunks} chunks, "
                 f"{len(self.param_groups)} groups, committed_step={self.committed_step}, "
                 f"address={getattr(self, '_address', None)!r})")
@@ -386,6 +386,6 @@ class AdamW(torch.optim.Optimizer):
 
     def _hook_grad_scale(self) -> Optional[float]:
         """grad_scale for a chunk sent during backward; None: hooks must not send."""
-        if not self.overlap or self._pipeline.overflow or self._groups_error() is not None:
+        if not self.overlap or self._pipeline.step.overflow or self._groups_error() is not None:
             return None  # step() raises for a bad group
         return 1.0 / self._scaler.scale

@@ -147,7 +147,7 @@ def test_slots_are_pinned():
         opt = fuyou.AdamW(model.parameters(), job="pinned", address=d.address,
                           chunk_bytes=CHUNK_BYTES, num_slots=3)
         try:
-            dev = opt.pipeline._device
+            dev = opt.pipeline.slots.device
             assert dev.streams, "parameters on CUDA must take the CUDA path"
             assert dev.pinned, f"slots not registered: {dev.pin_error}"
             session = opt.pipeline._session
@@ -175,7 +175,7 @@ def test_no_host_synchronisation_in_backward():
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
                 opt.pipeline.wait_sent()
-                assert len(opt.pipeline.sent_chunks()) == opt.num_chunks
+                assert len(opt.pipeline.step.sent_chunks()) == opt.num_chunks
                 opt.step()
                 opt.zero_grad()
             assert opt.committed_step == 3

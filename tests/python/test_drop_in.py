@@ -415,7 +415,7 @@ def test_segment_update_counts_that_do_not_fit_are_refused(fuyou_adamw):
     session goes on."""
     model, _ = make_pair()
     opt = fuyou_adamw(model.parameters())
-    c = opt.pipeline.chunks[0]
+    c = opt.pipeline.plan.chunks[0]
     n = len(c.segments)
     assert n == 3
     session = opt.pipeline._session
@@ -428,7 +428,7 @@ def test_segment_update_counts_that_do_not_fit_are_refused(fuyou_adamw):
     loss_of(model, 0).backward()
     opt.step()
     assert opt.committed_step == 1
-    assert opt.pipeline.segment_update_counts(c) == [1, 1, 1]
+    assert opt.pipeline.states.update_counts(c) == [1, 1, 1]
 
 
 # ------------------------------------------- the patterns of torch's optimizer tests

@@ -79,14 +79,16 @@ def test_daemon_killed_mid_step_raises_within_timeout(tmp_path, when):
                 step_loss(model, 1).backward()  # the hooks meet the dead daemon
             opt.step()
         elapsed = time.monotonic() - t0
-        assert elapsed < timeout + 3.0, f"took {elapsed:.1f} s"
+        # A bound, not a speed: without the timeouts this waits forever. Loose
+        # enough for a loaded 2-core CI machine under ASan.
+        assert elapsed < 2 * timeout + 10.0, f"took {elapsed:.1f} s"
         print(f"daemon killed {when}: {type(info.value).__name__} [{info.value.code}] after "
               f"{elapsed:.2f} s: {info.value}")
         with pytest.raises(fuyou.FailedPrecondition):
             opt.step()
         t0 = time.monotonic()
         opt.close()
-        assert time.monotonic() - t0 < 2 * timeout + 3.0
+        assert time.monotonic() - t0 < 3 * timeout + 10.0
     finally:
         if when == "stopped":
             os.kill(d.pid, signal.SIGCONT)
@@ -115,7 +117,7 @@ def test_embedded_daemon_and_admin_stats(tmp_path, monkeypatch):
         assert stats["live_sessions"] == 1
         assert stats["steps_committed"] >= 2
         assert stats["chunk_updates"] >= 2 * opt.num_chunks
-        assert stats["params_updated"] >= 2 * sum(c.num_elements for c in opt.pipeline.chunks)
+        assert stats["params_updated"] >= 2 * sum(c.num_elements for c in opt.pipeline.plan.chunks)
         assert stats["uptime_seconds"] > 0
         assert fuyou.admin_stats(d.address)["steps_committed"] == stats["steps_committed"]
         pid = d.pid

@@ -83,7 +83,7 @@ def test_grad_ready_in_hook_order_from_the_sender_thread_and_step_waits_for_all(
     s = holder["s"]
     for step in range(3):
         step_loss(model, step).backward()
-        enqueued = [c.chunk_id for c in opt.pipeline.sent_chunks()]  # hook order
+        enqueued = [c.chunk_id for c in opt.pipeline.step.sent_chunks()]  # hook order
         assert len(enqueued) == opt.num_chunks
         opt.step()
         sent = [m[1] for m in s.log if m[0] == "grad_ready" and m[2] == step + 1]
@@ -107,7 +107,7 @@ def test_backward_completes_while_the_slots_are_exhausted(monkeypatch):
     opt = _adamw(model.parameters(), num_slots=1)
     s = holder["s"]
     step_loss(model, 0).backward()  # returns: the hooks did not wait for a slot
-    assert len(opt.pipeline.sent_chunks()) == opt.num_chunks
+    assert len(opt.pipeline.step.sent_chunks()) == opt.num_chunks
     assert s.sends <= 1, "the sender cannot have passed the closed gate"
     s.gate.set()
     opt.step()
@@ -132,7 +132,7 @@ def test_an_error_in_the_sender_thread_surfaces_at_step(monkeypatch):
         opt.step()
     opt.close()
     assert holder["s"].closed
-    assert not opt.pipeline._sender._thread.is_alive()
+    assert not opt.pipeline.slots.sender._thread.is_alive()
 
 
 def test_an_error_in_the_sender_thread_surfaces_at_the_next_hook(monkeypatch):
@@ -164,4 +164,4 @@ def test_close_while_sends_are_queued(monkeypatch):
     assert s.sends == opt.num_chunks
     assert s.aborts == [(1, 0)], "the step in progress is abandoned, not committed"
     assert sorted(s.free) == [0, 1], "every slot released"
-    assert not opt.pipeline._sender._thread.is_alive()
+    assert not opt.pipeline.slots.sender._thread.is_alive()

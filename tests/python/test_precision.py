@@ -27,7 +27,7 @@ def test_low_precision_tracks_fp32(backend, dtype):
     ref_opt = torch.optim.AdamW(split_groups(ref))
     loss_scale = "dynamic" if dtype == torch.float16 else None
     opt = backend.adamw(split_groups(model), chunk_bytes=CHUNK_BYTES, loss_scale=loss_scale)
-    assert all(c.dtype == dtype for c in opt.pipeline.chunks)
+    assert all(c.dtype == dtype for c in opt.pipeline.plan.chunks)
     worst = 0.0
     for step in range(STEPS):
         loss = step_loss(model, step)
@@ -167,6 +167,6 @@ def test_hooks_send_during_backward_and_only_at_the_kth(fake_backend):
         sent = [m for m in log if m[0] == "grad_ready"]
         assert len(sent) == (opt.num_chunks if i == 2 else 0)
     # Arrival order follows backward: the first chunk sent holds the last layers.
-    assert sent[0][1] == opt.pipeline.chunks[0].chunk_id
+    assert sent[0][1] == opt.pipeline.plan.chunks[0].chunk_id
     opt.step()
     assert log[-1] == ("end_step", 1)

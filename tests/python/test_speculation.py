@@ -62,7 +62,7 @@ def test_a_gradient_changed_after_it_was_sent_is_redone_alone(fake_backend):
     model = make_model()
     ref, ref_opt = torch_pair(model)
     opt, session = make_opt(fake_backend, model, num_slots=64)
-    target = opt.pipeline.chunks[-1]  # the token embedding: sent last in backward
+    target = opt.pipeline.plan.chunks[-1]  # the token embedding: sent last in backward
     for m, o in ((ref, ref_opt), (model, opt)):
         step_loss(m, 0).backward()
         m.tok.weight.grad.mul_(0.5)
@@ -93,7 +93,7 @@ def test_max_grad_norm_keeps_overlap(fake_backend, max_norm, clips):
         assert sent_in_backward > 0, "max_grad_norm turned overlap off"
         assert_models_close(model, ref, RTOL, ATOL, f"step {step}")
     n = opt.num_chunks
-    assert session.redone == ([(c.chunk_id, REDO_CLIPPED) for c in opt.pipeline.chunks] * 3
+    assert session.redone == ([(c.chunk_id, REDO_CLIPPED) for c in opt.pipeline.plan.chunks] * 3
                               if clips else [])
     assert opt.loop_stats.redone_clipped == (3 * n if clips else 0)
     opt.close()
@@ -113,7 +113,7 @@ def test_a_chunk_both_changed_and_clipped_is_redone_once_as_changed(fake_backend
     assert_models_close(model, ref, RTOL, ATOL)
     reasons = dict(session.redone)
     assert len(session.redone) == opt.num_chunks
-    assert reasons[opt.pipeline.chunks[-1].chunk_id] == REDO_CHANGED
+    assert reasons[opt.pipeline.plan.chunks[-1].chunk_id] == REDO_CHANGED
     assert sorted(reasons.values()).count(REDO_CLIPPED) == opt.num_chunks - 1
     opt.close()
 
@@ -136,7 +136,7 @@ def test_accumulation_is_learned_and_sent_after_the_kth_pass(fake_backend):
             o.step()
             o.zero_grad()
         assert_models_close(model, ref, RTOL, ATOL, f"step {step}")
-    assert opt.pipeline.passes_per_step == k
+    assert opt.pipeline.passes.passes_per_step == k
     # The first step's updates (sent after pass 1) were redone; no redo since.
     assert len(session.redone) == opt.num_chunks
     assert all(reason == REDO_CHANGED for _, reason in session.redone)
@@ -247,7 +247,7 @@ def test_a_parameter_without_gradient_is_named_and_keeps_its_step(fake_backend):
     opt, session = make_opt(fake_backend, torch.nn.ParameterList(params), chunk_bytes=1 << 20,
                             lr=1e-2)
     assert opt.num_chunks == 1
-    chunk = opt.pipeline.chunks[0]
+    chunk = opt.pipeline.plan.chunks[0]
     unused_segment = [i for i, s in enumerate(chunk.segments) if s.param is unused]
     x = torch.randn(5, 8)
     for step in range(4):
@@ -263,7 +263,7 @@ def test_a_parameter_without_gradient_is_named_and_keeps_its_step(fake_backend):
             torch.testing.assert_close(a.detach(), b.detach(), rtol=RTOL, atol=ATOL)
     missing = [f[1] for f in flags(session)]
     assert missing == [(), tuple(unused_segment), (), tuple(unused_segment)]
-    counts = opt.pipeline.segment_update_counts(chunk)
+    counts = opt.pipeline.states.update_counts(chunk)
     assert counts[unused_segment[0]] == 2 and max(counts) == 4
     state = opt.export_checkpoint()["optimizer"]["state"]
     assert float(state[4]["step"]) == 2.0 and float(state[0]["step"]) == 4.0
@@ -275,7 +275,7 @@ def test_segments_are_registered(fake_backend):
     model = make_model()
     opt, _ = make_opt(fake_backend, model)
     chunks = fake_session.JOBS[opt.job]["chunks"]
-    for c in opt.pipeline.chunks:
+    for c in opt.pipeline.plan.chunks:
         assert chunks[c.chunk_id]["segments"] == [s.numel for s in c.segments]
     opt.close()
 

@@ -171,7 +171,7 @@ def test_undeclared_accumulation_with_clip(loop_backend, passes):
         return True
 
     opt, _ = run_side_by_side(loop_backend, 4, body, what=f"{passes} undeclared passes + clip")
-    assert opt.pipeline.passes_per_step == passes  # learned: later steps send at the last pass
+    assert opt.pipeline.passes.passes_per_step == passes  # learned: later steps send at the last pass
 
 
 def test_lr_scheduler_with_clip(loop_backend):

@@ -113,7 +113,7 @@ def test_register_module_api_and_placeholders(stream_backend):
         for name, m in model.named_modules():
             for p in m.parameters(recurse=False):
                 owner.setdefault(id(p), name)
-        for c in opt.pipeline.chunks:
+        for c in opt.pipeline.plan.chunks:
             assert len({owner[id(s.param)] for s in c.segments}) == 1, c
         assert not opt.offload.registered
         assert opt.offload.register_module(model.blocks[0].fc) is False  # new job
@@ -233,7 +233,7 @@ def test_gpt_8x_the_budget_trains_10_steps_like_torch(stream_backend):
         with torch.no_grad():  # evaluation streams too (nothing saved for backward)
             x, y = stream_batch(100)
             torch.testing.assert_close(model(x, y), ref(x, y), rtol=1e-4, atol=1e-5)
-        assert handle.fetches >= 2 * 10 * len(opt.pipeline.chunks) * 0.5
+        assert handle.fetches >= 2 * 10 * len(opt.pipeline.plan.chunks) * 0.5
         assert handle.prefetches > 0
         print(f"\nstream GPT: {total} bytes of weights, budget {budget}, largest module "
               f"{largest}, peak live {handle.peak_live_bytes}, {handle.fetches} chunk fetches, "
