@@ -228,8 +228,8 @@ def run_fuyou(model, bsz, seq, steps, warmup, daemon, job, overlap, num_slots=8,
         t = Timer().run(model, bsz, seq, step, steps, warmup)
         after = fuyou.admin_stats(daemon.address)
         t.extra = {"open_s": open_s, "num_chunks": opt.num_chunks,
-                   "pinned": bool(getattr(opt.pipeline._device, "pinned", False)),
-                   "pin_error": getattr(opt.pipeline._device, "pin_error", None),
+                   "pinned": bool(getattr(opt.pipeline.slots.device, "pinned", False)),
+                   "pin_error": getattr(opt.pipeline.slots.device, "pin_error", None),
                    "loop_stats": vars(opt.loop_stats),
                    "daemon_stats_delta": {k: after[k] - before[k] for k in after
                                           if isinstance(after[k], (int, float))
@@ -243,7 +243,7 @@ def run_fuyou(model, bsz, seq, steps, warmup, daemon, job, overlap, num_slots=8,
 def d2h_bandwidth(opt, reps=20):
     """GB/s of the pipeline's copy path (CudaDevice.copy_grads into a session
     slot) against torch's pinned buffer with a plain non_blocking copy, same bytes."""
-    dev = opt.pipeline._device
+    dev = opt.pipeline.slots.device
     if not getattr(dev, "streams", False):
         return None
     session = opt.pipeline._session
