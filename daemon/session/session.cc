@@ -118,13 +118,23 @@ absl::Status Session::NoteCommitResult(absl::Status status) {
     log::Error("session {}: {}", id_, status.message());
     broken_ = status;
   }
+  NoteCommitFailure();
   return status;
+}
+
+bool Session::NoteCommitFailure() {
+  if (!broken_.ok()) return true;
+  absl::Status failed = store_->PollCommit();
+  if (failed.ok()) return false;
+  log::Error("session {}: {}", id_, failed.message());
+  broken_ = std::move(failed);
+  return true;
 }
 
 absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
   std::lock_guard lock(mutex_);
   if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (!broken_.ok()) return broken_;
+  if (NoteCommitFailure()) return broken_;
   if (!segment_) return NoSegmentError();
   // Validate everything before changing anything.
   FUYOU_RETURN_IF_ERROR(ValidateRegistrationLocked(request));
@@ -160,8 +170,16 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
 v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
   if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
-  if (!broken_.ok()) return ErrorReply(broken_, {}, {});
+  // A background commit that failed ends the session at the first request
+  // after it is known (at the latest the next GradReady or EndStep, which wait for it).
+  if (NoteCommitFailure()) return ErrorReply(broken_, {}, {});
   if (!segment_) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
+  v1::DaemonMessage reply = Dispatch(message);
+  NoteCommitFailure();
+  return reply;
+}
+
+v1::DaemonMessage Session::Dispatch(const v1::ClientMessage& message) {
   switch (message.kind_case()) {
     case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
     case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
@@ -331,7 +349,9 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
                                                               failed.message())),
                       {}, step);
   }
-  auto committed = store_->CommitStep(step);
+  // Applied, not yet durable: the manifest's write and the syncs run in the
+  // background while the next step's forward runs (ChunkStore::ApplyStep).
+  auto committed = store_->ApplyStep(step);
   if (!committed.ok()) {
     const absl::Status status = NoteCommitResult(committed.status());
     return ErrorReply(absl::Status(status.code(), fmt::format("step {} could not commit and was rolled back: {}",
@@ -348,6 +368,8 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
   reply.mutable_step_committed()->set_chunks_updated(*committed);
+  // The durable step before this one's commit, which is still in flight: the
+  // next answer (or a SessionOpened after a restart) says whether it made it.
   reply.mutable_step_committed()->set_durable_step(store_->durable_step());
   return reply;
 }
