@@ -341,6 +341,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
+  const int64_t end_step_start = trace::NowUs();
   journal_->Clear();  // the step's journals end with it, whether it commits or not
   if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
@@ -365,6 +366,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   if (last_commit_) services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *last_commit_).count());
   last_commit_ = now;
   ++step_;
+  trace::Record("end_step", 0, end_step_start, trace::NowUs());  // received to answered
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
   reply.mutable_step_committed()->set_chunks_updated(*committed);
