@@ -39,8 +39,17 @@
 //     dir_synced                   directory fsync'ed: the commit is complete
 //   the reply (daemon/server/offload_service.cc)
 //     step_committed_reply_sent    StepCommitted written to the client's stream
+//   the durable commit of a step after EndStep answered (daemon/state/background_commit.cc;
+//   its manifest points above run on the commit's thread, while the next step goes on)
+//     background_commit_started    the step applied (EndStep may be answered), its syncs and manifest not begun
+//     before_commit_wait           a request of the next step that needs the step durable (its first
+//                                  GradReady, an EndStep, a registration, an import, the close) is
+//                                  about to wait for the commit, which may still be running
 // A crash at or before manifest_tmp_written leaves the previous commit; from
-// manifest_renamed on, the new one.
+// manifest_renamed on, the new one. A step's EndStep answers before its commit
+// is durable (StepCommitted.durable_step says the step before); the next
+// step's write-backs wait for that commit (before_commit_wait), so the extents
+// the durable manifest names are never written.
 #pragma once
 
 #include <cstdint>

@@ -332,6 +332,12 @@ void Job::GiveBackUncommitted() {
 }
 
 absl::Status Job::Commit(v1::JobManifest next) {
+  absl::Status written = WriteManifest(next);
+  if (written.ok() || absl::IsAborted(written)) Adopt(std::move(next));  // renamed: what a restart reads
+  return written;
+}
+
+absl::Status Job::WriteManifest(v1::JobManifest& next) const {
   FUYOU_CRASH_POINT("before_state_sync");
   FUYOU_RETURN_IF_ERROR(states_->Sync());
   FUYOU_CRASH_POINT("after_state_sync");
@@ -349,7 +355,6 @@ absl::Status Job::Commit(v1::JobManifest next) {
                         fmt::format("job '{}': cannot rename the new manifest into place: {}", name_, renamed.message()));
   }
   FUYOU_CRASH_POINT("manifest_renamed");
-  manifest_ = std::move(next);
   if (absl::Status synced = dir.Sync(); !synced.ok()) {
     return absl::AbortedError(fmt::format(
         "job '{}': the new manifest is in place but its directory could not be synced ({}); the session is "

@@ -141,6 +141,17 @@ class Job {
   // ABORTED: the commit happened but is not known to be durable, and the caller
   // must stop using the job (a restart resumes from what is on disk).
   absl::Status Commit(v1::JobManifest next);
+  // Commit in two halves, for a commit that runs on a thread of its own while
+  // the job's user goes on (state/background_commit.h). WriteManifest does
+  // everything Commit does on disk (the same crash points, the same results:
+  // OK, ABORTED after the rename, any other error before it) and stamps
+  // `next.last_used_unix`; it reads only the state files and the directory, so
+  // it may run while another thread reads manifest() or transfers state
+  // bytes (not while one calls Commit, AddChunk or Truncate). Adopt then makes
+  // `next` manifest(), on the job's thread, after an OK or ABORTED
+  // WriteManifest.
+  absl::Status WriteManifest(v1::JobManifest& next) const;
+  void Adopt(v1::JobManifest next) { manifest_ = std::move(next); }
 
   // Total bytes reserved on storage.
   uint64_t bytes_on_storage() const;

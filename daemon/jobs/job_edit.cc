@@ -102,4 +102,9 @@ absl::Status JobEdit::Commit() {
   return committed;
 }
 
+v1::JobManifest JobEdit::Release() {
+  done_ = true;
+  return std::move(next_);
+}
+
 }  // namespace fuyou

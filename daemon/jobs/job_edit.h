@@ -74,6 +74,10 @@ class JobEdit {
   // Job::Commit of the edited manifest (see its contract: ABORTED means committed
   // but not known durable). Call once; on an error the job stays as committed.
   absl::Status Commit();
+  // Ends the edit without committing and returns the edited manifest, for a
+  // commit that runs elsewhere (Job::WriteManifest, then Job::Adopt). The edit
+  // gives nothing back, so it must not have reserved anything (no AddChunk).
+  v1::JobManifest Release();
 
  private:
   v1::ChunkRecord* Mutable(uint32_t chunk_id);

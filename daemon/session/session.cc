@@ -118,13 +118,23 @@ absl::Status Session::NoteCommitResult(absl::Status status) {
     log::Error("session {}: {}", id_, status.message());
     broken_ = status;
   }
+  NoteCommitFailure();
   return status;
+}
+
+bool Session::NoteCommitFailure() {
+  if (!broken_.ok()) return true;
+  absl::Status failed = store_->PollCommit();
+  if (failed.ok()) return false;
+  log::Error("session {}: {}", id_, failed.message());
+  broken_ = std::move(failed);
+  return true;
 }
 
 absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
   std::lock_guard lock(mutex_);
   if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (!broken_.ok()) return broken_;
+  if (NoteCommitFailure()) return broken_;
   if (!segment_) return NoSegmentError();
   // Validate everything before changing anything.
   FUYOU_RETURN_IF_ERROR(ValidateRegistrationLocked(request));
@@ -160,8 +170,16 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
 v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
   if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
-  if (!broken_.ok()) return ErrorReply(broken_, {}, {});
+  // A background commit that failed ends the session at the first request
+  // after it is known (at the latest the next GradReady or EndStep, which wait for it).
+  if (NoteCommitFailure()) return ErrorReply(broken_, {}, {});
   if (!segment_) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
+  v1::DaemonMessage reply = Dispatch(message);
+  NoteCommitFailure();
+  return reply;
+}
+
+v1::DaemonMessage Session::Dispatch(const v1::ClientMessage& message) {
   switch (message.kind_case()) {
     case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
     case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
@@ -323,6 +341,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   const int64_t step = request.step();
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
+  const int64_t end_step_start = trace::NowUs();
   journal_->Clear();  // the step's journals end with it, whether it commits or not
   if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
@@ -331,7 +350,9 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
                                                               failed.message())),
                       {}, step);
   }
-  auto committed = store_->CommitStep(step);
+  // Applied, not yet durable: the manifest's write and the syncs run in the
+  // background while the next step's forward runs (ChunkStore::ApplyStep).
+  auto committed = store_->ApplyStep(step);
   if (!committed.ok()) {
     const absl::Status status = NoteCommitResult(committed.status());
     return ErrorReply(absl::Status(status.code(), fmt::format("step {} could not commit and was rolled back: {}",
@@ -345,9 +366,12 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   if (last_commit_) services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *last_commit_).count());
   last_commit_ = now;
   ++step_;
+  trace::Record("end_step", 0, end_step_start, trace::NowUs());  // received to answered
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
   reply.mutable_step_committed()->set_chunks_updated(*committed);
+  // The durable step before this one's commit, which is still in flight: the
+  // next answer (or a SessionOpened after a restart) says whether it made it.
   reply.mutable_step_committed()->set_durable_step(store_->durable_step());
   return reply;
 }

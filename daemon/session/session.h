@@ -198,6 +198,12 @@ class Session {
   // Returns `status`; an ABORTED one (a commit happened, durability unknown)
   // breaks the session: every later request gets that error.
   absl::Status NoteCommitResult(absl::Status status);
+  // True when the session is broken, made so now when the store's background
+  // commit is known to have failed (ChunkStore::PollCommit): every later
+  // request gets that error.
+  bool NoteCommitFailure();
+  // Handle's switch over the message kinds.
+  v1::DaemonMessage Dispatch(const v1::ClientMessage& message);
 
   SessionServices services_;
   const std::string id_;

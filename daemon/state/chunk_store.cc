@@ -27,6 +27,7 @@ ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsi
 ChunkStore::~ChunkStore() { Close(); }
 
 absl::Status ChunkStore::MakeDurable() {
+  FUYOU_RETURN_IF_ERROR(step_.FinishCommit());
   if (!durability_.HasAcknowledged()) return absl::OkStatus();
   if (step_.staged_count() != 0) {
     return absl::FailedPreconditionError(fmt::format(
@@ -51,6 +52,7 @@ absl::StatusOr<StagedUpdate> ChunkStore::BeginUpdate(uint32_t chunk_id) {
     return absl::InternalError(fmt::format("job '{}': chunk {} cannot be staged (unknown or already staged)",
                                            context_.job.name(), chunk_id));
   }
+  FUYOU_RETURN_IF_ERROR(step_.FinishCommit());  // the write-back may go where the last commit frees
   durability_.UpdateStarting();
   // The states region only: the update writes the whole weights region.
   FUYOU_ASSIGN_OR_RETURN(StatePin pin,
@@ -82,9 +84,13 @@ absl::Status ChunkStore::WaitForWriteBacks() {
   return step_.WaitForWriteBacks();
 }
 
-absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) {
+absl::StatusOr<uint32_t> ChunkStore::CommitStep(int64_t step) { return EndStep(step, /*background=*/false); }
+
+absl::StatusOr<uint32_t> ChunkStore::ApplyStep(int64_t step) { return EndStep(step, /*background=*/true); }
+
+absl::StatusOr<uint32_t> ChunkStore::EndStep(int64_t step, bool background) {
   WaitForReads();
-  absl::StatusOr<uint32_t> committed = step_.Commit(step);
+  absl::StatusOr<uint32_t> committed = step_.Commit(step, background);
   weights_.StepEnded();  // a skipped step fetched in the order of any other
   if (!committed.ok()) return committed;
   Prefetch(step_.order().First(context_.prefetch_window));

@@ -67,10 +67,22 @@ class ChunkStore {
   int64_t committed_step() const { return context_.acknowledged.committed_step(); }
   int64_t durable_step() const { return context_.job.manifest().committed_step(); }
   // Makes the acknowledged steps durable (a no-op when committed_step() is):
-  // writes every pending chunk's states to its shadow extent and commits the
-  // manifest. FAILED_PRECONDITION while a chunk is staged. On an error nothing
-  // is committed and the pending states stay in DRAM.
+  // waits for a background commit (WaitForCommit), writes every pending
+  // chunk's states to its shadow extent and commits the manifest.
+  // FAILED_PRECONDITION while a chunk is staged. On an error nothing is
+  // committed and the pending states stay in DRAM.
   absl::Status MakeDurable();
+  // ---- The background commit of the last step applied (ApplyStep).
+  // Waits for it (OK when none runs): durable_step() is then the applied step.
+  // A commit that failed (its step acknowledged, not durable) stays the
+  // store's error: the cache forgets the step, committed_step() is
+  // durable_step() again, and BeginUpdate, CommitStep, ApplyStep, MakeDurable,
+  // Register, ImportState and CommitImport return it; the caller must end the
+  // session (the job resumes at durable_step()).
+  absl::Status WaitForCommit() { return step_.FinishCommit(); }
+  // Without waiting: that error once the commit is known to have failed, else OK.
+  absl::Status PollCommit() { return step_.PollCommit(); }
+  bool commit_pending() const { return step_.commit_pending(); }
   // Chunks the job has on storage (registered in any session).
   uint32_t chunk_count() const { return static_cast<uint32_t>(context_.job.manifest().chunks_size()); }
   // The record of `chunk_id` as of committed_step() (sizes, dtypes, update
@@ -90,7 +102,9 @@ class ChunkStore {
                                                    StorageBudget* budget = nullptr);
 
   // ---- The step (committed_step() + 1).
-  // Stages chunk `chunk_id`'s update: pins its committed states (the states
+  // Stages chunk `chunk_id`'s update, first waiting for the previous step's
+  // background commit (its write-back goes to an extent that commit frees):
+  // pins its committed states (the states
   // region only for a chunk that stores weights; DATA_LOSS on a checksum
   // mismatch) and returns them for the caller to update in place (for a chunk
   // that stores working weights, the new weights go to ChunkStates::weights()).
@@ -124,6 +138,13 @@ class ChunkStore {
   // prefetched. Returns the number of chunks committed. On a failed
   // write-back or commit the step is rolled back and the error returned.
   absl::StatusOr<uint32_t> CommitStep(int64_t step);
+  // As CommitStep, but a durable step returns once it is applied: its states
+  // are committed_step()'s (what the next step reads, exports and fetches),
+  // while the manifest's write and the syncs run on a thread of their own
+  // (BackgroundCommit); durable_step() moves at WaitForCommit. An error of
+  // that commit is the store's (see WaitForCommit). A step acknowledged only
+  // (DurabilityPolicy) is as with CommitStep.
+  absl::StatusOr<uint32_t> ApplyStep(int64_t step);
   // Drops every staged update and the step's error (waits for the I/O).
   void RollBackStep();
 
@@ -155,8 +176,9 @@ class ChunkStore {
   }
   const FetchOrder& fetch_order() const { return weights_.order(); }
 
-  // Waits for every read and write in flight, rolls the step back, makes the
-  // acknowledged steps durable, drops a pending import and demotes the job's
+  // Waits for every read and write in flight, rolls the step back, waits for
+  // the background commit and makes the acknowledged steps durable, drops a
+  // pending import and demotes the job's
   // cached states (evicted first, kept for a quick resume). Idempotent; the
   // store is unusable afterwards.
   void Close();
@@ -164,6 +186,7 @@ class ChunkStore {
  private:
   // Waits for the prefetches and read-aheads in flight.
   void WaitForReads();
+  absl::StatusOr<uint32_t> EndStep(int64_t step, bool background);
   // Prefetches the committed states of `chunk_ids` not staged in this step.
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
 

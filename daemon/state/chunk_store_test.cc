@@ -34,14 +34,17 @@ absl::Status StageUpdate(ChunkStore& store, uint32_t chunk_id, Update update,
   return absl::OkStatus();
 }
 
-// The engine's own test seam: fails every write while `fail_writes` is set.
+// The engine's own test seam: fails every write while `fail_writes` is set,
+// every data sync (Sync and SyncAsync) while `fail_syncs` is.
 class WriteFailures final : public storage::FaultInjector {
  public:
   int64_t Adjust(Op op, const fs::path& /*file*/, uint64_t /*offset*/, uint64_t /*length*/,
                  int64_t result) override {
+    if (op == Op::kSync && fail_syncs.load()) return -EIO;
     return op == Op::kWrite && fail_writes.load() ? -EIO : result;
   }
   std::atomic<bool> fail_writes{false};
+  std::atomic<bool> fail_syncs{false};
 };
 
 class ChunkStoreTest : public ::testing::Test {
@@ -447,6 +450,79 @@ TEST_F(ChunkStoreTest, SegmentsAreStoredAdoptedAndTheirCountsCommitted) {
       << "stored segments are kept (the caller refuses others before Register)";
   EXPECT_EQ(std::vector<uint64_t>(store_->Find(1)->segment_elements().begin(), store_->Find(1)->segment_elements().end()),
             (std::vector<uint64_t>{10, 990}));
+}
+
+// ---- The commit off the critical path (ApplyStep, issue 22).
+
+// ApplyStep returns with the step applied (what the next step reads) and its
+// durable commit running; WaitForCommit makes it the durable step, and the
+// next step's first update waits for it before it writes the extents the
+// commit frees.
+TEST_F(ChunkStoreTest, ApplyStepAnswersAppliedAndTheNextUpdateWaitsForTheDurableCommit) {
+  Register(2);
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(2.0f)).ok());
+  auto applied = store_->ApplyStep(1);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(*applied, 2u);
+  EXPECT_EQ(store_->committed_step(), 1);
+  EXPECT_TRUE(store_->commit_pending());
+  EXPECT_EQ(store_->durable_step(), 0) << "durable before WaitForCommit adopted it";
+  EXPECT_EQ(Committed(*store_, 0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
+  ASSERT_TRUE(store_->WaitForCommit().ok());
+  EXPECT_FALSE(store_->commit_pending());
+  EXPECT_EQ(store_->durable_step(), 1);
+  EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+
+  // Step 2 applied; step 3's first update finds step 2 durable before it stages.
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->ApplyStep(2).ok());
+  absl::StatusOr<StagedUpdate> staged = store_->BeginUpdate(0);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_FALSE(store_->commit_pending());
+  EXPECT_EQ(store_->durable_step(), 2);
+  AddToMaster(1.0f)(staged->states());
+  store_->SubmitUpdate(*std::move(staged));
+  ASSERT_TRUE(store_->ApplyStep(3).ok());
+  // A step without updates (a second EndStep) waits for the commit before it.
+  ASSERT_TRUE(store_->ApplyStep(4).ok());
+  EXPECT_EQ(store_->durable_step(), 3);
+  store_->Close();  // waits for step 4's commit
+  EXPECT_EQ(job_->manifest().committed_step(), 4);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 4.0f));
+  EXPECT_EQ(CommittedOnStorage(1, ChunkState::kMaster), std::vector<float>(kElements, 3.0f));
+}
+
+// A background commit that fails (here the data sync a write-back started:
+// EIO) after its step was applied: the error is the store's from then on, the
+// step is forgotten, and the job on storage stays at the step before, intact.
+TEST_F(ChunkStoreTest, AFailedBackgroundCommitIsTheStoresErrorAndTheJobKeepsTheStepBefore) {
+  Register(1);
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f, 0.5f)).ok());
+  ASSERT_TRUE(store_->ApplyStep(1).ok());
+  ASSERT_TRUE(store_->WaitForCommit().ok());
+  faults_.fail_syncs = true;
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(10.0f, 9.0f)).ok());
+  ASSERT_TRUE(store_->ApplyStep(2).ok()) << "applied before its commit ran";
+  EXPECT_EQ(store_->committed_step(), 2);
+  const absl::Status failed = store_->WaitForCommit();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_NE(failed.message().find("step 2"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("durable step 1"), std::string::npos) << failed;
+  EXPECT_EQ(store_->durable_step(), 1);
+  EXPECT_EQ(store_->committed_step(), 1) << "the failed step is not acknowledged any more";
+  EXPECT_EQ(store_->PollCommit(), failed);
+  EXPECT_EQ(store_->BeginUpdate(0).status(), failed);
+  EXPECT_EQ(store_->MakeDurable(), failed);
+  EXPECT_EQ(store_->ApplyStep(2).status(), failed);
+  faults_.fail_syncs = false;
+  store_->Close();
+  EXPECT_EQ(job_->manifest().committed_step(), 1);
+  auto reopened = Job::Open({root_}, "job", kUid, /*create=*/false, *io_, *stats_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->manifest().committed_step(), 1);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kExpAvg), std::vector<float>(kElements, 0.5f));
 }
 
 // ---- The durability interval (commit_every_steps > 1).

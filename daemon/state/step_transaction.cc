@@ -80,13 +80,25 @@ void StepTransaction::Submit(StagedUpdate update, std::vector<int64_t> segment_u
   const v1::ChunkRecord& record = *context_.Find(chunk_id);
   const v1::StateExtent& extent = ShadowExtent(record);
   auto held = std::make_shared<StatePin>(std::move(staged.states));
+  // Once written, the bytes are flushed while the step goes on (an fdatasync
+  // through the ring), so that the commit finds little left to sync.
+  auto synced = std::make_shared<Promise<void>>();
+  syncs_.push_back(synced->future());
   staged.write =
       context_.job.states()
           .WriteAsync(extent.offset(), std::span<const std::byte>(held->data(), extent.length()))
-          .Then([held, chunk_id, layout = RecordLayout(record), length = extent.length(), job = &context_.job,
+          .Then([held, synced, chunk_id, layout = RecordLayout(record), length = extent.length(), job = &context_.job,
                  counters = context_.counters,
                  write_start = trace::NowUs()](const absl::Status& status) -> absl::StatusOr<ChunkChecksums> {
             trace::Record("ssd_write", chunk_id, write_start, trace::NowUs());
+            if (status.ok()) {
+              (void)job->states().SyncAsync().Then([synced](const absl::Status& sync) {
+                synced->Set(sync);
+                return absl::OkStatus();
+              });
+            } else {
+              synced->Set(absl::OkStatus());  // nothing to sync: the step fails on the write
+            }
             const ChunkChecksums checksums =
                 status.ok() ? ComputeChunkChecksums(held->data(), layout) : ChunkChecksums{};
             if (status.ok()) counters.user.bytes_written.fetch_add(length, std::memory_order_relaxed);
@@ -147,7 +159,43 @@ void StepTransaction::Unstage(uint32_t chunk_id, Staged& staged) {
   context_.cache.Drop(CacheSpace::kStates, chunk_id);
 }
 
-absl::Status StepTransaction::CommitDurable(const v1::JobManifest& next) {
+absl::Status StepTransaction::FinishCommit() {
+  if (!commit_failure_.ok()) return commit_failure_;
+  if (!commit_.pending()) return absl::OkStatus();
+  const int64_t step = commit_.step();
+  const absl::Status status = commit_.Finish();
+  if (status.ok()) return status;
+  // The step was acknowledged (its states are in the cache as committed, the
+  // acknowledged manifest names them) but is not durable: forget all of it.
+  // The job's durable manifest is the step before, its extents never written.
+  context_.cache.DropAll(CacheSpace::kStates);
+  context_.cache.DropAll(CacheSpace::kWeights);
+  context_.Reload();
+  commit_failure_ = absl::Status(
+      status.code(),
+      fmt::format("job '{}': step {} was applied but its durable commit failed: {}; the job stays at its durable step "
+                  "{}, and this session cannot go on: reopen the job to resume from step {}",
+                  context_.job.name(), step, status.message(), context_.job.manifest().committed_step(),
+                  context_.job.manifest().committed_step()));
+  return commit_failure_;
+}
+
+absl::Status StepTransaction::PollCommit() {
+  if (commit_.failed()) return FinishCommit();
+  return commit_failure_;
+}
+
+void StepTransaction::Applied(const std::vector<uint32_t>& changed, const v1::JobManifest& manifest) {
+  const Job& job = context_.job;
+  for (uint32_t chunk_id : changed) {
+    context_.cache.Drop(CacheSpace::kWeights, chunk_id);  // the committed extent changed
+    context_.cache.MarkCommitted(chunk_id, manifest.chunks(job.FindChunk(chunk_id)).committed_version());
+  }
+  context_.acknowledged = manifest;
+  durability_.Durable();
+}
+
+absl::Status StepTransaction::CommitDurable(const v1::JobManifest& next, bool background) {
   Job& job = context_.job;
   JobEdit edit(job);
   std::vector<uint32_t> changed;
@@ -170,21 +218,31 @@ absl::Status StepTransaction::CommitDurable(const v1::JobManifest& next) {
   }
   edit.SetCommittedStep(next.committed_step());
   if (durability_.HasPending()) FUYOU_CRASH_POINT("durable_commit_pending_written");
-  absl::Status committed = edit.Commit();
-  if (!committed.ok() && !absl::IsAborted(committed)) return committed;
-  for (uint32_t chunk_id : changed) {
-    context_.cache.Drop(CacheSpace::kWeights, chunk_id);  // the committed extent changed
-    context_.cache.MarkCommitted(chunk_id, job.FindRecord(chunk_id)->committed_version());
+  std::vector<storage::IoFuture> syncs = std::move(syncs_);
+  syncs_.clear();
+  if (!background) {
+    absl::Status committed = edit.Commit();  // its fdatasync covers the write-backs' syncs
+    if (!committed.ok() && !absl::IsAborted(committed)) return committed;
+    Applied(changed, job.manifest());
+    return committed;
   }
-  context_.Reload();
-  durability_.Durable();
-  return committed;
+  // Applied now, durable on the commit's thread (BackgroundCommit).
+  v1::JobManifest manifest = edit.Release();
+  Applied(changed, manifest);
+  commit_.Start(job, next.committed_step(), std::move(manifest), std::move(syncs));
+  return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> StepTransaction::Commit(int64_t step) {
+absl::StatusOr<uint32_t> StepTransaction::Commit(int64_t step, bool background) {
   if (absl::Status failed = WaitForWriteBacks(); !failed.ok()) {
     RollBack();
     return failed;
+  }
+  // The previous step's durable commit, when still running (a step without
+  // updates: any update waited for it already).
+  if (absl::Status previous = FinishCommit(); !previous.ok()) {
+    RollBack();
+    return previous;
   }
   // The acknowledged manifest after this step: the staged chunks' counts, the step.
   v1::JobManifest next = context_.acknowledged;
@@ -193,7 +251,7 @@ absl::StatusOr<uint32_t> StepTransaction::Commit(int64_t step) {
   }
   next.set_committed_step(step);
   if (durability_.step_durable()) {
-    if (absl::Status committed = CommitDurable(next); !committed.ok()) {
+    if (absl::Status committed = CommitDurable(next, background); !committed.ok()) {
       RollBack();
       return committed;
     }
@@ -211,6 +269,7 @@ absl::StatusOr<uint32_t> StepTransaction::Commit(int64_t step) {
   order_.StepCommitted();
   staged_.clear();
   writes_.clear();
+  syncs_.clear();
   durability_.StepEnded();
   return committed;
 }
@@ -220,6 +279,7 @@ void StepTransaction::RollBack() {
   for (auto& [chunk_id, staged] : staged_) Unstage(chunk_id, staged);
   staged_.clear();
   writes_.clear();
+  syncs_.clear();  // the syncs in flight cover bytes no manifest names
   durability_.StepEnded();
   order_.StepRolledBack();
 }

@@ -13,9 +13,20 @@
 // staged updates. The committed extents are never written during a step, so
 // a roll-back needs no I/O.
 //
+// A durable step's commit is applied at once (the acknowledged manifest names
+// the new extents, the cache holds the new states as committed) and, with
+// `background`, made durable on a thread of its own (BackgroundCommit) while
+// the next step runs: FinishCommit waits for it, and whatever writes a shadow
+// extent or commits again (the next step's first Begin, Commit, CommitDurable)
+// calls it first, since the applied step's shadows are the extents the durable
+// manifest still names. Each write-back, once done, starts a data sync of the
+// state files (StateFile::SyncAsync); the commit waits for those before its
+// final fdatasync, which then finds little left to flush.
+//
 // Crash points (common/crash_point.h): writeback_submitted (after a
 // write-back's submission), writeback_completed (in its completion),
-// durable_commit_pending_written (pending states written, before the commit).
+// durable_commit_pending_written (pending states written, before the commit),
+// and BackgroundCommit's.
 //
 // Not thread-safe (the store's calls are serialised); write-back completions
 // run on the I/O threads and touch only their own Future, the pin they write
@@ -29,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "common/future.h"
 #include "jobs/chunk_layout.h"
+#include "state/background_commit.h"
 #include "state/durability_policy.h"
 #include "state/learned_order.h"
 #include "state/store_context.h"
@@ -89,12 +101,25 @@ class StepTransaction {
   // Drops the chunk's staged update after its write-back finished.
   // FAILED_PRECONDITION when it is not staged.
   absl::Status RollBackChunk(uint32_t chunk_id);
-  // Commits the step as `step` (see ChunkStore::CommitStep); rolls it back on an error.
-  absl::StatusOr<uint32_t> Commit(int64_t step);
+  // Commits the step as `step` (see ChunkStore::CommitStep, and ApplyStep for
+  // `background`); rolls it back on an error.
+  absl::StatusOr<uint32_t> Commit(int64_t step, bool background = false);
   // The durable commit of `next` (the acknowledged manifest: counts, step)
-  // with the staged chunks' write-backs and the pending chunks' states.
-  // Precondition: the write-backs completed.
-  absl::Status CommitDurable(const v1::JobManifest& next);
+  // with the staged chunks' write-backs and the pending chunks' states:
+  // synchronous (on an error nothing is applied), or applied now and made
+  // durable in the background. Preconditions: the write-backs completed,
+  // FinishCommit() returned OK.
+  absl::Status CommitDurable(const v1::JobManifest& next, bool background = false);
+  // Waits for the background commit, if one is pending. Its error (or an
+  // earlier one) stays: the applied step is dropped from the cache and the
+  // acknowledged manifest is the durable one again; every later call of the
+  // store that needs the commit returns the error (the session must end).
+  absl::Status FinishCommit();
+  // Without waiting: the failure of the background commit once it is known
+  // (collected as FinishCommit does), else OK.
+  absl::Status PollCommit();
+  // True while a background commit runs or waits to be collected.
+  bool commit_pending() const { return commit_.pending(); }
   // Drops every staged update and the step's error (waits for the write-backs).
   void RollBack();
 
@@ -115,12 +140,18 @@ class StepTransaction {
   void Unstage(uint32_t chunk_id, Staged& staged);
   // A StagedUpdate dropped without Submit.
   void Abandon(uint32_t chunk_id);
+  // A durable commit applied: `changed` chunks' committed extents are those of
+  // `manifest`, now the acknowledged one; the pending states are durable.
+  void Applied(const std::vector<uint32_t>& changed, const v1::JobManifest& manifest);
 
   StoreContext& context_;
   DurabilityPolicy& durability_;
   LearnedOrder order_;
   std::map<uint32_t, Staged> staged_;       // this step's updates
   std::vector<Future<ChunkChecksums>> writes_;  // this step's write-backs, rolled back ones too
+  std::vector<storage::IoFuture> syncs_;        // their data syncs, started as each write-back completed
+  BackgroundCommit commit_;                     // the last step's durable commit, when running
+  absl::Status commit_failure_;                 // a background commit that failed: the store is done
 };
 
 }  // namespace fuyou

@@ -106,6 +106,8 @@ class UringStateFile final : public StateFile {
     return absl::OkStatus();
   }
 
+  IoFuture SyncAsync() override { return Start(FaultInjector::Op::kSync, 0, nullptr, 0); }
+
   absl::Status Sync() override {
     int64_t result = fdatasync(target_.fd) == 0 ? 0 : -errno;
     if (fault_injector_ != nullptr) {
@@ -156,8 +158,10 @@ class UringStateFile final : public StateFile {
       std::lock_guard<std::mutex> lock(mu_);
       ++in_flight_;
     }
-    const absl::Status valid = CheckArguments(op, offset, data, length);
-    const uint64_t pieces = !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
+    const bool sync = op == FaultInjector::Op::kSync;  // one request, no buffer
+    const absl::Status valid = sync ? absl::OkStatus() : CheckArguments(op, offset, data, length);
+    const uint64_t pieces =
+        sync || !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
     // Everything `finish` needs after in_flight_ drops is copied out of `this`, so
     // a callback may destroy this file.
     auto finish = [this, op, offset, length, counters = counters_, promise](absl::Status status) {
@@ -167,7 +171,7 @@ class UringStateFile final : public StateFile {
         } else if (op == FaultInjector::Op::kRead) {
           counters->read_ops.fetch_add(1, std::memory_order_relaxed);
           counters->bytes_read.fetch_add(length, std::memory_order_relaxed);
-        } else {
+        } else if (op == FaultInjector::Op::kWrite) {
           counters->write_ops.fetch_add(1, std::memory_order_relaxed);
           counters->bytes_written.fetch_add(length, std::memory_order_relaxed);
         }
@@ -184,7 +188,13 @@ class UringStateFile final : public StateFile {
 
     std::vector<std::unique_ptr<Request>> requests;
     requests.reserve(pieces);
-    if (!valid.ok() || length == 0) {
+    if (sync) {
+      auto r = std::make_unique<Request>();
+      r->kind = Request::Kind::kSync;
+      r->target = &target_;
+      r->transfer = transfer;
+      requests.push_back(std::move(r));
+    } else if (!valid.ok() || length == 0) {
       auto r = std::make_unique<Request>();
       r->kind = Request::Kind::kNop;
       r->target = &target_;

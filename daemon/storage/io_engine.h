@@ -111,6 +111,12 @@ class StateFile {
   virtual absl::Status Truncate(uint64_t bytes) = 0;
   // fdatasync. Covers the writes whose callbacks have run, not ones in flight.
   virtual absl::Status Sync() = 0;
+  // fdatasync through the ring (IORING_OP_FSYNC with IORING_FSYNC_DATASYNC),
+  // asynchronous: covers the writes whose callbacks ran before the call. O_DIRECT
+  // writes still need it for the device's write cache and the metadata of the
+  // extents they filled. Its Future holds the Status a Sync would return
+  // (errors counted as Sync's are); the FaultInjector sees it as Op::kSync.
+  [[nodiscard]] virtual IoFuture SyncAsync() = 0;
 
   virtual uint64_t size() const = 0;
   // False when the filesystem refused O_DIRECT and the file is buffered.

@@ -503,6 +503,30 @@ TEST_F(IoEngineTest, InjectedEioOnSyncIsDataLoss) {
   EXPECT_EQ(file->Sync().code(), absl::StatusCode::kDataLoss);
 }
 
+// SyncAsync is an fdatasync through the ring: it completes with OK after a
+// write, is seen by the fault injector as a sync (an injected EIO is DATA_LOSS
+// naming the file, counted as an error), and counts no transfer.
+TEST_F(IoEngineTest, SyncAsyncGoesThroughTheRingAndReportsInjectedErrors) {
+  auto engine = MakeEngine();
+  IoCounters counters;
+  auto file = MustOpen(*engine, dir_ / "states", &counters);
+  ASSERT_NE(file, nullptr);
+  AlignedBuffer data = MustAllocate(2 * kBlockSize);
+  FillPattern(data.span(), 7);
+  ASSERT_TRUE(AwaitWrite(*file, 0, data.span()).ok());
+  EXPECT_TRUE(Await(file->SyncAsync()).ok());
+  EXPECT_EQ(faults_.Calls(Op::kSync), 1);
+  EXPECT_EQ(counters.write_ops.load(), 1u);
+  EXPECT_EQ(counters.read_ops.load(), 0u);
+  faults_.SetRule([](Op op, uint64_t, uint64_t, int64_t result) { return op == Op::kSync ? -EIO : result; });
+  const absl::Status failed = Await(file->SyncAsync());
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(failed.message().find("fdatasync"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find((dir_ / "states").string()), std::string::npos) << failed;
+  EXPECT_EQ(counters.errors.load(), 1u);
+  EXPECT_EQ(counters.write_ops.load(), 1u);
+}
+
 // A filesystem that refuses O_DIRECT, simulated: tmpfs accepts O_DIRECT since
 // Linux 6.6, so the refusal is injected to keep the test deterministic.
 TEST_F(IoEngineTest, RefusedODirectFallsBackToBufferedWhenAllowed) {

@@ -45,6 +45,7 @@ class MemoryStateFile final : public StateFile {
   absl::Status Sync() override {
     return Fault(FaultInjector::Op::kSync, 0, "sync (fdatasync)");
   }
+  IoFuture SyncAsync() override { return MakeReadyFuture<void>(Sync()); }
   uint64_t size() const override {
     std::lock_guard lock(bytes_->mutex);
     return bytes_->data.size();

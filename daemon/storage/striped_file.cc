@@ -92,6 +92,13 @@ absl::Status StripedFile::Sync() {
   return absl::OkStatus();
 }
 
+IoFuture StripedFile::SyncAsync() {
+  if (members_.size() == 1) return members_[0]->SyncAsync();
+  std::vector<IoFuture> syncs;
+  for (auto& member : members_) syncs.push_back(member->SyncAsync());
+  return AllOf(syncs);
+}
+
 uint64_t StripedFile::size() const {
   if (members_.size() == 1) return members_[0]->size();
   // The logical prefix is held while every member holds its share of it; the

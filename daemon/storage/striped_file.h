@@ -34,6 +34,8 @@ class StripedFile final : public StateFile {
   // Truncates every member to its share of `bytes` logical bytes.
   absl::Status Truncate(uint64_t bytes) override;
   absl::Status Sync() override;
+  // Every member's SyncAsync at once (AllOf: the first error in member order).
+  IoFuture SyncAsync() override;
   // Logical size: the largest logical size all members can hold.
   uint64_t size() const override;
   // True only when every member uses O_DIRECT.

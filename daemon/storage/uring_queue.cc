@@ -145,6 +145,9 @@ void UringQueue::FillRingLocked() {
       case Request::Kind::kWrite:
         io_uring_prep_write(sqe, r->target->fd, r->data + r->done, length, r->offset + r->done);
         break;
+      case Request::Kind::kSync:
+        io_uring_prep_fsync(sqe, r->target->fd, IORING_FSYNC_DATASYNC);
+        break;
       case Request::Kind::kNop:
         io_uring_prep_nop(sqe);
         break;
@@ -176,6 +179,15 @@ void UringQueue::SubmitRingLocked() {
 bool UringQueue::Evaluate(Request& r, int64_t result, absl::Status* status) {
   if (r.kind == Request::Kind::kNop) {
     *status = r.nop_status;
+    return false;
+  }
+  if (r.kind == Request::Kind::kSync) {
+    if (fault_injector_ != nullptr) {
+      result = fault_injector_->Adjust(FaultInjector::Op::kSync, r.target->path, 0, 0, result);
+    }
+    *status = result < 0 ? ErrnoToIoStatus(static_cast<int>(-result),
+                                           fmt::format("sync (fdatasync) of {}", r.target->path.string()))
+                         : absl::OkStatus();
     return false;
   }
   const uint64_t remaining = r.length - r.done;

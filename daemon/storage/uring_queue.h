@@ -62,11 +62,11 @@ class Transfer {
   std::function<void(absl::Status)> finish_;
 };
 
-// One read, write or no-op in the ring. A no-op carries a Status decided at
+// One read, write, data sync (fdatasync of the whole file) or no-op in the ring. A no-op carries a Status decided at
 // submission (a rejected argument) so that every callback runs on the completion
 // thread.
 struct Request {
-  enum class Kind { kRead, kWrite, kNop };
+  enum class Kind { kRead, kWrite, kSync, kNop };
   Kind kind = Kind::kNop;
   const IoTarget* target = nullptr;
   std::byte* data = nullptr;

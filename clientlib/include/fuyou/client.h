@@ -171,8 +171,9 @@ enum class StateKind : int {
 struct StepResult {
   int64_t step = 0;
   uint32_t chunks_updated = 0;
-  // The last durable step, what a crash keeps (StepCommitted.durable_step): `step`
-  // unless fuyoud makes only every Nth step durable ([durability] commit_every_steps).
+  // The last durable step, what a crash keeps (StepCommitted.durable_step): `step` - 1
+  // (this step's commit is still running; the next step's answer reports it), or
+  // older when fuyoud makes only every Nth step durable ([durability] commit_every_steps).
   int64_t durable_step = 0;
 };
 
