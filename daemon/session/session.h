@@ -69,8 +69,10 @@ struct SessionServices {
   StateCache& cache;
   optimizer::AdamWKernel& kernel;
   DaemonStats& stats;
-  // How many chunks ahead of the one being updated are read in advance.
-  unsigned prefetch_window = 2;
+  // At most how many chunks ahead of the one being updated are read in
+  // advance; within it, as many as the DRAM window holds (the budget less the
+  // holds and the store's write-backs in flight: StoreContext::ReadAheadBytes).
+  unsigned prefetch_window = 32;
   // Most bytes one job may reserve on storage; 0 = unlimited.
   uint64_t job_quota_bytes = 0;
   // The per-user storage limit and the free space kept (JobRegistry's); null: none.
