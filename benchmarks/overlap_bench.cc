@@ -18,6 +18,9 @@
 // waits; daemon: updates, SSD reads and writes from its FUYOU_TRACE file) as JSON
 // and, with --png, as a picture through benchmarks/plot_timeline.py. Then starts a
 // fresh daemon per model size and reports its peak RSS (VmHWM) after two steps.
+// Each round also times a plain io_uring loop (mixed_io_probe.h: O_DIRECT, QD 32,
+// 1 MiB requests, in the daemon's directory) that reads and writes, at once, the
+// bytes (b) read and wrote, and reports (b)'s rate as a fraction of the probe's.
 //
 //   overlap_bench [--layers=24] [--chunk-params=2M] [--budget=128M] [--layer-ms=auto]
 //                 [--rounds=3] [--slots=4] [--rss-sizes=256M,1G,2G] [--dir=DIR]
@@ -36,6 +39,7 @@
 
 #include "bench_daemon.h"
 #include "daemon_process.h"
+#include "mixed_io_probe.h"
 #include "fmt/format.h"
 #include "fuyou/admin_client.h"
 #include "fuyou/client.h"
@@ -175,14 +179,21 @@ Interval Backward(uint32_t layer, double layer_ms) {
 }
 
 struct Figures {
-  std::vector<double> a, b, c, d;
+  std::vector<double> a, b, c, d, probe;
 };
 
-uint64_t BytesRead(const testing::DaemonProcess& daemon) {
+struct StorageBytes {
+  uint64_t read = 0, written = 0;
+};
+
+StorageBytes BytesMoved(const testing::DaemonProcess& daemon) {
   auto admin = Check(AdminClient::Connect(daemon.client_options()), "admin connect");
   auto stats = Check(admin->GetStats(), "GetStats");
-  uint64_t total = 0;
-  for (const auto& path : stats.storage()) total += path.bytes_read();
+  StorageBytes total;
+  for (const auto& path : stats.storage()) {
+    total.read += path.bytes_read();
+    total.written += path.bytes_written();
+  }
   return total;
 }
 
@@ -191,6 +202,30 @@ std::filesystem::path WorkDir(const Config& c, const testing::TempDir& tmp) {
   std::filesystem::path dir = c.dir / fmt::format("overlap-bench-{}", ::getpid());
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// Seconds within [start_us, end_us] that at least one event named in `names`
+// was running (the union of their intervals).
+double BusySeconds(const std::vector<TraceEvent>& events, int64_t start_us, int64_t end_us,
+                   const std::vector<std::string>& names) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const TraceEvent& e : events) {
+    if (std::find(names.begin(), names.end(), e.event) == names.end()) continue;
+    const int64_t s = std::max(e.start_us, start_us), t = std::min(e.end_us, end_us);
+    if (s < t) spans.push_back({s, t});
+  }
+  std::sort(spans.begin(), spans.end());
+  int64_t total = 0, cur_s = 0, cur_e = 0;
+  for (auto [s, t] : spans) {
+    if (s > cur_e) {
+      total += cur_e - cur_s;
+      cur_s = s;
+      cur_e = t;
+    } else {
+      cur_e = std::max(cur_e, t);
+    }
+  }
+  return static_cast<double>(total + cur_e - cur_s) / 1e6;
 }
 
 struct RssRow {
@@ -239,7 +274,9 @@ int Main(int argc, char** argv) {
   Figures f;
   std::vector<Interval> last_backward;
   int64_t last_start = 0, last_end = 0;
-  uint64_t read_per_step = 0;
+  int64_t last_b_start = 0, last_b_end = 0;  // the last (b), for its busy times
+  uint64_t read_per_step = 0, written_per_step = 0;
+  std::unique_ptr<MixedIoProbe> probe;  // made once (b)'s volumes are known
   {
     Job job(daemon, c.layers, c.chunk_params, c.slots);
     job.OptimizerStep();  // warm-up: pages, caches, the daemon's order prediction
@@ -259,11 +296,21 @@ int Main(int argc, char** argv) {
       for (uint32_t i = 0; i < c.layers; ++i) Backward(c.layers - 1 - i, c.layer_ms);
       f.a.push_back(Seconds(t0, Clock::now()));
       // (b) optimizer + I/O alone.
-      const uint64_t read0 = BytesRead(daemon);
+      const StorageBytes before = BytesMoved(daemon);
+      last_b_start = NowUs();
       t0 = Clock::now();
       job.OptimizerStep();
       f.b.push_back(Seconds(t0, Clock::now()));
-      read_per_step = BytesRead(daemon) - read0;
+      last_b_end = NowUs();
+      const StorageBytes after = BytesMoved(daemon);
+      read_per_step = after.read - before.read;
+      written_per_step = after.written - before.written;
+      // The plain io_uring probe of the same volumes, read and written at once.
+      if (probe == nullptr) {
+        probe = std::make_unique<MixedIoProbe>(dir, MixedIoProbeConfig{.read_bytes = read_per_step,
+                                                                       .write_bytes = written_per_step});
+      }
+      f.probe.push_back(probe->MeasureSeconds());
       // (c) overlapped. The hand-over (copy into the slot, GradReady, collecting
       // weights when slots run out) runs on a second thread, as a GPU's copy
       // engine and side stream would, so backward's waits do not include it.
@@ -312,10 +359,12 @@ int Main(int argc, char** argv) {
     }
     Check(job.session().Close(), "close");
   }
+  probe.reset();
   const int64_t main_hwm = ProcStatusKiB(daemon.pid(), "VmHWM");
   daemon.Stop();
 
-  const double a = Median(f.a), b = Median(f.b), cc = Median(f.c), d = Median(f.d);
+  const double a = Median(f.a), b = Median(f.b), cc = Median(f.c), d = Median(f.d), p = Median(f.probe);
+  const double of_probe = p / b;  // (b)'s rate as a fraction of the probe's
   const double ratio = cc / std::max(a, b);
   const double speedup = d / cc;
   fmt::print("\n{:<34} {:>10}\n", "step (median of " + std::to_string(c.rounds) + ")", "seconds");
@@ -323,13 +372,30 @@ int Main(int argc, char** argv) {
   fmt::print("{:<34} {:>10.3f}\n", "(b) optimizer + SSD I/O alone", b);
   fmt::print("{:<34} {:>10.3f}\n", "(c) overlapped (fuyou)", cc);
   fmt::print("{:<34} {:>10.3f}\n", "(d) serial (ZeRO-Infinity order)", d);
-  fmt::print("overlapped / max(a, b) = {:.3f} (target <= 1.15); serial / overlapped = {:.2f}x\n", ratio, speedup);
+  fmt::print("{:<34} {:>10.3f}\n", "(p) plain io_uring, same bytes", p);
+  fmt::print("overlapped / max(a, b) = {:.3f} (target <= 1.10); serial / overlapped = {:.2f}x\n", ratio, speedup);
+  fmt::print("(b) / probe = {:.3f} of the disk's mixed rate (target >= 0.9): {} MiB read + {} MiB written, "
+             "(b) {:.2f} GB/s, probe {:.2f} GB/s (O_DIRECT, QD 32, 1 MiB)\n",
+             of_probe, read_per_step >> 20, written_per_step >> 20,
+             static_cast<double>(read_per_step + written_per_step) / b / 1e9,
+             static_cast<double>(read_per_step + written_per_step) / p / 1e9);
   fmt::print("SSD bytes read per step {} MiB; daemon peak RSS {} MiB (budget {} MiB + {} MiB segment)\n",
              read_per_step >> 20, main_hwm / 1024, c.budget >> 20, (uint64_t{2} * c.slots * 4 * c.chunk_params) >> 20);
 
+  const std::vector<TraceEvent> trace = ReadTrace(trace_path);
+  {
+    // What bounds (b): the daemon's kernel time (updates, on the CPU) against
+    // the time the SSD had a read or a write in flight.
+    const double b_s = (last_b_end - last_b_start) / 1e6;
+    const double update = BusySeconds(trace, last_b_start, last_b_end, {"update"});
+    const double ssd = BusySeconds(trace, last_b_start, last_b_end, {"ssd_read", "ssd_write"});
+    fmt::print("last (b) {:.3f} s; busy: update {:.3f} ({:.2f} of it), SSD read or write in flight {:.3f} ({:.2f})\n",
+               b_s, update, update / b_s, ssd, ssd / b_s);
+  }
+
   // Timeline of the last overlapped step.
   std::vector<TraceEvent> events;
-  for (const TraceEvent& e : ReadTrace(trace_path)) {
+  for (const TraceEvent& e : trace) {
     if (e.end_us >= last_start && e.start_us <= last_end) events.push_back(e);
   }
   std::map<std::string, double> busy;  // seconds each resource was busy (union of intervals)
@@ -406,13 +472,13 @@ int Main(int argc, char** argv) {
                "{{\"benchmark\":\"overlap_bench\",\"layers\":{},\"chunk_params\":{},\"state_bytes\":{},"
                "\"budget_bytes\":{},\"slots\":{},\"layer_ms\":{:.3f},\"rounds\":{},"
                "\"backward_s\":{:.4f},\"optimizer_io_s\":{:.4f},\"overlapped_s\":{:.4f},\"serial_s\":{:.4f},"
-               "\"overlapped_over_max\":{:.4f},\"speedup_over_serial\":{:.4f},"
+               "\"overlapped_over_max\":{:.4f},\"speedup_over_serial\":{:.4f},\"probe_s\":{:.4f},\"optimizer_io_over_probe\":{:.4f},"
                "\"samples\":{{\"backward\":{},\"optimizer_io\":{},\"overlapped\":{},\"serial\":{}}},"
-               "\"ssd_bytes_read_per_step\":{},\"daemon_peak_rss_kib\":{},"
+               "\"ssd_bytes_read_per_step\":{},\"ssd_bytes_written_per_step\":{},\"daemon_peak_rss_kib\":{},"
                "\"busy_s\":{{\"step\":{:.4f},\"backward\":{:.4f},\"update\":{:.4f},\"ssd_read\":{:.4f},"
                "\"ssd_write\":{:.4f}}},\"rss\":[",
                c.layers, c.chunk_params, state_bytes, c.budget, c.slots, c.layer_ms, c.rounds, a, b, cc, d, ratio,
-               speedup, list(f.a), list(f.b), list(f.c), list(f.d), read_per_step, main_hwm, step_s, busy["backward"],
+               speedup, p, of_probe, list(f.a), list(f.b), list(f.c), list(f.d), read_per_step, written_per_step, main_hwm, step_s, busy["backward"],
                busy["update"], busy["ssd_read"], busy["ssd_write"]);
     for (size_t i = 0; i < rss.size(); ++i) {
       fmt::print(out, "{}{{\"state_bytes\":{},\"chunks\":{},\"step_s\":{:.4f},\"peak_rss_kib\":{}}}", i ? "," : "",

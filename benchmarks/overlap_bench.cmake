@@ -2,7 +2,7 @@
 # whose states exceed its DRAM budget; overlapped vs serial steps, timeline, RSS.
 if(TARGET fuyou_test_support)
   add_executable(overlap_bench ${CMAKE_CURRENT_LIST_DIR}/overlap_bench.cc)
-  target_link_libraries(overlap_bench PRIVATE fuyou_test_support fuyou_proto fmt::fmt)
+  target_link_libraries(overlap_bench PRIVATE fuyou_test_support fuyou_proto fmt::fmt PkgConfig::URING)
   target_compile_definitions(overlap_bench PRIVATE FUYOU_BENCH_SOURCE_DIR="${CMAKE_CURRENT_LIST_DIR}")
   add_dependencies(overlap_bench fuyoud)
 endif()

@@ -69,7 +69,12 @@ struct SessionServices {
   StateCache& cache;
   optimizer::AdamWKernel& kernel;
   DaemonStats& stats;
-  // How many chunks ahead of the one being updated are read in advance.
+  // At most how many chunks ahead of the one being updated are read in
+  // advance; within it, as many as the DRAM window holds (the budget less the
+  // holds and the store's write-backs in flight: StoreContext::ReadAheadBytes).
+  // Deeper costs residency when the states exceed the budget (4 chunks: 52
+  // instead of 43 MiB read a step in dram_tier_integration_test's 96 MiB under
+  // 64 MiB), and overlap_bench showed no gain from it (benchmarks/RESULTS.md).
   unsigned prefetch_window = 2;
   // Most bytes one job may reserve on storage; 0 = unlimited.
   uint64_t job_quota_bytes = 0;

@@ -71,7 +71,8 @@ void ChunkStore::SubmitUpdate(StagedUpdate update, std::vector<int64_t> segment_
 }
 
 void ChunkStore::Prefetch(const std::vector<uint32_t>& chunk_ids) {
-  reader_.Prefetch(chunk_ids, [this](uint32_t chunk_id) { return step_.IsStaged(chunk_id); });
+  reader_.Prefetch(chunk_ids, [this](uint32_t chunk_id) { return step_.IsStaged(chunk_id); },
+                   context_.ReadAheadBytes(step_.WriteBackBytesInFlight()));
 }
 
 void ChunkStore::WaitForReads() {

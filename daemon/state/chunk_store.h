@@ -55,7 +55,9 @@ class ChunkStore {
   using Registered = ChunkRegistered;
   using FetchSource = fuyou::FetchSource;
 
-  // `prefetch_window`: how many chunks after the one being updated are read ahead.
+  // `prefetch_window`: at most how many chunks after the one being updated are
+  // read ahead; within it the DRAM window decides (StoreContext::ReadAheadBytes:
+  // the budget less the holds and this store's write-backs in flight).
   ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window,
              DurabilityInterval durability = {});
   // Close().
@@ -187,7 +189,8 @@ class ChunkStore {
   // Waits for the prefetches and read-aheads in flight.
   void WaitForReads();
   absl::StatusOr<uint32_t> EndStep(int64_t step, bool background);
-  // Prefetches the committed states of `chunk_ids` not staged in this step.
+  // Prefetches the committed states of `chunk_ids` not staged in this step,
+  // as far as the DRAM window allows (StoreContext::ReadAheadBytes).
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
 
   StoreContext context_;

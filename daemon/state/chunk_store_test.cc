@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <vector>
 
 #include "common/status_util.h"
@@ -35,16 +37,37 @@ absl::Status StageUpdate(ChunkStore& store, uint32_t chunk_id, Update update,
 }
 
 // The engine's own test seam: fails every write while `fail_writes` is set,
-// every data sync (Sync and SyncAsync) while `fail_syncs` is.
+// every data sync (Sync and SyncAsync) while `fail_syncs` is, and holds every
+// write's completion between HoldWrites and ReleaseWrites (on the engine's
+// completion thread, so the completions behind it wait too): a write-back
+// stays in flight for as long as a test needs, without timing.
 class WriteFailures final : public storage::FaultInjector {
  public:
   int64_t Adjust(Op op, const fs::path& /*file*/, uint64_t /*offset*/, uint64_t /*length*/,
                  int64_t result) override {
     if (op == Op::kSync && fail_syncs.load()) return -EIO;
+    if (op == Op::kWrite) {
+      std::unique_lock lock(mutex_);
+      released_.wait(lock, [this] { return !hold_writes_; });
+    }
     return op == Op::kWrite && fail_writes.load() ? -EIO : result;
+  }
+  void HoldWrites() {
+    std::lock_guard lock(mutex_);
+    hold_writes_ = true;
+  }
+  void ReleaseWrites() {
+    std::lock_guard lock(mutex_);
+    hold_writes_ = false;
+    released_.notify_all();
   }
   std::atomic<bool> fail_writes{false};
   std::atomic<bool> fail_syncs{false};
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool hold_writes_ = false;
 };
 
 class ChunkStoreTest : public ::testing::Test {
@@ -66,6 +89,7 @@ class ChunkStoreTest : public ::testing::Test {
     store_ = MakeStore(*cache_);
   }
   void TearDown() override {
+    faults_.ReleaseWrites();  // a test that failed while holding them
     store_.reset();
     cache_.reset();
     job_.reset();
@@ -322,6 +346,60 @@ TEST_F(ChunkStoreTest, StagingPrefetchesTheChunksPredictedNext) {
   const uint64_t hits_before_step_2 = user.cache_hits.load();
   for (uint32_t chunk : {3u, 2u, 1u, 0u}) ASSERT_TRUE(StageUpdate(*store_, chunk, AddToMaster(1.0f)).ok());
   EXPECT_EQ(user.cache_hits.load(), hits_before_step_2 + 4);
+}
+
+// One chunk's extent: kElements states padded to a block.
+constexpr uint64_t kExtentBytes = 12288;
+
+TEST_F(ChunkStoreTest, TheReadAheadFillsTheBudgetBesideTheWriteBacksInFlight) {
+  // Room for five chunks, and a window of up to 32 chunks: the DRAM decides.
+  store_.reset();
+  cache_ = std::make_unique<StateCache>(5 * kExtentBytes);
+  store_ = MakeStore(*cache_, /*prefetch_window=*/32);
+  Register(8);
+  cache_->DropJob(job_->key());  // a cold cache
+  // Before any step the prediction is backward: 7, 6, ..., 0. Chunk 7's
+  // write-back stays in flight (its buffer pinned): four chunks are read ahead.
+  faults_.HoldWrites();
+  ASSERT_TRUE(StageUpdate(*store_, 7, AddToMaster(1.0f)).ok());
+  for (uint32_t chunk : {6u, 5u, 4u, 3u}) EXPECT_TRUE(cache_->Contains(job_->key(), chunk)) << chunk;
+  EXPECT_FALSE(cache_->Contains(job_->key(), 2));
+  EXPECT_TRUE(cache_->Contains(job_->key(), 7));  // pinned by its write-back: never evicted
+  EXPECT_LE(cache_->bytes_in_use(), cache_->budget_bytes());
+  faults_.ReleaseWrites();
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // the reads too
+  // The window moves with the updates: 6 is updated from its prefetch and, its
+  // write-back in flight, 5..2 are ahead; 7 (written, needed last) made room.
+  faults_.HoldWrites();
+  ASSERT_TRUE(StageUpdate(*store_, 6, AddToMaster(1.0f)).ok());
+  for (uint32_t chunk : {5u, 4u, 3u, 2u}) EXPECT_TRUE(cache_->Contains(job_->key(), chunk)) << chunk;
+  EXPECT_FALSE(cache_->Contains(job_->key(), 1));
+  EXPECT_FALSE(cache_->Contains(job_->key(), 7));
+  EXPECT_LE(cache_->bytes_in_use(), cache_->budget_bytes());
+  faults_.ReleaseWrites();
+  for (uint32_t chunk : {5u, 4u, 3u, 2u, 1u, 0u}) ASSERT_TRUE(StageUpdate(*store_, chunk, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  for (uint32_t chunk = 0; chunk < 8; ++chunk) {
+    EXPECT_EQ(CommittedOnStorage(chunk, ChunkState::kMaster), std::vector<float>(kElements, 2.0f)) << chunk;
+  }
+}
+
+TEST_F(ChunkStoreTest, HoldsNarrowTheReadAheadWindow) {
+  store_.reset();
+  cache_ = std::make_unique<StateCache>(6 * kExtentBytes);
+  store_ = MakeStore(*cache_, /*prefetch_window=*/32);
+  Register(8);
+  cache_->DropJob(job_->key());
+  // Two chunks held (say another session's pending states), one written back:
+  // three of the six are left for the read-ahead.
+  ASSERT_TRUE(cache_->TryHold(2 * kExtentBytes));
+  faults_.HoldWrites();
+  ASSERT_TRUE(StageUpdate(*store_, 7, AddToMaster(1.0f)).ok());
+  for (uint32_t chunk : {6u, 5u, 4u}) EXPECT_TRUE(cache_->Contains(job_->key(), chunk)) << chunk;
+  EXPECT_FALSE(cache_->Contains(job_->key(), 3));
+  faults_.ReleaseWrites();
+  ASSERT_TRUE(store_->WaitForWriteBacks().ok());
+  cache_->ReleaseHold(2 * kExtentBytes);
 }
 
 TEST_F(ChunkStoreTest, StepsUnderATightBudgetEvictAndStayWithinIt) {

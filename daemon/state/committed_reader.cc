@@ -136,16 +136,21 @@ absl::StatusOr<StatePin> CommittedReader::Acquire(const v1::ChunkRecord& record,
   return pin;
 }
 
-void CommittedReader::Prefetch(const std::vector<uint32_t>& chunk_ids, const std::function<bool(uint32_t)>& skip) {
+void CommittedReader::Prefetch(const std::vector<uint32_t>& chunk_ids, const std::function<bool(uint32_t)>& skip,
+                               uint64_t window_bytes) {
   const JobCache& cache = context_.cache;
+  uint64_t ahead = 0;  // states of the chunks taken so far
   for (uint32_t chunk_id : chunk_ids) {
     const v1::ChunkRecord* record = context_.Find(chunk_id);
-    if (record == nullptr || skip(chunk_id) || cache.Contains(CacheSpace::kStates, chunk_id)) continue;
+    if (record == nullptr) continue;
     const v1::StateExtent& extent = CommittedExtent(*record);
+    if (extent.length() > window_bytes - ahead) break;  // ahead <= window_bytes: no underflow
+    ahead += extent.length();
+    if (skip(chunk_id) || cache.Contains(CacheSpace::kStates, chunk_id)) continue;
     const bool partial = record->stores_weights();
     const uint64_t read_bytes = StatesReadBytes(*record, extent);
     auto created = cache.Create(CacheSpace::kStates, chunk_id, extent.length(), /*wait=*/false, /*loading=*/true);
-    if (!created.ok()) continue;  // no budget free now: the update will read on demand
+    if (!created.ok()) break;  // no budget free now: this update and the later ones read on demand
     auto pin = std::make_shared<StatePin>(std::move(*created));
     cache.cache().SetContents(*pin, record->committed_version(), /*committed=*/true, /*weights_valid=*/!partial);
     // By value: a commit may replace the manifest `record` lives in meanwhile.

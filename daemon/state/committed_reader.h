@@ -57,11 +57,18 @@ class CommittedReader {
   // found in DRAM gets its weights region read and verified first. Counts a
   // cache hit or miss. DATA_LOSS on a checksum mismatch, the I/O error else.
   absl::StatusOr<StatePin> Acquire(const v1::ChunkRecord& record, bool pending, bool states_only = false);
-  // Reads the committed states of `chunk_ids` ahead for their updates (the
-  // states region only for chunks that store weights), into entries made
-  // without waiting for budget; each is verified when its read completes.
-  // Skips unknown chunks, chunks `skip` says, and chunks already in DRAM.
-  void Prefetch(const std::vector<uint32_t>& chunk_ids, const std::function<bool(uint32_t)>& skip);
+  // Reads the committed states of `chunk_ids` (the predicted order) ahead for
+  // their updates (the states region only for chunks that store weights), into
+  // entries made without waiting for budget and without evicting a pinned or
+  // an unused prefetched entry; each is verified when its read completes.
+  // Skips unknown chunks, chunks `skip` says, and chunks already in DRAM. The
+  // chunks taken, in order, have at most `window_bytes` of states together
+  // (those already in DRAM or skipped count too: they are ahead of the update
+  // as well; see StoreContext::ReadAheadBytes); it stops at the first beyond
+  // the window and at the first that gets no budget now, so that the reads
+  // follow the prediction's order.
+  void Prefetch(const std::vector<uint32_t>& chunk_ids, const std::function<bool(uint32_t)>& skip,
+                uint64_t window_bytes = UINT64_MAX);
   // Waits for every prefetch in flight.
   void WaitForReads() { in_flight_.WaitAll().IgnoreError(); }
 

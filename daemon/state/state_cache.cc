@@ -252,6 +252,11 @@ bool StateCache::TryHold(uint64_t bytes) {
   return true;
 }
 
+uint64_t StateCache::held_bytes() const {
+  std::lock_guard lock(mutex_);
+  return held_bytes_;
+}
+
 void StateCache::ReleaseHold(uint64_t bytes) {
   std::lock_guard lock(mutex_);
   held_bytes_ -= std::min(bytes, held_bytes_);

@@ -144,6 +144,8 @@ class StateCache {
   // the pinned buffers themselves are counted by Create as usual.
   bool TryHold(uint64_t bytes);
   void ReleaseHold(uint64_t bytes);
+  // The bytes reserved by TryHold, all sessions together.
+  uint64_t held_bytes() const;
 
  private:
   friend class StatePin;

@@ -138,6 +138,14 @@ absl::Status StepTransaction::WaitForWriteBacks() const {
   return StepError();
 }
 
+uint64_t StepTransaction::WriteBackBytesInFlight() const {
+  uint64_t bytes = 0;
+  for (const auto& [chunk_id, staged] : staged_) {
+    if (staged.write.valid() && !staged.write.ready()) bytes += ShadowExtent(*context_.Find(chunk_id)).length();
+  }
+  return bytes;
+}
+
 absl::Status StepTransaction::RollBackChunk(uint32_t chunk_id) {
   auto staged = staged_.find(chunk_id);
   if (staged == staged_.end()) {

@@ -98,6 +98,9 @@ class StepTransaction {
   absl::Status StepError() const;
   // Waits until every write-back of this step completed; returns StepError().
   absl::Status WaitForWriteBacks() const;
+  // Bytes of the staged chunks' write-backs still in flight (their buffers
+  // stay pinned until they complete); never waits.
+  uint64_t WriteBackBytesInFlight() const;
   // Drops the chunk's staged update after its write-back finished.
   // FAILED_PRECONDITION when it is not staged.
   absl::Status RollBackChunk(uint32_t chunk_id);

@@ -1,7 +1,7 @@
 // StoreContext: what the parts of a ChunkStore (state/chunk_store.h) share.
 //
 // The job on storage, its view of the DRAM tier, the counters, the read-ahead
-// window, and the acknowledged manifest: the job's manifest as of
+// window (ReadAheadBytes), and the acknowledged manifest: the job's manifest as of
 // ChunkStore::committed_step() (the durable one, with the counts and step of
 // the steps acknowledged since; see DurabilityPolicy). Each part reads it
 // through Find; the parts that commit (the step, import, registration) replace
@@ -49,10 +49,25 @@ struct StoreContext {
   // After a commit: the acknowledged manifest is the job's again.
   void Reload() { acknowledged = job.manifest(); }
 
+  // How many bytes of predicted chunks a read-ahead may keep in DRAM ahead of
+  // their use (the states prefetch and the weights read-ahead alike): the
+  // budget, less every hold (pending states and undo copies, which stay
+  // pinned) and less `writing_bytes`, the store's write-backs in flight (their
+  // buffers stay pinned until they complete). A read-ahead walks the predicted
+  // chunks in order and stops at the first beyond this window, at the first
+  // that gets no budget without waiting, or after `prefetch_window` chunks; it
+  // never waits for budget and never evicts a pinned entry or an unused one
+  // (StateCache::Create with wait=false, loading=true).
+  uint64_t ReadAheadBytes(uint64_t writing_bytes) const {
+    const StateCache& dram = cache.cache();
+    const uint64_t taken = dram.held_bytes() + writing_bytes;  // each at most the budget: no overflow
+    return taken >= dram.budget_bytes() ? 0 : dram.budget_bytes() - taken;
+  }
+
   Job& job;
   const JobCache cache;
   const StoreCounters counters;
-  const unsigned prefetch_window;  // chunks read ahead after the one in use
+  const unsigned prefetch_window;  // most chunks read ahead after the one in use (ReadAheadBytes decides within it)
   v1::JobManifest acknowledged;
 };
 

@@ -71,15 +71,22 @@ bool WeightsReader::InDram(const v1::ChunkRecord& record) const {
 
 void WeightsReader::ReadAhead(const std::vector<uint32_t>& chunk_ids) {
   const JobCache& cache = context_.cache;
+  // The same depth rule as the states' prefetch: the predicted fetches whose
+  // weights fit in the DRAM window, in order.
+  const uint64_t window = context_.ReadAheadBytes(step_.WriteBackBytesInFlight());
+  uint64_t ahead = 0;
   for (uint32_t chunk_id : chunk_ids) {
     const v1::ChunkRecord* record = context_.Find(chunk_id);
-    if (record == nullptr || !record->stores_weights() || InDram(*record)) continue;
+    if (record == nullptr || !record->stores_weights()) continue;
     const ChunkLayout layout = RecordLayout(*record);
     const uint64_t region = *layout.WeightsRegionBytes();  // a validated record: fits
-    // Never waits and never evicts a pinned entry: without free budget the
-    // fetch reads on demand.
+    if (region > window - ahead) break;  // ahead <= window: no underflow
+    ahead += region;
+    if (InDram(*record)) continue;
+    // Never waits and never evicts a pinned entry: without free budget this
+    // fetch and the later ones read on demand.
     auto created = cache.Create(CacheSpace::kWeights, chunk_id, region, /*wait=*/false, /*loading=*/true);
-    if (!created.ok()) continue;
+    if (!created.ok()) break;
     auto pin = std::make_shared<StatePin>(std::move(*created));
     cache.cache().SetContents(*pin, record->committed_version(), /*committed=*/true);
     const v1::StateExtent& extent = CommittedExtent(*record);

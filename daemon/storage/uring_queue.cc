@@ -238,6 +238,7 @@ void UringQueue::ReapLoop() {
   };
   std::vector<Completion> batch;
   std::vector<std::unique_ptr<Request>> again;
+  std::vector<std::pair<std::shared_ptr<Transfer>, absl::Status>> finished;  // requests that ended
   for (;;) {
     io_uring_cqe* cqe = nullptr;
     const int ret = io_uring_wait_cqe(&ring_, &cqe);
@@ -255,7 +256,6 @@ void UringQueue::ReapLoop() {
 
     bool stop = false;
     unsigned reaped = 0;
-    uint64_t ended = 0;
     again.clear();
     for (const Completion& c : batch) {
       if (c.user_data == kStopTag) {
@@ -269,18 +269,25 @@ void UringQueue::ReapLoop() {
         again.push_back(std::move(r));
         continue;
       }
-      std::shared_ptr<Transfer> transfer = std::move(r->transfer);
+      finished.push_back({std::move(r->transfer), std::move(status)});
       r.reset();
-      transfer->RequestDone(std::move(status));  // may run the caller's callback
-      ++ended;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_ring_ -= reaped;
       // Continuations go first: they hold up a transfer that is already running.
       for (auto it = again.rbegin(); it != again.rend(); ++it) waiting_.push_front(std::move(*it));
-      live_ -= ended;
       FillRingLocked();
+    }
+    // The ring is refilled before the callbacks run: a callback may take a
+    // while (a checksum over a whole chunk), and the device keeps working
+    // through the requests queued meanwhile.
+    const uint64_t ended = finished.size();
+    for (auto& [transfer, status] : finished) transfer->RequestDone(std::move(status));  // may run callbacks
+    finished.clear();
+    if (ended != 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_ -= ended;
       if (live_ == 0) idle_.notify_all();
     }
     if (stop) return;
