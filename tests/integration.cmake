@@ -135,3 +135,12 @@ fuyou_add_test(NAME weights_integration_test
 target_compile_definitions(weights_integration_test PRIVATE FUYOUCTL_PATH="$<TARGET_FILE:fuyouctl>"
   WEIGHTS_CLIENT_PATH="$<TARGET_FILE:weights_client>")
 add_dependencies(weights_integration_test fuyoud fuyouctl weights_client)
+
+# Request ids (issue 21): fuyoud echoes every stream message's request_id on its
+# reply (0, the largest id and repeated ids alike), over the raw protocol; a
+# clientlib session, which routes replies by id, trains against it.
+fuyou_add_test(NAME request_id_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/request_id_integration_test.cc
+  LIBS fuyou_raw_session fuyou_client
+  LABELS integration)
+add_dependencies(request_id_integration_test fuyoud)

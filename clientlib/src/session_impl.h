@@ -1,13 +1,28 @@
 // Session::Impl: the state of one client session, shared by the files that
-// implement it (session.cc: connection, steps and close; session_state_transfer.cc:
-// reading and writing optimizer states for export and import). Private to
-// clientlib.
+// implement it, one idea each. Private to clientlib.
+//   session.cc                 Session (the public API) over Impl; Open and Close
+//   session_open.cc            OpenSession, the segment's creation and handover
+//   session_stream.cc          the Stream: writes, the reader thread, routing
+//                              answers by request id, waiting for one
+//   session_chunks.cc          registration, slots and their regions
+//   session_steps.cc           GradReady/ParamsReady, EndStep and AbortStep
+//   session_weights.cc         FetchWeights/WeightsFetched
+//   session_state_transfer.cc  ReadState, WriteState, SetUpdateCount, CommitImport
+// Every stream request that expects an answer is a row of `requests_`
+// (pending_requests.h) from before it is written until its waiter takes the
+// answer.
+//
+// Threads: the caller's threads, plus one reader thread per session that reads
+// the daemon's messages from the Stream and wakes whoever waits for them.
+// Locks: `mu_` guards the waiting state (the request table, chunks, errors);
+// `write_mu_` serializes writes on the stream and is never taken while `mu_` is
+// held; `control_mu_` (one export/import request at a time) is taken before
+// `mu_`. The slot pool has its own lock.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,10 +31,13 @@
 #include <string_view>
 #include <thread>
 
+#include "fmt/format.h"
 #include "fuyou/client.h"
 #include "fuyou/client_segment.h"
 #include "fuyou/segment_layout.h"
 #include "fuyou/v1/offload.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "pending_requests.h"
 #include "slot_pool.h"
 
 namespace fuyou {
@@ -77,37 +95,6 @@ class Session::Impl {
   absl::Status Close();
 
  private:
-  // A chunk whose GradReady was sent and whose answer was not yet taken.
-  struct PendingChunk {
-    uint32_t slot = 0;
-    int64_t step = 0;
-    bool done = false;
-    absl::Status status;  // of the answer: OK for ParamsReady
-  };
-  // A FetchWeights sent and whose answer was not yet taken. The daemon answers
-  // a session's messages in order, so a chunk's fetches are answered in the
-  // order they were sent: the oldest not yet answered gets the next answer.
-  struct PendingFetch {
-    uint32_t slot = 0;
-    bool done = false;
-    absl::Status status;  // of the answer: OK for WeightsFetched
-  };
-  // A ReadState, WriteState, SetUpdateCount or CommitImport waiting for its
-  // answer; one at a time (control_mu_).
-  struct ControlWaiter {
-    bool active = false;
-    bool done = false;
-    absl::Status status;
-    v1::DaemonMessage reply;
-  };
-  // An EndStep or AbortStep waiting for its answer.
-  struct StepWaiter {
-    bool abort = false;
-    bool done = false;
-    absl::Status status;
-    StepResult result;
-  };
-
   std::string Who() const { return fmt::format("job '{}' (session {})", options_.job, session_id_); }
   absl::Status ClosedError() const {
     return absl::FailedPreconditionError(fmt::format("session of {} is closed", Who()));
@@ -115,22 +102,45 @@ class Session::Impl {
   // Creates the segment (a sealed memfd), hands it to fuyoud over the segment
   // socket, and checks the header fuyoud wrote into it.
   absl::Status CreateSegment(const v1::OpenSessionResponse& response);
+  // Opens the Stream, starts the reader and sends Attach (a request like any other).
   absl::Status Attach();
   // The status that refuses a new call, if any: closed, connection lost, a fatal
-  // daemon error, or a session-level error not yet reported (reported once).
+  // daemon error (ABORTED, INTERNAL, a broken protocol), or a session-level
+  // error not yet reported (reported once).
   absl::Status CheckUsableLocked();
   absl::Status Write(const v1::ClientMessage& message, std::string_view what);
+  // Writes `message` as request `id`, which the caller added to requests_ (so
+  // that an answer arriving before this returns finds it); when the write
+  // fails the request is taken out of the table again.
+  absl::Status WriteRequest(uint64_t id, v1::ClientMessage& message, std::string_view what);
+  // Writes request `id` and waits up to `timeout` for its answer, which it
+  // takes: the answer, or the request's error. DEADLINE_EXCEEDED when none came
+  // (the request is abandoned: its late answer is dropped).
+  absl::StatusOr<v1::DaemonMessage> Call(uint64_t id, v1::ClientMessage& message, const std::string& what,
+                                         std::chrono::milliseconds timeout);
+  enum class Awaited { kAnswered, kTimedOut, kTakenByAnother };
+  // Waits, `lock` held on mu_, up to `timeout` for request `id` to be answered.
+  Awaited AwaitLocked(std::unique_lock<std::mutex>& lock, uint64_t id, std::chrono::milliseconds timeout);
   absl::StatusOr<StepResult> WaitStep(int64_t step, bool abort,
                                       AbortReason reason = AbortReason::kUnspecified);
-  // Sends a control message and waits for its answer; the caller holds control_mu_.
-  absl::StatusOr<v1::DaemonMessage> Control(const v1::ClientMessage& message, const std::string& what);
+  // Sends an export/import request (`kind`, about `chunk_id`) and waits for its
+  // answer; the caller holds control_mu_.
+  absl::StatusOr<v1::DaemonMessage> Control(internal::RequestKind kind, uint32_t chunk_id,
+                                            v1::ClientMessage& message, const std::string& what);
   // The registered chunk's spec, checking [first, first + count) lies in it.
   absl::StatusOr<ChunkSpec> CheckStateRange(uint32_t chunk_id, uint64_t first, uint64_t count, const char* verb);
   void ReadLoop();
+  // Routes one message of the daemon to the request its id names.
   void Dispatch(const v1::DaemonMessage& message);
-  void DeliverError(const v1::Error& error);
-  // Gives `status` to the chunk's oldest unanswered fetch; false when it has none.
-  bool DeliverFetchError(uint32_t chunk_id, const absl::Status& status);
+  // What an answer means beyond its request's status (called with mu_ held):
+  // a slot back from the daemon, a mismatch of the answer with its request
+  // (INTERNAL for that request), the journal stats, the committed step.
+  // `request` is null when its waiter had given up.
+  void OnAnswerLocked(internal::RequestKind kind, internal::PendingRequest* request,
+                      const v1::DaemonMessage& message);
+  // The daemon broke the protocol (called with mu_ held): every pending request
+  // and every later call fails with INTERNAL naming `why`.
+  void BreakProtocolLocked(const absl::Status& why);
   void OnStreamEnd(const grpc::Status& status);
 
   const SessionOptions options_;
@@ -157,20 +167,17 @@ class Session::Impl {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool attached_ = false;
   bool reader_done_ = false;
   bool closing_ = false;
-  absl::Status lost_;           // connection to the daemon lost
-  absl::Status fatal_;          // ABORTED / INTERNAL from the daemon
-  absl::Status session_error_;  // refusal nobody waited for; reported once
+  absl::Status lost_;            // connection to the daemon lost
+  absl::Status fatal_;           // ABORTED / INTERNAL from the daemon, or protocol_error_
+  absl::Status protocol_error_;  // the daemon broke the protocol: later messages are ignored
+  absl::Status session_error_;   // refusal nobody waited for; reported once
   std::map<uint32_t, ChunkSpec> chunks_;
-  std::map<uint32_t, PendingChunk> pending_;
   std::map<uint32_t, JournalStats> journal_stats_;  // of each chunk's latest update that used a journal
-  std::map<uint32_t, std::deque<PendingFetch>> fetches_;  // by chunk, oldest first; never an empty deque
-  std::map<int64_t, StepWaiter> steps_;
-  ControlWaiter control_;
+  internal::PendingRequests requests_;              // every request waiting for its answer
 
-  std::mutex control_mu_;  // one control request at a time; taken before mu_
+  std::mutex control_mu_;  // one export/import request at a time; taken before mu_
 
   std::mutex close_mu_;
   bool close_done_ = false;

@@ -1,43 +1,41 @@
-// Session::Impl, part two: reading and writing a chunk's optimizer states
-// through the session's slots (export to and import from checkpoints).
-#include "channel.h"
+// Session::Impl, export and import: reading and writing a chunk's optimizer
+// states through the session's slots (checkpoints), one request at a time
+// (control_mu_) and only between steps.
+#include <set>
+
 #include "fmt/format.h"
 #include "session_impl.h"
 
 namespace fuyou {
 
-absl::StatusOr<v1::DaemonMessage> Session::Impl::Control(const v1::ClientMessage& message, const std::string& what) {
+using internal::OfKind;
+using internal::PendingRequest;
+using internal::RequestKind;
+
+absl::StatusOr<v1::DaemonMessage> Session::Impl::Control(RequestKind kind, uint32_t chunk_id,
+                                                         v1::ClientMessage& message, const std::string& what) {
+  uint64_t id = 0;
   {
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
-    if (!pending_.empty()) {
+    if (const size_t updates = requests_.Count(OfKind(RequestKind::kGradReady)); updates != 0) {
       return absl::FailedPreconditionError(fmt::format(
           "{} of {}: {} chunks have gradients in flight; states are read and written only between steps", what,
-          Who(), pending_.size()));
+          Who(), updates));
     }
-    if (!fetches_.empty()) {
+    std::set<uint32_t> fetched;
+    for (const PendingRequest* fetch : requests_.Select(OfKind(RequestKind::kFetchWeights))) {
+      fetched.insert(fetch->chunk_id);
+    }
+    if (!fetched.empty()) {
       return absl::FailedPreconditionError(fmt::format(
           "{} of {}: weights fetches of {} chunks are in flight; states are read and written only between steps "
           "(take them with WaitWeights first)",
-          what, Who(), fetches_.size()));
+          what, Who(), fetched.size()));
     }
-    control_ = ControlWaiter{};
-    control_.active = true;
+    id = requests_.Add({.kind = kind, .chunk_id = chunk_id});
   }
-  absl::Status written = Write(message, what);
-  std::unique_lock lock(mu_);
-  if (!written.ok()) {
-    control_ = ControlWaiter{};
-    return written;
-  }
-  const bool answered = cv_.wait_for(lock, client_.rpc_timeout, [&] { return control_.done; });
-  ControlWaiter waiter = std::exchange(control_, ControlWaiter{});
-  if (!answered) {
-    return absl::DeadlineExceededError(
-        fmt::format("no answer to {} of {} within {} ms", what, Who(), client_.rpc_timeout.count()));
-  }
-  if (!waiter.status.ok()) return waiter.status;
-  return std::move(waiter.reply);
+  return Call(id, message, what, client_.rpc_timeout);
 }
 
 absl::StatusOr<ChunkSpec> Session::Impl::CheckStateRange(uint32_t chunk_id, uint64_t first, uint64_t count,
@@ -77,7 +75,7 @@ absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind wh
     read->set_first_element(first + done);
     read->set_num_elements(count);
     absl::StatusOr<v1::DaemonMessage> reply = Control(
-        message, fmt::format("ReadState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
+        RequestKind::kReadState, chunk_id, message, fmt::format("ReadState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
     if (!reply.ok()) {
       if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
       return reply.status();
@@ -116,7 +114,7 @@ absl::Status Session::Impl::WriteState(uint32_t chunk_id, StateKind which, uint6
     write->set_first_element(first + done);
     write->set_num_elements(count);
     absl::StatusOr<v1::DaemonMessage> reply = Control(
-        message, fmt::format("WriteState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
+        RequestKind::kWriteState, chunk_id, message, fmt::format("WriteState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
     if (!reply.ok()) {
       if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
       return reply.status();
@@ -139,7 +137,8 @@ absl::Status Session::Impl::SetUpdateCount(uint32_t chunk_id, int64_t update_cou
   message.mutable_set_update_count()->set_chunk_id(chunk_id);
   message.mutable_set_update_count()->set_update_count(update_count);
   for (int64_t count : segment_update_counts) message.mutable_set_update_count()->add_segment_update_counts(count);
-  absl::StatusOr<v1::DaemonMessage> reply = Control(message, fmt::format("SetUpdateCount of chunk {}", chunk_id));
+  absl::StatusOr<v1::DaemonMessage> reply =
+      Control(RequestKind::kSetUpdateCount, chunk_id, message, fmt::format("SetUpdateCount of chunk {}", chunk_id));
   if (!reply.ok()) return reply.status();
   if (!reply->has_update_count_set() || reply->update_count_set().chunk_id() != chunk_id) {
     return absl::InternalError(fmt::format(
@@ -152,7 +151,7 @@ absl::StatusOr<uint32_t> Session::Impl::CommitImport() {
   std::lock_guard control(control_mu_);
   v1::ClientMessage message;
   message.mutable_commit_import();
-  absl::StatusOr<v1::DaemonMessage> reply = Control(message, "CommitImport");
+  absl::StatusOr<v1::DaemonMessage> reply = Control(RequestKind::kCommitImport, 0, message, "CommitImport");
   if (!reply.ok()) return reply.status();
   if (!reply->has_import_committed()) {
     return absl::InternalError(
@@ -160,8 +159,5 @@ absl::StatusOr<uint32_t> Session::Impl::CommitImport() {
   }
   return reply->import_committed().chunks_changed();
 }
-
-// ----------------------------------------------------------------------------
-// Closing
 
 }  // namespace fuyou

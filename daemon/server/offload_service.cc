@@ -72,6 +72,7 @@ grpc::Status OffloadService::Stream(grpc::ServerContext* context,
   } detach{activity.get()};
   v1::DaemonMessage attached;
   attached.mutable_attached()->set_session_id(id);
+  attached.set_request_id(message.request_id());  // echoed, never checked
   bool open = stream->Write(attached);
   while (open && stream->Read(&message)) {
     if (activity) activity->BeginMessage();

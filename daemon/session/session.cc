@@ -168,6 +168,12 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
 }
 
 v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
+  v1::DaemonMessage reply = Answer(message);
+  reply.set_request_id(message.request_id());
+  return reply;
+}
+
+v1::DaemonMessage Session::Answer(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
   if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
   // A background commit that failed ends the session at the first request

@@ -125,7 +125,9 @@ class Session {
 
   absl::StatusOr<v1::RegisterChunksResponse> RegisterChunks(const v1::RegisterChunksRequest& request);
 
-  // Handles one stream message (not Attach) and returns the reply to send.
+  // Handles one stream message (not Attach) and returns the reply to send,
+  // which carries the message's request_id as received (never checked: ids are
+  // the client's to match).
   v1::DaemonMessage Handle(const v1::ClientMessage& message);
 
   // Ends the session: waits for its I/O, rolls back an uncommitted step, frees the
@@ -183,6 +185,8 @@ class Session {
   // ADD/REPLAY only as a redo and with a journal of this step.
   absl::Status CheckJournalUse(const v1::GradReady& request) const;
 
+  // The reply to one stream message, before Handle names its request.
+  v1::DaemonMessage Answer(const v1::ClientMessage& message);
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   // Writes the chunk's journal as GradReady.journal says (session_journal.cc):
   // KEEP copies the slot's gradients (zeros for segments without gradient);

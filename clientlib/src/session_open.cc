@@ -1,0 +1,105 @@
+// Session::Impl, opening: OpenSession, the segment's creation (a sealed memfd),
+// its handover to fuyoud and the check of the header fuyoud wrote into it.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "channel.h"
+#include "fmt/format.h"
+#include "fuyou/segment_layout.h"
+#include "session_impl.h"
+
+namespace fuyou {
+namespace {
+
+using internal::RpcError;
+using internal::SetDeadline;
+
+std::string DefaultClientInfo() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return fmt::format("clientlib pid {} on {}", ::getpid(), host);
+}
+
+
+}  // namespace
+
+absl::Status Session::Impl::Start() {
+  v1::OpenSessionRequest request;
+  request.set_job(options_.job);
+  request.set_num_slots(options_.num_slots);
+  request.set_slot_bytes(options_.slot_bytes);
+  request.set_client_info(options_.client_info.empty() ? DefaultClientInfo() : options_.client_info);
+  v1::OpenSessionResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, client_.rpc_timeout);
+  grpc::Status rpc = stub_->OpenSession(&context, request, &response);
+  if (!rpc.ok()) {
+    return RpcError(rpc, fmt::format("OpenSession for job '{}'", options_.job), client_.rpc_timeout);
+  }
+  session_id_ = response.session_id();
+  num_slots_ = response.num_slots();
+  slot_bytes_ = response.slot_bytes();
+  committed_step_ = response.committed_step();
+
+  // Checked: the daemon's answer sizes memory this process creates and maps.
+  const std::optional<SegmentLayout> layout = SegmentLayout::Checked(num_slots_, slot_bytes_, UINT64_MAX);
+  if (num_slots_ != options_.num_slots || slot_bytes_ < options_.slot_bytes ||
+      slot_bytes_ % kSegmentAlignment != 0 || !layout || response.segment_bytes() != layout->TotalBytes()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "fuyoud opened {} with {} slots of {} bytes ({} bytes in all), which does not fit the "
+        "request of {} slots of {} bytes: client and daemon disagree on the segment layout",
+        Who(), num_slots_, slot_bytes_, response.segment_bytes(), options_.num_slots,
+        options_.slot_bytes));
+  }
+  if (absl::Status status = CreateSegment(response); !status.ok()) return status;
+  slots_ = std::make_unique<internal::SlotPool>(num_slots_);
+  return Attach();
+}
+
+absl::Status Session::Impl::CreateSegment(const v1::OpenSessionResponse& response) {
+  const std::filesystem::path socket = response.segment_socket();
+  if (!socket.is_absolute()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "fuyoud opened {} but named no segment socket (\"{}\"): it is older than this client, which "
+        "hands over its segment as a memfd; upgrade fuyoud",
+        Who(), response.segment_socket()));
+  }
+  absl::StatusOr<std::unique_ptr<ClientSegment>> segment = ClientSegment::Create(response.segment_bytes());
+  if (!segment.ok()) {
+    return absl::Status(segment.status().code(), fmt::format("cannot create the segment of {}: {}", Who(),
+                                                             std::string(segment.status().message())));
+  }
+  segment_ = std::move(*segment);
+  base_ = segment_->bytes().data();
+  if (absl::Status handed = segment_->HandOver(socket, session_id_, client_.rpc_timeout); !handed.ok()) {
+    return absl::Status(handed.code(), fmt::format("handing the segment of {} to fuyoud failed: {}", Who(),
+                                                   std::string(handed.message())));
+  }
+  // The fd has done its job: the daemon holds its own mapping.
+  segment_->CloseFd();
+  // The header fuyoud wrote through its own mapping (before it answered OK)
+  // proves that it maps this memory.
+  const uint64_t expected = response.segment_bytes();
+  SegmentHeader header;
+  std::memcpy(&header, base_, sizeof(header));
+  if (header.magic != kSegmentMagic) {
+    return absl::DataLossError(fmt::format(
+        "the segment of {} has magic {:#018x}, expected {:#018x}, after fuyoud accepted it: fuyoud "
+        "does not map the memory this client created, or is incompatible with this client",
+        Who(), header.magic, kSegmentMagic));
+  }
+  if (header.num_slots != num_slots_ || header.slot_bytes != slot_bytes_ ||
+      header.total_bytes != expected) {
+    return absl::FailedPreconditionError(fmt::format(
+        "the segment of {} has a header of {} slots of {} bytes ({} in all) but "
+        "OpenSession announced {} slots of {} bytes ({} in all)",
+        Who(), header.num_slots, header.slot_bytes, header.total_bytes, num_slots_,
+        slot_bytes_, expected));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fuyou

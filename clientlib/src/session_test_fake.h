@@ -1,0 +1,493 @@
+// The fake in-process Offload service the Session tests run against
+// (session_*_test.cc, one binary): the fake serves on a Unix socket in a
+// temporary directory, takes the client's memfd segment on a segment socket
+// beside it (fuyou/segment_handover.h), maps it and writes its header, and
+// answers the stream the way fuyoud does (each answer carries the request's id
+// back), with a few chunk ids that misbehave:
+//   chunk 999: every GradReady, FetchWeights and ReadState is refused with
+//              FAILED_PRECONDITION;
+//   chunk 777: GradReady and FetchWeights are never answered (to test waits
+//              and shutdown);
+//   chunk 555: GradReady is answered with a StepCommitted (the wrong kind);
+//   EndStep 113: refused with an Error that names the step, not a chunk;
+//   EndStep 114: answered only once the test calls ReleaseLateStep() (the
+//                stream's later messages wait behind it, as in fuyoud).
+// And knobs that break the protocol on purpose: answers without ids (an older
+// daemon), ids that were never sent, Errors that name no chunk and no step.
+// "Updated" weights are deterministic: new[i] = grad[i] * 2 + step (float32).
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "fmt/format.h"
+#include "fuyou/client.h"
+#include "fuyou/segment_handover.h"
+#include "fuyou/segment_layout.h"
+#include "fuyou/v1/offload.grpc.pb.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace fuyou::session_test {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kRefusedChunk = 999;
+constexpr uint32_t kSilentChunk = 777;
+constexpr uint32_t kWrongKindChunk = 555;
+constexpr int64_t kRefusedStep = 113;
+constexpr int64_t kLateStep = 114;  // EndStep answered only after ReleaseLateStep()
+
+class FakeOffload final : public v1::Offload::Service {
+ public:
+  enum class HeaderFault { kNone, kBadMagic, kWrongSlots };
+
+  ~FakeOffload() override { Unmap(); }
+
+  std::atomic<HeaderFault> header_fault{HeaderFault::kNone};
+  // Set: every handover is answered with this error instead of taken.
+  absl::Status refuse_segment;
+  std::string segment_socket;  // what OpenSession names
+  std::atomic<int> segments_received{0};
+  std::atomic<int> last_segment_seals{0};
+  std::atomic<int> close_calls{0};
+  std::atomic<int> grad_ready_seen{0};
+  std::atomic<int> fetches_seen{0};
+  std::atomic<bool> silent_chunk_arrived{false};
+  // False: answers carry no request id, as from a daemon older than request ids.
+  std::atomic<bool> echo_request_ids{true};
+  // Added to the id of every answer from now on: ids the client never sent.
+  std::atomic<uint64_t> answer_id_offset{0};
+  // True: Errors name no chunk and no step (only the request id says whose they are).
+  std::atomic<bool> bare_errors{false};
+
+  // Chunks the "job" already has: resumed by RegisterChunks.
+  void AddExistingChunk(uint32_t chunk_id, std::vector<float> weights, int64_t updates,
+                        std::vector<int64_t> segment_updates = {}) {
+    std::lock_guard lock(mu_);
+    store_[chunk_id] = StoredChunk{std::move(weights), updates, std::move(segment_updates)};
+  }
+  // What the client sent last, as the daemon received it.
+  v1::ChunkSpec LastSpec() {
+    std::lock_guard lock(mu_);
+    return last_spec_;
+  }
+  v1::GradReady LastGradReady() {
+    std::lock_guard lock(mu_);
+    return last_grad_ready_;
+  }
+  v1::AbortStep LastAbortStep() {
+    std::lock_guard lock(mu_);
+    return last_abort_;
+  }
+  // Lets the fake answer EndStep of kLateStep.
+  void ReleaseLateStep() {
+    std::lock_guard lock(late_mu_);
+    late_released_ = true;
+    late_cv_.notify_all();
+  }
+  // The request id of every stream message received, in order (Attach first).
+  std::vector<uint64_t> RequestIds() {
+    std::lock_guard lock(mu_);
+    return request_ids_;
+  }
+  std::vector<float> StoredWeights(uint32_t chunk_id) {
+    std::lock_guard lock(mu_);
+    return store_[chunk_id].weights;
+  }
+
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest* request,
+                           v1::OpenSessionResponse* response) override {
+    std::lock_guard lock(mu_);
+    Unmap();
+    layout_ = *SegmentLayout::Checked(request->num_slots(), request->slot_bytes(), UINT64_MAX);
+    size_ = layout_.TotalBytes();
+    registered_.clear();
+    session_id_ = fmt::format("fake-{}", ++sessions_);
+    response->set_session_id(session_id_);
+    response->set_segment_socket(segment_socket);
+    response->set_segment_bytes(size_);
+    response->set_num_slots(layout_.num_slots);
+    response->set_slot_bytes(layout_.slot_bytes);
+    response->set_committed_step(committed_);
+    response->set_existing_chunks(static_cast<uint32_t>(store_.size()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RegisterChunks(grpc::ServerContext*, const v1::RegisterChunksRequest* request,
+                              v1::RegisterChunksResponse* response) override {
+    std::lock_guard lock(mu_);
+    for (const v1::ChunkSpec& spec : request->chunks()) {
+      if (spec.slot() >= layout_.num_slots) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, fmt::format("slot {} out of range", spec.slot()));
+      }
+      last_spec_ = spec;
+      float* region = Param(spec.slot());
+      v1::RegisteredChunk* result = response->add_chunks();
+      result->set_chunk_id(spec.chunk_id());
+      auto it = store_.find(spec.chunk_id());
+      if (it != store_.end()) {
+        std::memcpy(region, it->second.weights.data(), it->second.weights.size() * sizeof(float));
+        result->set_resumed(true);
+        result->set_update_count(it->second.updates);
+        for (int64_t count : it->second.segment_updates) result->add_segment_update_counts(count);
+      } else {
+        store_[spec.chunk_id()] = StoredChunk{std::vector<float>(region, region + spec.num_elements()), 0, {}};
+      }
+      registered_[spec.chunk_id()] = spec.num_elements();
+      if (spec.store_weights()) stores_weights_.insert(spec.chunk_id());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stream(grpc::ServerContext*,
+                      grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) override {
+    v1::ClientMessage in;
+    if (!stream->Read(&in) || !in.has_attach()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be Attach");
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (base_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "send the segment first");
+    }
+    v1::DaemonMessage out;
+    out.mutable_attached()->set_session_id(in.attach().session_id());
+    Answer(in, out, stream);
+    std::map<int64_t, uint32_t> updated_in_step;
+    while (stream->Read(&in)) {
+      out.Clear();
+      if (in.has_grad_ready()) {
+        ++grad_ready_seen;
+        const v1::GradReady& ready = in.grad_ready();
+        if (ready.chunk_id() == kSilentChunk) {
+          std::lock_guard lock(mu_);
+          request_ids_.push_back(in.request_id());
+          silent_chunk_arrived = true;
+          continue;
+        }
+        if (ready.chunk_id() == kWrongKindChunk) {
+          out.mutable_step_committed()->set_step(ready.step());
+          Answer(in, out, stream);
+          continue;
+        }
+        std::lock_guard lock(mu_);
+        last_grad_ready_ = ready;
+        auto known = registered_.find(ready.chunk_id());
+        if (ready.chunk_id() == kRefusedChunk || known == registered_.end()) {
+          v1::Error* error = out.mutable_error();
+          if (known == registered_.end()) {
+            error->set_code(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+            error->set_message(fmt::format("chunk {} is not registered (fake)", ready.chunk_id()));
+          } else {
+            error->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+            error->set_message(fmt::format("chunk {} in slot {} refused by the fake daemon", ready.chunk_id(),
+                                           ready.slot()));
+          }
+          error->set_chunk_id(ready.chunk_id());
+          error->set_step(ready.step());
+        } else {
+          const float* grad = Grad(ready.slot());
+          float* param = Param(ready.slot());
+          for (uint64_t i = 0; i < known->second; ++i) {
+            param[i] = grad[i] * 2 + static_cast<float>(ready.step());
+          }
+          ++updated_in_step[ready.step()];
+          out.mutable_params_ready()->set_step(ready.step());
+          out.mutable_params_ready()->set_chunk_id(ready.chunk_id());
+          out.mutable_params_ready()->set_slot(ready.slot());
+          if (ready.journal() != v1::JOURNAL_USE_UNSPECIFIED) {  // stats the test can recognise
+            out.mutable_params_ready()->add_segment_sum_squares(ready.step() + 0.5);
+            out.mutable_params_ready()->add_segment_max_abs(static_cast<float>(ready.grad_ops_size()));
+          }
+        }
+      } else if (in.has_fetch_weights()) {
+        // As fuyoud: the chunk's stored weights into the slot's parameter
+        // region; a refusal names the chunk and no step.
+        const v1::FetchWeights& fetch = in.fetch_weights();
+        std::lock_guard lock(mu_);
+        ++fetches_seen;
+        if (fetch.chunk_id() == kSilentChunk) {  // never answered
+          request_ids_.push_back(in.request_id());
+          continue;
+        }
+        if (fetch.chunk_id() == kRefusedChunk || stores_weights_.count(fetch.chunk_id()) == 0) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(
+              fmt::format("fetch of chunk {} into slot {} refused by the fake daemon", fetch.chunk_id(), fetch.slot()));
+          out.mutable_error()->set_chunk_id(fetch.chunk_id());
+        } else {
+          const std::vector<float>& weights = store_[fetch.chunk_id()].weights;
+          std::memcpy(Param(fetch.slot()), weights.data(), weights.size() * sizeof(float));
+          out.mutable_weights_fetched()->set_chunk_id(fetch.chunk_id());
+          out.mutable_weights_fetched()->set_slot(fetch.slot());
+          out.mutable_weights_fetched()->set_step(committed_);
+        }
+      } else if (in.has_end_step()) {
+        const int64_t step = in.end_step().step();
+        if (step == kLateStep) {  // bounded, so that a failed test does not hang the server's shutdown
+          std::unique_lock lock(late_mu_);
+          late_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return late_released_; });
+        }
+        if (step == kRefusedStep) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(fmt::format("step {} is not the next step (fake)", step));
+          out.mutable_error()->set_step(step);
+        } else {
+          committed_ = step;
+          out.mutable_step_committed()->set_step(step);
+          out.mutable_step_committed()->set_chunks_updated(updated_in_step[step]);
+        }
+      } else if (in.has_abort_step()) {
+        {
+          std::lock_guard lock(mu_);
+          last_abort_ = in.abort_step();
+        }
+        out.mutable_step_aborted()->set_step(in.abort_step().step());
+      } else if (in.has_read_state()) {
+        // As fuyoud: the stored weights stand for every state.
+        const v1::ReadState& read = in.read_state();
+        std::lock_guard lock(mu_);
+        auto stored = store_.find(read.chunk_id());
+        if (read.chunk_id() == kRefusedChunk || stored == store_.end() ||
+            read.first_element() + read.num_elements() > stored->second.weights.size()) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(fmt::format("ReadState of chunk {} refused by the fake", read.chunk_id()));
+          out.mutable_error()->set_chunk_id(read.chunk_id());
+        } else {
+          std::memcpy(Param(read.slot()), stored->second.weights.data() + read.first_element(),
+                      read.num_elements() * sizeof(float));
+          v1::StateRead* answer = out.mutable_state_read();
+          answer->set_chunk_id(read.chunk_id());
+          answer->set_which(read.which());
+          answer->set_slot(read.slot());
+          answer->set_first_element(read.first_element());
+          answer->set_num_elements(read.num_elements());
+          answer->set_update_count(stored->second.updates);
+        }
+      } else {
+        continue;
+      }
+      Answer(in, out, stream);
+    }
+    return grpc::Status::OK;
+  }
+
+  // Sends `out` as the answer to `in`: with its request id as the knobs say.
+  void Answer(const v1::ClientMessage& in, v1::DaemonMessage& out,
+              grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) {
+    {
+      std::lock_guard lock(mu_);
+      request_ids_.push_back(in.request_id());
+    }
+    if (echo_request_ids) out.set_request_id(in.request_id() + answer_id_offset);
+    if (bare_errors && out.has_error()) {
+      out.mutable_error()->clear_chunk_id();
+      out.mutable_error()->clear_step();
+    }
+    stream->Write(out);
+  }
+
+  // A handover on the segment socket: maps the memfd and writes the header, as
+  // fuyoud does (with the header faults asked for).
+  absl::Status ReceiveSegment(const std::string& id, int fd) {
+    std::lock_guard lock(mu_);
+    if (!refuse_segment.ok()) return refuse_segment;
+    if (id != session_id_) return absl::NotFoundError(fmt::format("no open session has id '{}'", id));
+    last_segment_seals = ::fcntl(fd, F_GET_SEALS);
+    base_ = static_cast<std::byte*>(::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (base_ == MAP_FAILED) {
+      base_ = nullptr;
+      return absl::InternalError("mmap failed");
+    }
+    SegmentHeader header{kSegmentMagic, layout_.num_slots, 0, layout_.slot_bytes, size_};
+    if (header_fault == HeaderFault::kBadMagic) header.magic = 0x1234;
+    if (header_fault == HeaderFault::kWrongSlots) header.num_slots += 1;
+    std::memcpy(base_, &header, sizeof(header));
+    ++segments_received;
+    return absl::OkStatus();
+  }
+
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse* response) override {
+    ++close_calls;
+    response->set_committed_step(committed_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct StoredChunk {
+    std::vector<float> weights;
+    int64_t updates = 0;
+    std::vector<int64_t> segment_updates;
+  };
+
+  float* Grad(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.GradOffset(slot)); }
+  float* Param(uint32_t slot) { return reinterpret_cast<float*>(base_ + layout_.ParamOffset(slot)); }
+  void Unmap() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    base_ = nullptr;
+  }
+
+  std::mutex mu_;
+  SegmentLayout layout_;
+  std::string session_id_;
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  int sessions_ = 0;
+  std::atomic<int64_t> committed_{0};
+  std::map<uint32_t, StoredChunk> store_;
+  std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
+  std::set<uint32_t> stores_weights_;        // chunks registered with store_weights
+  v1::ChunkSpec last_spec_;
+  v1::GradReady last_grad_ready_;
+  v1::AbortStep last_abort_;
+  std::vector<uint64_t> request_ids_;
+  std::mutex late_mu_;
+  std::condition_variable late_cv_;
+  bool late_released_ = false;
+};
+
+// The segment socket of the fake: one handover at a time, on its own thread.
+class FakeSegmentSocket {
+ public:
+  FakeSegmentSocket(const std::string& path, FakeOffload& fake) : fake_(fake) {
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(::listen(listen_fd_, 16), 0);
+    EXPECT_EQ(::pipe2(stop_, O_CLOEXEC), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeSegmentSocket() {
+    (void)::write(stop_[1], "x", 1);
+    thread_.join();
+    ::close(listen_fd_);
+    ::close(stop_[0]);
+    ::close(stop_[1]);
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 || fds[1].revents != 0) return;
+      const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (connection < 0) continue;
+      char buffer[kMaxHandoverMessageBytes];
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+      iovec data{buffer, sizeof buffer};
+      msghdr message{};
+      message.msg_iov = &data;
+      message.msg_iovlen = 1;
+      message.msg_control = control;
+      message.msg_controllen = sizeof control;
+      const ssize_t got = ::recvmsg(connection, &message, MSG_CMSG_CLOEXEC);
+      int fd = -1;
+      cmsghdr* header = got > 0 ? CMSG_FIRSTHDR(&message) : nullptr;
+      if (header != nullptr && header->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(header), sizeof fd);
+      const std::string text(buffer, got > 0 ? static_cast<size_t>(got) : 0);
+      absl::Status status = absl::InvalidArgumentError("malformed handover");
+      if (fd >= 0 && !text.empty() && text.back() == '\n') {
+        status = fake_.ReceiveSegment(text.substr(0, text.size() - 1), fd);
+      }
+      if (fd >= 0) ::close(fd);
+      const std::string reply = FormatHandoverReply(status);
+      (void)::send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
+      ::close(connection);
+    }
+  }
+
+  FakeOffload& fake_;
+  int listen_fd_ = -1;
+  int stop_[2] = {-1, -1};
+  std::thread thread_;
+};
+
+inline std::span<std::byte> Bytes(std::vector<float>& v) { return std::as_writable_bytes(std::span(v)); }
+inline std::span<const std::byte> ConstBytes(const std::vector<float>& v) { return std::as_bytes(std::span(v)); }
+
+inline ChunkSpec Float32Chunk(uint32_t id, uint64_t elements) {
+  return ChunkSpec{.chunk_id = id, .num_elements = elements};
+}
+
+inline bool Contains(const absl::Status& status, std::string_view text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/fuyou-session-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    dir_ = dir;
+    address_ = "unix:" + dir_ + "/fuyoud.sock";
+    fake_.segment_socket = dir_ + "/fuyoud.sock" + std::string(kSegmentSocketSuffix);
+    segment_socket_ = std::make_unique<FakeSegmentSocket>(fake_.segment_socket, fake_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    ShutdownServer();
+    segment_socket_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void ShutdownServer() {
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + milliseconds(200));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  ClientOptions Client() const {
+    ClientOptions client;
+    client.address = address_;
+    client.rpc_timeout = milliseconds(10000);
+    client.connect_timeout = milliseconds(2000);
+    return client;
+  }
+  absl::StatusOr<std::unique_ptr<Session>> Open(uint32_t slots = 2, uint64_t slot_bytes = 4000) {
+    return Session::Open({.job = "test-job", .num_slots = slots, .slot_bytes = slot_bytes}, Client());
+  }
+
+  std::string dir_;
+  std::string address_;
+  FakeOffload fake_;
+  std::unique_ptr<FakeSegmentSocket> segment_socket_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+inline ChunkSpec StoredWeightsChunk(uint32_t id, uint64_t elements) {
+  return ChunkSpec{.chunk_id = id, .num_elements = elements, .store_weights = true};
+}
+
+inline std::vector<float> SlotFloats(Session& s, uint32_t slot, size_t n) {
+  const auto* p = reinterpret_cast<const float*>(s.ParamRegion(slot).data());
+  return std::vector<float>(p, p + n);
+}
+
+}  // namespace fuyou::session_test
