@@ -169,7 +169,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
 
 v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
   v1::DaemonMessage reply = Answer(message);
-  reply.set_request_id(message.request_id());
+  reply.set_request_id(message.request_id());  // echoed, never trusted
   return reply;
 }
 

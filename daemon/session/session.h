@@ -185,7 +185,8 @@ class Session {
   // ADD/REPLAY only as a redo and with a journal of this step.
   absl::Status CheckJournalUse(const v1::GradReady& request) const;
 
-  // The reply to one stream message, before Handle names its request.
+  // The reply to one stream message, before Handle names its request: the
+  // session's gates (closed, a failed background commit, no segment), then Dispatch.
   v1::DaemonMessage Answer(const v1::ClientMessage& message);
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   // Writes the chunk's journal as GradReady.journal says (session_journal.cc):
