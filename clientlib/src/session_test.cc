@@ -33,6 +33,7 @@
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -354,9 +355,6 @@ bool Contains(const absl::Status& status, std::string_view text) {
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/fuyou-session-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
     address_ = "unix:" + dir_ + "/fuyoud.sock";
     fake_.segment_socket = dir_ + "/fuyoud.sock" + std::string(kSegmentSocketSuffix);
     segment_socket_ = std::make_unique<FakeSegmentSocket>(fake_.segment_socket, fake_);
@@ -369,7 +367,6 @@ class SessionTest : public ::testing::Test {
   void TearDown() override {
     ShutdownServer();
     segment_socket_.reset();
-    std::filesystem::remove_all(dir_);
   }
   void ShutdownServer() {
     if (server_ != nullptr) {
@@ -390,7 +387,8 @@ class SessionTest : public ::testing::Test {
     return Session::Open({.job = "test-job", .num_slots = slots, .slot_bytes = slot_bytes}, Client());
   }
 
-  std::string dir_;
+  const TempDir temp_dir_{"fuyou-session-test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string address_;
   FakeOffload fake_;
   std::unique_ptr<FakeSegmentSocket> segment_socket_;
@@ -398,9 +396,8 @@ class SessionTest : public ::testing::Test {
 };
 
 TEST(SessionOpenTest, NothingListeningIsUnavailableWithinTheConnectTimeout) {
-  char dir[] = "/tmp/fuyou-session-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/fuyoud.sock";
+  const TempDir dir("fuyou-session-test");
+  const std::string path = dir.path().string() + "/fuyoud.sock";
   ClientOptions client;
   client.address = "unix:" + path;
   client.connect_timeout = milliseconds(1000);
@@ -411,7 +408,6 @@ TEST(SessionOpenTest, NothingListeningIsUnavailableWithinTheConnectTimeout) {
   EXPECT_EQ(session.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(session.status(), path)) << session.status();
   EXPECT_TRUE(Contains(session.status(), "is the daemon running?")) << session.status();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SessionOpenTest, BadOptionsAreRefusedLocally) {
