@@ -5,7 +5,13 @@
 # optimizer, wire, clientlib, ...) or `integration` (a real fuyoud); every test that is
 # not `integration` or `gpu` is also `unit`. `slow` marks a binary too slow for
 # the sanitizer pass; every other test also gets `sanitizer`, the set that
-# deploy/test.sh runs in the ASan+UBSan tree (ctest -L sanitizer).
+# deploy/test.sh runs in the ASan+UBSan tree (ctest -L sanitizer). A test that
+# needs a temporary directory lists fuyou_test_common in LIBS: the header-only
+# helpers in tests/support/ (`TempDir`, "test_support/temp_dir.h"), which the
+# integration tests' fuyou_test_support (tests/integration.cmake) shares.
+add_library(fuyou_test_common INTERFACE)
+target_include_directories(fuyou_test_common INTERFACE ${CMAKE_CURRENT_LIST_DIR}/../tests/support)
+
 function(fuyou_add_test)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT FUYOU_BUILD_TESTS)

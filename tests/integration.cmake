@@ -3,7 +3,7 @@ set(FUYOU_INTEGRATION_DIR ${CMAKE_CURRENT_LIST_DIR}/integration)
 
 add_library(fuyou_test_support STATIC ${FUYOU_INTEGRATION_DIR}/daemon_process.cc)
 target_include_directories(fuyou_test_support PUBLIC ${FUYOU_INTEGRATION_DIR})
-target_link_libraries(fuyou_test_support PUBLIC fuyou_client)
+target_link_libraries(fuyou_test_support PUBLIC fuyou_client fuyou_test_common)
 target_compile_definitions(fuyou_test_support PUBLIC FUYOUD_PATH="$<TARGET_FILE:fuyoud>")
 
 add_executable(crash_client ${FUYOU_INTEGRATION_DIR}/crash_client.cc)
@@ -97,7 +97,7 @@ add_dependencies(limits_test fuyoud limits_client fuyouctl)
 # does not include clientlib; not `integration` (no fuyoud process).
 fuyou_add_test(NAME segment_listener_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/segment_listener_test.cc
-  LIBS fuyou_daemon_core fuyou_client)
+  LIBS fuyou_daemon_core fuyou_client fuyou_test_common)
 
 # Speculate, validate, redo (issue 10), daemon side: redo, segments without
 # gradient, skipped steps, their stats and crash points, over the raw protocol.

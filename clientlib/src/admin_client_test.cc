@@ -9,6 +9,7 @@
 #include "fuyou/v1/admin.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -56,9 +57,6 @@ class FakeAdmin final : public v1::Admin::Service {
 class AdminClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/fuyou-admin-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
     address_ = "unix:" + dir_ + "/fuyoud.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
@@ -68,7 +66,6 @@ class AdminClientTest : public ::testing::Test {
   }
   void TearDown() override {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    std::filesystem::remove_all(dir_);
   }
   ClientOptions Options() const {
     ClientOptions options;
@@ -78,7 +75,8 @@ class AdminClientTest : public ::testing::Test {
     return options;
   }
 
-  std::string dir_;
+  const TempDir temp_dir_{"fuyou-admin-test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string address_;
   FakeAdmin service_;
   std::unique_ptr<grpc::Server> server_;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include "test_support/temp_dir.h"
 
 namespace fuyou::internal {
 namespace {
@@ -19,13 +20,8 @@ namespace fs = std::filesystem;
 
 class CheckTrustedSocketTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/fuyou-channel-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  const TempDir temp_dir_{"fuyou-channel-test"};
+  const fs::path dir_ = temp_dir_.path();
 };
 
 // Listens on `path`; returns the listening fd.

@@ -8,9 +8,8 @@ namespace fuyou::session_test {
 namespace {
 
 TEST(SessionOpenTest, NothingListeningIsUnavailableWithinTheConnectTimeout) {
-  char dir[] = "/tmp/fuyou-session-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/fuyoud.sock";
+  const TempDir dir("fuyou-session-test");
+  const std::string path = dir.path().string() + "/fuyoud.sock";
   ClientOptions client;
   client.address = "unix:" + path;
   client.connect_timeout = milliseconds(1000);
@@ -21,7 +20,6 @@ TEST(SessionOpenTest, NothingListeningIsUnavailableWithinTheConnectTimeout) {
   EXPECT_EQ(session.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(session.status(), path)) << session.status();
   EXPECT_TRUE(Contains(session.status(), "is the daemon running?")) << session.status();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SessionOpenTest, BadOptionsAreRefusedLocally) {

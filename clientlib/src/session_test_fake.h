@@ -45,6 +45,7 @@
 #include "fuyou/v1/offload.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::session_test {
 
@@ -438,9 +439,6 @@ inline bool Contains(const absl::Status& status, std::string_view text) {
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/fuyou-session-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
     address_ = "unix:" + dir_ + "/fuyoud.sock";
     fake_.segment_socket = dir_ + "/fuyoud.sock" + std::string(kSegmentSocketSuffix);
     segment_socket_ = std::make_unique<FakeSegmentSocket>(fake_.segment_socket, fake_);
@@ -453,7 +451,6 @@ class SessionTest : public ::testing::Test {
   void TearDown() override {
     ShutdownServer();
     segment_socket_.reset();
-    std::filesystem::remove_all(dir_);
   }
   void ShutdownServer() {
     if (server_ != nullptr) {
@@ -474,7 +471,8 @@ class SessionTest : public ::testing::Test {
     return Session::Open({.job = "test-job", .num_slots = slots, .slot_bytes = slot_bytes}, Client());
   }
 
-  std::string dir_;
+  const TempDir temp_dir_{"fuyou-session-test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string address_;
   FakeOffload fake_;
   std::unique_ptr<FakeSegmentSocket> segment_socket_;

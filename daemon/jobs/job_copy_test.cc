@@ -9,6 +9,7 @@
 #include "jobs/job_registry.h"
 #include "stats/daemon_stats.h"
 #include "storage/aligned_buffer.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -17,9 +18,6 @@ namespace fs = std::filesystem;
 class JobCopyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-job-copy-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     roots_ = {root_ / "a", root_ / "b"};
     for (const fs::path& root : roots_) fs::create_directories(root);
     stats_ = std::make_unique<DaemonStats>(roots_);
@@ -33,7 +31,6 @@ class JobCopyTest : public ::testing::Test {
   void TearDown() override {
     registry_.reset();
     io_.reset();
-    fs::remove_all(root_);
   }
 
   // Job `name` of uid 1000: chunk 7 (1000 elements, one segment at 3 updates,
@@ -66,7 +63,8 @@ class JobCopyTest : public ::testing::Test {
   }
 
   static constexpr uid_t kUid = 1000;
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-job-copy-test"};
+  const fs::path root_ = temp_dir_.path();
   std::vector<fs::path> roots_;
   std::unique_ptr<DaemonStats> stats_;
   std::unique_ptr<storage::IoEngine> io_;

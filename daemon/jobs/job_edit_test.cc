@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "stats/daemon_stats.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -14,9 +15,6 @@ namespace fs = std::filesystem;
 class JobEditTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-job-edit-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     stats_ = std::make_unique<DaemonStats>(std::vector<fs::path>{root_});
     auto io = storage::IoEngine::Create({});
     ASSERT_TRUE(io.ok()) << io.status();
@@ -28,9 +26,9 @@ class JobEditTest : public ::testing::Test {
   void TearDown() override {
     job_.reset();
     io_.reset();
-    fs::remove_all(root_);
   }
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-job-edit-test"};
+  const fs::path root_ = temp_dir_.path();
   std::unique_ptr<DaemonStats> stats_;
   std::unique_ptr<storage::IoEngine> io_;
   std::unique_ptr<Job> job_;

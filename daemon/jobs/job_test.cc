@@ -14,6 +14,7 @@
 #include "jobs/job_registry.h"
 #include "common/status_util.h"
 #include "stats/daemon_stats.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -22,9 +23,6 @@ namespace fs = std::filesystem;
 class JobTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-job-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     roots_ = {root_ / "a", root_ / "b"};
     for (const fs::path& root : roots_) fs::create_directories(root);
     stats_ = std::make_unique<DaemonStats>(roots_);
@@ -32,10 +30,7 @@ class JobTest : public ::testing::Test {
     ASSERT_TRUE(io.ok()) << io.status();
     io_ = std::move(*io);
   }
-  void TearDown() override {
-    io_.reset();
-    fs::remove_all(root_);
-  }
+  void TearDown() override { io_.reset(); }
 
   fs::path JobDir(size_t root, uid_t uid, const std::string& name) const {
     return roots_[root] / "users" / std::to_string(uid) / "jobs" / name;
@@ -53,7 +48,8 @@ class JobTest : public ::testing::Test {
     std::ifstream in(path);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-job-test"};
+  const fs::path root_ = temp_dir_.path();
   std::vector<fs::path> roots_;
   std::unique_ptr<DaemonStats> stats_;
   std::unique_ptr<storage::IoEngine> io_;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -18,12 +19,6 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 class StorageBudgetTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/fuyou-storage-budget-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    root_ = dir;
-  }
-  void TearDown() override { fs::remove_all(root_); }
   // A job of `uid` whose states.bin has `bytes` allocated.
   void MakeJob(uid_t uid, const std::string& name, uint64_t bytes) {
     const fs::path dir = root_ / "users" / std::to_string(uid) / "jobs" / name;
@@ -33,7 +28,8 @@ class StorageBudgetTest : public ::testing::Test {
     ASSERT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(bytes)), 0);
     ::close(fd);
   }
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-storage-budget-test"};
+  const fs::path root_ = temp_dir_.path();
 };
 
 void ExpectRefusal(const absl::StatusOr<StorageBudget::Grant>& grant, const std::vector<std::string>& words) {

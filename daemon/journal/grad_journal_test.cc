@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "fmt/format.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -21,19 +22,12 @@ constexpr uint64_t kJournal = 12 * 1024;  // three blocks
 class GradJournalTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "fuyou_journal_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
     auto io = storage::IoEngine::Create({});
     ASSERT_TRUE(io.ok()) << io.status();
     io_ = std::move(*io);
     auto scratch = JournalScratch::Create({root_}, *io_);
     ASSERT_TRUE(scratch.ok()) << scratch.status();
     scratch_ = std::move(*scratch);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
   }
 
   // A journal whose cache has room for two journals' holds (half of 64 KiB is
@@ -52,7 +46,8 @@ class GradJournalTest : public ::testing::Test {
     return true;
   }
 
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-journal-test"};
+  const fs::path root_ = temp_dir_.path();
   std::unique_ptr<storage::IoEngine> io_;
   std::unique_ptr<JournalScratch> scratch_;
   StateCache cache_{64 * 1024};

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "fmt/format.h"
+#include "stats/ticker.h"
 
 namespace fuyou::metrics {
 namespace {
@@ -87,60 +88,25 @@ std::string RenderMetrics(const MetricsInput& input) {
              path.bytes_written());
   }
 
-  w.Family("fuyou_chunk_updates_total", "counter", "AdamW updates of one chunk (redone ones included).");
-  w.Sample("fuyou_chunk_updates_total", "", stats.chunk_updates());
-  w.Family("fuyou_params_updated_total", "counter", "Parameters updated by AdamW.");
-  w.Sample("fuyou_params_updated_total", "", stats.params_updated());
-  w.Family("fuyou_steps_committed_total", "counter", "Training steps committed, over all jobs.");
-  w.Sample("fuyou_steps_committed_total", "", stats.steps_committed());
-  w.Family("fuyou_cache_hits_total", "counter", "State reads served from the DRAM tier without touching storage.");
-  w.Sample("fuyou_cache_hits_total", "", stats.cache_hits());
-  w.Family("fuyou_cache_misses_total", "counter", "State reads that went to storage.");
-  w.Sample("fuyou_cache_misses_total", "", stats.cache_misses());
+  // The tickers, from their table (stats/ticker.h): the same fields GetStats shows.
+  const google::protobuf::Reflection* reflection = stats.GetReflection();
+  for (const TickerInfo& info : AllTickers()) {
+    const google::protobuf::FieldDescriptor* field = ProtoFieldOf(info);
+    if (info.metric.empty() || field == nullptr) continue;
+    if (!info.help.empty()) w.Family(info.metric, "counter", info.help);
+    if (info.unit == TickerUnit::kNanoseconds) {
+      w.Sample(info.metric, info.labels, reflection->GetDouble(stats, field));
+    } else {
+      w.Sample(info.metric, info.labels, reflection->GetUInt64(stats, field));
+    }
+  }
+
   w.Family("fuyou_dram_budget_bytes", "gauge", "The configured DRAM budget for optimizer states.");
   w.Sample("fuyou_dram_budget_bytes", "", stats.dram_budget_bytes());
   w.Family("fuyou_dram_bytes_in_use", "gauge", "Bytes of optimizer states held in DRAM now.");
   w.Sample("fuyou_dram_bytes_in_use", "", stats.dram_bytes_in_use());
   w.Family("fuyou_sessions", "gauge", "Live sessions, all users.");
   w.Sample("fuyou_sessions", "", uint64_t{stats.live_sessions()});
-
-  w.Family("fuyou_chunks_speculative_total", "counter",
-           "Chunk updates sent while backward was still running (a subset of fuyou_chunk_updates_total).");
-  w.Sample("fuyou_chunks_speculative_total", "", stats.chunks_speculative());
-  w.Family("fuyou_chunks_redone_total", "counter",
-           "Chunk updates done again in the same step: the gradients changed after they were sent, or "
-           "max_grad_norm clipped them.");
-  w.Sample("fuyou_chunks_redone_total", "reason=\"changed\"", stats.chunks_redone_changed());
-  w.Sample("fuyou_chunks_redone_total", "reason=\"clipped\"", stats.chunks_redone_clipped());
-  w.Family("fuyou_chunks_rolled_back_total", "counter",
-           "Chunk updates rolled back because the training loop skipped the step.");
-  w.Sample("fuyou_chunks_rolled_back_total", "reason=\"skipped_step\"", stats.chunks_rolled_back_skipped_step());
-  w.Family("fuyou_redo_seconds_total", "counter",
-           "Seconds spent on redone updates (reading the committed states again, the kernel, the write-back).");
-  w.Sample("fuyou_redo_seconds_total", "", stats.redo_seconds());
-
-  w.Family("fuyou_weights_fetches_total", "counter",
-           "Working weights of a chunk fetched by a client (FetchWeights of a chunk with store_weights).");
-  w.Sample("fuyou_weights_fetches_total", "", stats.weights_fetches());
-  w.Family("fuyou_weights_fetch_cache_hits_total", "counter",
-           "Weights fetches answered from DRAM (a cached chunk, or a read-ahead done or in flight).");
-  w.Sample("fuyou_weights_fetch_cache_hits_total", "", stats.weights_fetch_cache_hits());
-  w.Family("fuyou_weights_read_bytes_total", "counter",
-           "Bytes of working weights read from storage for fetches and their read-aheads (weights only).");
-  w.Sample("fuyou_weights_read_bytes_total", "", stats.weights_bytes_read());
-
-  w.Family("fuyou_journal_bytes_total", "counter",
-           "Bytes of gradients journaled for redos in the streamed mode (GradReady.journal KEEP, ADD, REPLAY).");
-  w.Sample("fuyou_journal_bytes_total", "", stats.journal_bytes_total());
-  w.Family("fuyou_journal_spilled_bytes_total", "counter",
-           "Bytes of journaled gradients spilled to the storage tier's scratch files (beyond the DRAM budget).");
-  w.Sample("fuyou_journal_spilled_bytes_total", "", stats.journal_spilled_bytes_total());
-  w.Family("fuyou_journal_replays_total", "counter",
-           "Chunk updates made from a gradient journal (JOURNAL_USE_ADD and JOURNAL_USE_REPLAY).");
-  w.Sample("fuyou_journal_replays_total", "", stats.journal_replays_total());
-  w.Family("fuyou_journal_replay_seconds_total", "counter",
-           "Seconds spent on updates from a gradient journal (journal read, ops and add, kernel).");
-  w.Sample("fuyou_journal_replay_seconds_total", "", stats.journal_replay_seconds_total());
 
   w.Histogram("fuyou_chunk_update_seconds", "AdamW kernel time of one chunk update.", input.chunk_update_seconds);
   w.Histogram("fuyou_step_seconds",

@@ -10,18 +10,14 @@
 //   fuyou_uptime_seconds                      gauge
 //   fuyou_storage_read_bytes_total{path}      counter, per configured storage path
 //   fuyou_storage_written_bytes_total{path}   counter
-//   fuyou_chunk_updates_total                 counter
-//   fuyou_params_updated_total                counter
-//   fuyou_steps_committed_total               counter
-//   fuyou_cache_hits_total                    counter (state reads served from DRAM)
-//   fuyou_cache_misses_total                  counter (state reads that went to storage)
+//   every ticker with a metric name           counter, its name, labels and help from
+//                                             the tickers' table (stats/ticker.cc), its
+//                                             value from its GetStatsResponse field:
+//                                             fuyou_chunk_updates_total, fuyou_cache_hits_total,
+//                                             fuyou_chunks_redone_total{reason}, ...
 //   fuyou_dram_budget_bytes                   gauge
 //   fuyou_dram_bytes_in_use                   gauge
 //   fuyou_sessions                            gauge, live sessions
-//   fuyou_chunks_speculative_total            counter
-//   fuyou_chunks_redone_total{reason}         counter, reason="changed" | "clipped"
-//   fuyou_chunks_rolled_back_total{reason}    counter, reason="skipped_step"
-//   fuyou_redo_seconds_total                  counter
 //   fuyou_chunk_update_seconds                histogram: the AdamW kernel time of one chunk update
 //   fuyou_step_seconds                        histogram: EndStep to EndStep of one session
 //

@@ -5,6 +5,9 @@
 #include <sstream>
 #include <vector>
 
+#include "fmt/format.h"
+#include "stats/ticker.h"
+
 namespace fuyou::metrics {
 namespace {
 
@@ -135,6 +138,38 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
   EXPECT_EQ(families, 25);
+}
+
+TEST(MetricsTextTest, RendersEveryTickerWithAMetricFromItsField) {
+  // Each ticker's field a value of its own: the sample must carry that value
+  // under the ticker's name and labels (stats/ticker.cc's table).
+  v1::GetStatsResponse stats;
+  const google::protobuf::Reflection* reflection = stats.GetReflection();
+  for (const TickerInfo& info : AllTickers()) {
+    const auto value = static_cast<uint64_t>(info.ticker) + 1000;
+    if (info.unit == TickerUnit::kNanoseconds) {
+      reflection->SetDouble(&stats, ProtoFieldOf(info), static_cast<double>(value) + 0.5);
+    } else {
+      reflection->SetUInt64(&stats, ProtoFieldOf(info), value);
+    }
+  }
+  Histogram none({1});
+  const std::vector<std::string> lines = Lines(RenderMetrics({stats, none.Snapshot(), none.Snapshot(), "x"}));
+  int samples = 0;
+  for (const TickerInfo& info : AllTickers()) {
+    if (info.metric.empty()) continue;
+    const uint64_t value = static_cast<uint64_t>(info.ticker) + 1000;
+    const std::string name =
+        info.labels.empty() ? std::string(info.metric) : fmt::format("{}{{{}}}", info.metric, info.labels);
+    const std::string shown =
+        info.unit == TickerUnit::kNanoseconds ? fmt::format("{}.5", value) : fmt::format("{}", value);
+    EXPECT_TRUE(Has(lines, name + " " + shown)) << "missing: " << name << " " << shown;
+    if (!info.help.empty()) {
+      EXPECT_TRUE(Has(lines, fmt::format("# TYPE {} counter", info.metric))) << info.metric;
+    }
+    ++samples;
+  }
+  EXPECT_EQ(samples, 17);  // every ticker but the two the storage paths' families show
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

@@ -20,25 +20,16 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
   const uid_t caller = Caller(listener_, context->peer()).uid;
   if (!IsAdministrator(caller)) {
     // The caller's own activity only: no storage paths, DRAM or other users.
-    const UserCounters& mine = stats_.ForUser(caller);
+    const TickerCounts& mine = stats_.ForUser(caller);
     const StatsRates rates = stats_.RatesForUser(caller);
     response->set_scope(v1::STATS_SCOPE_USER);
     response->set_uid(caller);
-    response->set_bytes_read(mine.bytes_read.load());
-    response->set_bytes_written(mine.bytes_written.load());
+    FillTickers(mine, v1::STATS_SCOPE_USER, *response);
     response->set_read_gbps(rates.read_gbps[0]);
     response->set_write_gbps(rates.write_gbps[0]);
-    response->set_chunk_updates(mine.chunk_updates.load());
-    response->set_params_updated(mine.params_updated.load());
     response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
     response->set_params_updated_per_second(rates.params_updated_per_second);
-    response->set_cache_hits(mine.cache_hits.load());
-    response->set_cache_misses(mine.cache_misses.load());
     response->set_live_sessions(sessions_.UsageOf(caller).sessions);
-    response->set_steps_committed(mine.steps_committed.load());
-    mine.redo.Fill(*response);
-    FillWeights(mine.weights, *response);
-    mine.journal.Fill(*response);
     return grpc::Status::OK;
   }
   report_.FillDaemonScope(/*rates=*/true, response);

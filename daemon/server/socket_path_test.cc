@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -14,13 +15,8 @@ namespace fs = std::filesystem;
 
 class SocketPathTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char dir[] = "/tmp/fuyou-socket-path-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  const TempDir temp_dir_{"fuyou-socket-path-test"};
+  const fs::path dir_ = temp_dir_.path();
 };
 
 mode_t ModeOf(const fs::path& path) {

@@ -2,12 +2,6 @@
 
 namespace fuyou {
 
-void FillWeights(const WeightsCounters& counters, v1::GetStatsResponse& response) {
-  response.set_weights_fetches(counters.weights_fetches.load(std::memory_order_relaxed));
-  response.set_weights_fetch_cache_hits(counters.weights_fetch_cache_hits.load(std::memory_order_relaxed));
-  response.set_weights_bytes_read(counters.weights_bytes_read.load(std::memory_order_relaxed));
-}
-
 void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) const {
   response->set_uptime_seconds(stats_.uptime_seconds());
   response->set_scope(v1::STATS_SCOPE_DAEMON);
@@ -35,19 +29,12 @@ void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) co
   response->set_bytes_written(bytes_written);
   response->set_read_gbps(read_gbps);
   response->set_write_gbps(write_gbps);
-  response->set_chunk_updates(stats_.chunk_updates.load());
-  response->set_params_updated(stats_.params_updated.load());
+  FillTickers(stats_.tickers, v1::STATS_SCOPE_DAEMON, *response);
   response->set_chunk_updates_per_second(window.chunk_updates_per_second);
   response->set_params_updated_per_second(window.params_updated_per_second);
   response->set_dram_bytes_in_use(cache_.bytes_in_use());
   response->set_dram_budget_bytes(cache_.budget_bytes());
-  response->set_cache_hits(stats_.cache_hits.load());
-  response->set_cache_misses(stats_.cache_misses.load());
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
-  response->set_steps_committed(stats_.steps_committed.load());
-  stats_.redo.Fill(*response);
-  FillWeights(stats_.weights, *response);
-  stats_.journal.Fill(*response);
 }
 
 }  // namespace fuyou

@@ -13,10 +13,6 @@
 
 namespace fuyou {
 
-// Sets GetStatsResponse fields 24-26 (streamed working weights) from
-// `counters`: the daemon's (StatsReport) or one user's (AdminService, user scope).
-void FillWeights(const WeightsCounters& counters, v1::GetStatsResponse& response);
-
 class StatsReport {
  public:
   // All three outlive this object. `direct_io`: one entry per storage path.

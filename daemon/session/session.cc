@@ -28,9 +28,9 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       client_info_(std::move(client_info)),
       opened_(std::chrono::steady_clock::now()),
       layout_(layout),
-      user_stats_(services.stats.ForUser(client.uid)),
+      counters_(services.stats.ScopesOf(client.uid)),
       job_(std::move(job)),
-      store_(std::make_unique<ChunkStore>(*job_, services.cache, StoreCounters{services.stats, user_stats_},
+      store_(std::make_unique<ChunkStore>(*job_, services.cache, counters_,
                                           services.prefetch_window, services.durability)) {
   step_ = store_->committed_step() + 1;
   JournalQuotaHooks quota;
@@ -275,10 +275,8 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - kernel_started).count();
     trace::Record("update", chunk_id, update_start, trace::NowUs());
     services_.stats.chunk_update_seconds.Observe(kernel_seconds);
-    services_.stats.chunk_updates.fetch_add(1, std::memory_order_relaxed);
-    services_.stats.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
-    user_stats_.chunk_updates.fetch_add(1, std::memory_order_relaxed);
-    user_stats_.params_updated.fetch_add(n - skipped, std::memory_order_relaxed);
+    counters_.Bump(Ticker::kChunkUpdates);
+    counters_.Bump(Ticker::kParamsUpdated, n - skipped);
     if (redo) {
       FUYOU_CRASH_POINT("redo_after_kernel");
     } else {
@@ -318,24 +316,16 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     const bool clipped = request.redo() == v1::REDO_REASON_CLIPPED;
     const auto nanoseconds = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
-    for (RedoCounters* counters : {&services_.stats.redo, &user_stats_.redo}) {
-      (clipped ? counters->chunks_redone_clipped : counters->chunks_redone_changed)
-          .fetch_add(1, std::memory_order_relaxed);
-      counters->redo_nanoseconds.fetch_add(nanoseconds, std::memory_order_relaxed);
-    }
+    counters_.Bump(clipped ? Ticker::kChunksRedoneClipped : Ticker::kChunksRedoneChanged);
+    counters_.Bump(Ticker::kRedoNanoseconds, nanoseconds);
   }
-  if (request.speculative()) {
-    services_.stats.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
-    user_stats_.redo.chunks_speculative.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (request.speculative()) counters_.Bump(Ticker::kChunksSpeculative);
   if (from_journal) {
     const auto nanoseconds = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                        std::chrono::steady_clock::now() - journal_started)
                                                        .count());
-    for (JournalCounters* counters : {&services_.stats.journal, &user_stats_.journal}) {
-      counters->journal_replays.fetch_add(1, std::memory_order_relaxed);
-      counters->journal_replay_nanoseconds.fetch_add(nanoseconds, std::memory_order_relaxed);
-    }
+    counters_.Bump(Ticker::kJournalReplays);
+    counters_.Bump(Ticker::kJournalReplayNanoseconds, nanoseconds);
   }
   ready->set_step(step);
   ready->set_chunk_id(chunk_id);
@@ -365,8 +355,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
                                                               step, status.message())),
                       {}, step);
   }
-  services_.stats.steps_committed.fetch_add(1, std::memory_order_relaxed);
-  user_stats_.steps_committed.fetch_add(1, std::memory_order_relaxed);
+  counters_.Bump(Ticker::kStepsCommitted);
   // fuyou_step_seconds: from the session's previous commit to this one.
   const auto now = std::chrono::steady_clock::now();
   if (last_commit_) services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *last_commit_).count());
@@ -395,8 +384,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.
   if (request.reason() == v1::ABORT_REASON_SKIPPED_STEP || request.reason() == v1::ABORT_REASON_OVERFLOW) {
-    services_.stats.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
-    user_stats_.redo.chunks_rolled_back_skipped_step.fetch_add(rolled_back, std::memory_order_relaxed);
+    counters_.Bump(Ticker::kChunksRolledBackSkippedStep, rolled_back);
     activity_.chunks_rolled_back += rolled_back;
   }
   v1::DaemonMessage reply;

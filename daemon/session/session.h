@@ -51,7 +51,6 @@ namespace fuyou {
 class DaemonStats;
 class JournalScratch;
 class SessionQuota;
-struct UserCounters;
 class JobRegistry;
 namespace optimizer {
 class AdamWKernel;
@@ -222,7 +221,7 @@ class Session {
   const std::string client_info_;
   const std::chrono::steady_clock::time_point opened_;
   const SegmentLayout layout_;
-  UserCounters& user_stats_;  // the client's own counters, bumped beside services_.stats
+  const StatsScopes counters_;  // the daemon's and the client's own counts
 
   mutable std::mutex mutex_;
   std::shared_ptr<Job> job_;            // released at Close

@@ -72,10 +72,8 @@ absl::StatusOr<JournalAccess> Session::PrepareJournal(const v1::GradReady& reque
                         fmt::format("step {} of job '{}': {}", request.step(), job_name_, saved.message()));
   }
   if (changed) {
-    for (JournalCounters* counters : {&services_.stats.journal, &user_stats_.journal}) {
-      counters->journal_bytes.fetch_add(bytes, std::memory_order_relaxed);
-      if (access->spilled()) counters->journal_spilled_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    }
+    counters_.Bump(Ticker::kJournalBytes, bytes);
+    if (access->spilled()) counters_.Bump(Ticker::kJournalSpilledBytes, bytes);
   }
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     const optimizer::GradStats stats = optimizer::ComputeGradStats(access->data(), dtype, bounds[s], bounds[s + 1]);

@@ -144,7 +144,7 @@ absl::StatusOr<std::vector<ChunkRegistered>> RegisterChunks(StoreContext& contex
     edit.InitialStatesWritten(id, ComputeChunkChecksums(pin.data(), layout));
     context.cache.cache().SetContents(pin, edit.Find(id)->committed_version(), /*committed=*/true);
     absl::Status written = job.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
-    if (written.ok()) context.counters.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+    if (written.ok()) context.counters.Bump(Ticker::kBytesWritten, extent.length());
     pin.Reset();
     if (!written.ok()) {
       return fail(absl::Status(written.code(),

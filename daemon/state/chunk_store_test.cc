@@ -16,6 +16,7 @@
 #include "optimizer/dtype_convert.h"
 #include "stats/daemon_stats.h"
 #include "storage/io_engine.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -73,9 +74,6 @@ class WriteFailures final : public storage::FaultInjector {
 class ChunkStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-chunk-store-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     stats_ = std::make_unique<DaemonStats>(std::vector<fs::path>{root_});
     storage::IoEngineOptions options;
     options.fault_injector = &faults_;
@@ -94,15 +92,14 @@ class ChunkStoreTest : public ::testing::Test {
     cache_.reset();
     job_.reset();
     io_.reset();
-    fs::remove_all(root_);
   }
 
   std::unique_ptr<ChunkStore> MakeStore(StateCache& cache, unsigned prefetch_window = 2,
                                         DurabilityInterval durability = {}) {
-    return std::make_unique<ChunkStore>(*job_, cache, StoreCounters{*stats_, stats_->ForUser(kUid)},
+    return std::make_unique<ChunkStore>(*job_, cache, stats_->ScopesOf(kUid),
                                         prefetch_window, durability);
   }
-  uint64_t BytesWritten() { return stats_->ForUser(kUid).bytes_written.load(); }
+  uint64_t BytesWritten() { return stats_->ForUser(kUid).Get(Ticker::kBytesWritten); }
   // Registers chunks 0..count-1 of kElements fp32 weights equal to `weight`.
   void Register(uint32_t count, float weight = 1.0f) {
     weights_.assign(count, std::vector<float>(kElements, weight));
@@ -201,10 +198,11 @@ class ChunkStoreTest : public ::testing::Test {
   }
   // Bytes the I/O engine read from the storage path (every read, whoever made it).
   uint64_t StorageBytesRead() { return stats_->path_counters(0)->bytes_read.load(); }
-  WeightsCounters& UserWeights() { return stats_->ForUser(kUid).weights; }
+  TickerCounts& UserCounts() { return stats_->ForUser(kUid); }
   fs::path StatesFile() const { return root_ / "users" / std::to_string(kUid) / "jobs" / "job" / "states.bin"; }
 
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-chunk-store-test"};
+  const fs::path root_ = temp_dir_.path();
   std::vector<Bytes> slots_;
   WriteFailures faults_;
   std::unique_ptr<DaemonStats> stats_;
@@ -325,27 +323,27 @@ TEST_F(ChunkStoreTest, AFailedWriteBackRollsTheStepBack) {
 TEST_F(ChunkStoreTest, StagingPrefetchesTheChunksPredictedNext) {
   Register(4);
   cache_->DropJob(job_->key());  // a cold cache
-  UserCounters& user = stats_->ForUser(kUid);
+  TickerCounts& user = stats_->ForUser(kUid);
   // Before any step the prediction is backward: 3, 2, 1, 0.
   ASSERT_TRUE(StageUpdate(*store_, 3, AddToMaster(1.0f)).ok());
   EXPECT_TRUE(cache_->Contains(job_->key(), 2));
   EXPECT_TRUE(cache_->Contains(job_->key(), 1));
   EXPECT_FALSE(cache_->Contains(job_->key(), 0));  // outside the window of 2
-  const uint64_t hits = user.cache_hits.load();
-  const uint64_t misses = user.cache_misses.load();
+  const uint64_t hits = user.Get(Ticker::kCacheHits);
+  const uint64_t misses = user.Get(Ticker::kCacheMisses);
   // Served by the prefetch, without a read of its own; but its bytes came from
   // storage, so it counts as a miss, not as a read served from DRAM.
   ASSERT_TRUE(StageUpdate(*store_, 2, AddToMaster(1.0f)).ok());
-  EXPECT_EQ(user.cache_hits.load(), hits);
-  EXPECT_EQ(user.cache_misses.load(), misses + 1);
+  EXPECT_EQ(user.Get(Ticker::kCacheHits), hits);
+  EXPECT_EQ(user.Get(Ticker::kCacheMisses), misses + 1);
   ASSERT_TRUE(StageUpdate(*store_, 1, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
   ASSERT_TRUE(store_->CommitStep(1).ok());
   EXPECT_EQ(CommittedOnStorage(2, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
   // The next step finds every chunk resident (the budget holds them): hits.
-  const uint64_t hits_before_step_2 = user.cache_hits.load();
+  const uint64_t hits_before_step_2 = user.Get(Ticker::kCacheHits);
   for (uint32_t chunk : {3u, 2u, 1u, 0u}) ASSERT_TRUE(StageUpdate(*store_, chunk, AddToMaster(1.0f)).ok());
-  EXPECT_EQ(user.cache_hits.load(), hits_before_step_2 + 4);
+  EXPECT_EQ(user.Get(Ticker::kCacheHits), hits_before_step_2 + 4);
 }
 
 // One chunk's extent: kElements states padded to a block.
@@ -724,9 +722,9 @@ TEST_F(ChunkStoreTest, AFetchReadsOnlyTheWeightsAndReturnsWhatTheCommittedUpdate
   // never master, m or v.
   StateCache cold(64 << 20);
   auto store = MakeStore(cold);
-  const uint64_t fetches = UserWeights().weights_fetches.load();
-  const uint64_t hits = UserWeights().weights_fetch_cache_hits.load();
-  const uint64_t weights_read = UserWeights().weights_bytes_read.load();
+  const uint64_t fetches = UserCounts().Get(Ticker::kWeightsFetches);
+  const uint64_t hits = UserCounts().Get(Ticker::kWeightsFetchCacheHits);
+  const uint64_t weights_read = UserCounts().Get(Ticker::kWeightsBytesRead);
   before = StorageBytesRead();
   EXPECT_EQ(Fetch(*store, 0, &source), produced);
   ASSERT_TRUE(store->WaitForWriteBacks().ok());
@@ -738,10 +736,10 @@ TEST_F(ChunkStoreTest, AFetchReadsOnlyTheWeightsAndReturnsWhatTheCommittedUpdate
   EXPECT_EQ(Fetch(*store, 0, &source), produced);
   EXPECT_TRUE(source.from_dram);
   EXPECT_EQ(StorageBytesRead(), before);
-  EXPECT_EQ(UserWeights().weights_fetches.load() - fetches, 2u);
-  EXPECT_EQ(UserWeights().weights_fetch_cache_hits.load() - hits, 1u);
-  EXPECT_EQ(UserWeights().weights_bytes_read.load() - weights_read, kWeightsRegion);
-  EXPECT_GE(stats_->weights.weights_fetches.load(), 4u);
+  EXPECT_EQ(UserCounts().Get(Ticker::kWeightsFetches) - fetches, 2u);
+  EXPECT_EQ(UserCounts().Get(Ticker::kWeightsFetchCacheHits) - hits, 1u);
+  EXPECT_EQ(UserCounts().Get(Ticker::kWeightsBytesRead) - weights_read, kWeightsRegion);
+  EXPECT_GE(stats_->tickers.Get(Ticker::kWeightsFetches), 4u);
 
   // The weights are the committed master in bf16, as the kernel rounds it.
   Bytes rounded(kWeightsBytes);
@@ -859,12 +857,12 @@ TEST_F(ChunkStoreTest, AnUpdateOfAnEvictedChunkReadsOnlyItsStatesRegion) {
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
   cache_->DropJob(job_->key());  // evicted
   const uint64_t before = StorageBytesRead();
-  const uint64_t weights_read = UserWeights().weights_bytes_read.load();
+  const uint64_t weights_read = UserCounts().Get(Ticker::kWeightsBytesRead);
   Bytes step2;
   ASSERT_TRUE(StageUpdate(*store_, 0, UpdateStoringWeights(1.0f, &step2)).ok());
   // master|m|v padded to a block; never the weights region (the update writes it).
   EXPECT_EQ(StorageBytesRead() - before, kWeightsOffset);
-  EXPECT_EQ(UserWeights().weights_bytes_read.load(), weights_read);
+  EXPECT_EQ(UserCounts().Get(Ticker::kWeightsBytesRead), weights_read);
   ASSERT_TRUE(store_->CommitStep(2).ok());
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
   // The write-back wrote the whole extent: the new weights are on storage.
@@ -932,14 +930,14 @@ TEST_F(ChunkStoreTest, PerStepWithStatesEvictedEachRegionIsReadOnceByItsUser) {
     ASSERT_TRUE(store_->WaitForWriteBacks().ok());  // also the commit's prefetch
     cache_->DropJob(job_->key());                    // a model larger than DRAM
     const uint64_t before = StorageBytesRead();
-    const uint64_t weights_before = UserWeights().weights_bytes_read.load();
+    const uint64_t weights_before = UserCounts().Get(Ticker::kWeightsBytesRead);
     for (uint32_t id = 0; id < kChunks; ++id) Fetch(*store_, id);  // forward
     for (uint32_t id = kChunks; id-- > 0;) {                        // backward and updates
       Fetch(*store_, id);
       ASSERT_TRUE(StageUpdate(*store_, id, UpdateStoringWeights(1.0f, &produced[id])).ok());
     }
     ASSERT_TRUE(store_->WaitForWriteBacks().ok());
-    const uint64_t weights_read = UserWeights().weights_bytes_read.load() - weights_before;
+    const uint64_t weights_read = UserCounts().Get(Ticker::kWeightsBytesRead) - weights_before;
     const uint64_t states_read = StorageBytesRead() - before - weights_read;
     // The weights: at most once for the forward and once for the backward
     // (here the backward finds the forward's entries); the states once, for
@@ -972,26 +970,26 @@ TEST_F(ChunkStoreTest, TheSecondStepsFetchesHitReadAheadsInTheLearnedOrder) {
     ASSERT_TRUE(store_->CommitStep(number).ok());
   };
   evict_states();
-  WeightsCounters& counters = UserWeights();
-  uint64_t hits = counters.weights_fetch_cache_hits.load();
-  uint64_t read = counters.weights_bytes_read.load();
+  TickerCounts& counters = UserCounts();
+  uint64_t hits = counters.Get(Ticker::kWeightsFetchCacheHits);
+  uint64_t read = counters.Get(Ticker::kWeightsBytesRead);
   step(1);
   // Nothing learned yet: each forward fetch read its chunk, backward found them.
-  EXPECT_EQ(counters.weights_fetch_cache_hits.load() - hits, kChunks);
-  EXPECT_EQ(counters.weights_bytes_read.load() - read, kChunks * kWeightsRegion);
+  EXPECT_EQ(counters.Get(Ticker::kWeightsFetchCacheHits) - hits, kChunks);
+  EXPECT_EQ(counters.Get(Ticker::kWeightsBytesRead) - read, kChunks * kWeightsRegion);
   EXPECT_EQ(store_->fetch_order().predicted(), (std::vector<uint32_t>{0, 1, 2, 3, 3, 2, 1, 0}));
 
   evict_states();
-  hits = counters.weights_fetch_cache_hits.load();
-  read = counters.weights_bytes_read.load();
-  const uint64_t fetches = counters.weights_fetches.load();
+  hits = counters.Get(Ticker::kWeightsFetchCacheHits);
+  read = counters.Get(Ticker::kWeightsBytesRead);
+  const uint64_t fetches = counters.Get(Ticker::kWeightsFetches);
   step(2);
   ASSERT_TRUE(store_->WaitForWriteBacks().ok());
   // The first fetch read on demand and every later one found its read-ahead
   // (done or in flight); each chunk's weights were read once.
-  EXPECT_EQ(counters.weights_fetches.load() - fetches, 2 * kChunks);
-  EXPECT_EQ(counters.weights_fetch_cache_hits.load() - hits, 2 * kChunks - 1);
-  EXPECT_EQ(counters.weights_bytes_read.load() - read, kChunks * kWeightsRegion);
+  EXPECT_EQ(counters.Get(Ticker::kWeightsFetches) - fetches, 2 * kChunks);
+  EXPECT_EQ(counters.Get(Ticker::kWeightsFetchCacheHits) - hits, 2 * kChunks - 1);
+  EXPECT_EQ(counters.Get(Ticker::kWeightsBytesRead) - read, kChunks * kWeightsRegion);
   // And step 2's weights are what its updates produced.
   for (uint32_t id = 0; id < kChunks; ++id) EXPECT_EQ(Fetch(*store_, id), produced[id]) << id;
 }

@@ -27,8 +27,7 @@ void ClearAfterStates(const StatePin& pin, const ChunkLayout& layout, uint64_t e
 }
 
 void CountLookup(const StoreCounters& counters, bool hit) {
-  (hit ? counters.daemon.cache_hits : counters.daemon.cache_misses).fetch_add(1, std::memory_order_relaxed);
-  (hit ? counters.user.cache_hits : counters.user.cache_misses).fetch_add(1, std::memory_order_relaxed);
+  counters.Bump(hit ? Ticker::kCacheHits : Ticker::kCacheMisses);
 }
 
 }  // namespace
@@ -80,7 +79,7 @@ absl::Status CommittedReader::ReadStoredWeights(const StatePin& pin, const v1::C
     return absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed working weights: {}",
                                                    job.name(), record.chunk_id(), status.message()));
   }
-  context_.counters.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+  context_.counters.Bump(Ticker::kBytesRead, region);
   FUYOU_RETURN_IF_ERROR(VerifyWeights(job, pin.data() + offset, record.chunk_id(), layout, extent));
   context_.cache.cache().SetContents(pin, record.committed_version(), /*committed=*/true, /*weights_valid=*/true);
   return absl::OkStatus();
@@ -122,7 +121,7 @@ absl::StatusOr<StatePin> CommittedReader::Acquire(const v1::ChunkRecord& record,
   const int64_t read_start = trace::NowUs();
   absl::Status status = job.states().Read(extent.offset(), std::span(pin.data(), read_bytes));
   trace::Record("ssd_read", record.chunk_id(), read_start, trace::NowUs());
-  if (status.ok()) context_.counters.user.bytes_read.fetch_add(read_bytes, std::memory_order_relaxed);
+  if (status.ok()) context_.counters.Bump(Ticker::kBytesRead, read_bytes);
   if (!status.ok()) {
     status = absl::Status(status.code(), fmt::format("job '{}' chunk {}: cannot read its committed states: {}",
                                                      job.name(), record.chunk_id(), status.message()));
@@ -160,7 +159,7 @@ void CommittedReader::Prefetch(const std::vector<uint32_t>& chunk_ids, const std
                               layout = RecordLayout(*record), extent, chunk_id, partial, read_bytes,
                               read_start = trace::NowUs()](absl::Status status) {
                          trace::Record("ssd_read", chunk_id, read_start, trace::NowUs());
-                         if (status.ok()) counters.user.bytes_read.fetch_add(read_bytes, std::memory_order_relaxed);
+                         if (status.ok()) counters.Bump(Ticker::kBytesRead, read_bytes);
                          if (status.ok()) status = CheckRead(job, *pin, chunk_id, layout, extent, partial);
                          state_cache.FinishLoad(*pin, status);
                          pin->Reset();

@@ -14,16 +14,16 @@ TEST(CommittedReaderTest, ReadsOnAMissAndServesTheNextAcquireFromDram) {
   CommittedReader reader(env.context());
   env.Register(reader, 1, 3.0f);
   env.cache().DropJob(env.job().key());  // cold
-  const uint64_t misses = env.user().cache_misses.load();
+  const uint64_t misses = env.user().Get(Ticker::kCacheMisses);
   {
     auto pin = reader.Acquire(*env.context().Find(0), /*pending=*/false);
     ASSERT_TRUE(pin.ok()) << pin.status();
     EXPECT_EQ(ChunkStates(pin->data(), kElements).master()[17], 3.0f);
   }
-  EXPECT_EQ(env.user().cache_misses.load(), misses + 1);
-  const uint64_t hits = env.user().cache_hits.load();
+  EXPECT_EQ(env.user().Get(Ticker::kCacheMisses), misses + 1);
+  const uint64_t hits = env.user().Get(Ticker::kCacheHits);
   ASSERT_TRUE(reader.Acquire(*env.context().Find(0), false).ok());
-  EXPECT_EQ(env.user().cache_hits.load(), hits + 1);
+  EXPECT_EQ(env.user().Get(Ticker::kCacheHits), hits + 1);
 }
 
 TEST(CommittedReaderTest, ACorruptExtentIsDataLossNamingTheChunk) {
@@ -55,11 +55,11 @@ TEST(CommittedReaderTest, APrefetchedChunkIsAMissTheReadAheadHid) {
   reader.WaitForReads();
   EXPECT_TRUE(env.cache().Contains(env.job().key(), 1));
   EXPECT_FALSE(env.cache().Contains(env.job().key(), 2));
-  const uint64_t misses = env.user().cache_misses.load();
-  const uint64_t hits = env.user().cache_hits.load();
+  const uint64_t misses = env.user().Get(Ticker::kCacheMisses);
+  const uint64_t hits = env.user().Get(Ticker::kCacheHits);
   ASSERT_TRUE(reader.Acquire(*env.context().Find(1), false).ok());
-  EXPECT_EQ(env.user().cache_misses.load(), misses + 1);
-  EXPECT_EQ(env.user().cache_hits.load(), hits);
+  EXPECT_EQ(env.user().Get(Ticker::kCacheMisses), misses + 1);
+  EXPECT_EQ(env.user().Get(Ticker::kCacheHits), hits);
 }
 
 // One chunk's extent in StateTestEnv: 12000 bytes of states padded to a block.

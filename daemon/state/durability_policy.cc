@@ -93,7 +93,7 @@ absl::Status DurabilityPolicy::WritePending(JobEdit& edit, int64_t step, const s
                                                       "to make step {} durable: {}",
                                                       job.name(), chunk_id, step, written.message()));
     }
-    context_.counters.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+    context_.counters.Bump(Ticker::kBytesWritten, extent.length());
     edit.ShadowWritten(chunk_id, ComputeChunkChecksums(states.data(), RecordLayout(record)));
     changed.push_back(chunk_id);
   }

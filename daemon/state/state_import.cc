@@ -33,7 +33,7 @@ absl::StatusOr<StatePin> StateImport::AcquireImported(const v1::ChunkRecord& rec
                          cache.Create(CacheSpace::kStates, record.chunk_id(), extent.length(), /*wait=*/true));
   cache.cache().SetContents(pin, shadow, /*committed=*/false);
   absl::Status status = job.states().Read(extent.offset(), std::span(pin.data(), extent.length()));
-  if (status.ok()) context_.counters.user.bytes_read.fetch_add(extent.length(), std::memory_order_relaxed);
+  if (status.ok()) context_.counters.Bump(Ticker::kBytesRead, extent.length());
   if (status.ok() && ComputeChunkChecksums(pin.data(), RecordLayout(record)) != imported.checksums) {
     status = absl::DataLossError(fmt::format(
         "job '{}' chunk {}: the imported states read back from the shadow extent fail their checksum", job.name(),
@@ -67,7 +67,7 @@ absl::Status StateImport::Import(uint32_t chunk_id, ChunkState which, uint64_t f
   const ChunkChecksums checksums = ComputeChunkChecksums(pin.data(), layout);
   const v1::StateExtent& extent = ShadowExtent(*record);
   absl::Status written = job.states().Write(extent.offset(), std::span(pin.data(), extent.length()));
-  if (written.ok()) context_.counters.user.bytes_written.fetch_add(extent.length(), std::memory_order_relaxed);
+  if (written.ok()) context_.counters.Bump(Ticker::kBytesWritten, extent.length());
   pin.Reset();
   if (!written.ok()) {
     cache.Drop(CacheSpace::kStates, chunk_id);

@@ -19,6 +19,7 @@
 #include "stats/daemon_stats.h"
 #include "storage/aligned_buffer.h"
 #include "storage/memory_state_file.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::testing_env {
 
@@ -30,16 +31,12 @@ class StateTestEnv {
   // `faults`: optional, not owned (the in-memory engine's FaultInjector).
   explicit StateTestEnv(uint64_t budget_bytes = 64 << 20, storage::FaultInjector* faults = nullptr)
       : io_(faults), cache_(budget_bytes) {
-    char pattern[] = "/tmp/fuyou-state-test-XXXXXX";
-    EXPECT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     stats_ = std::make_unique<DaemonStats>(std::vector<std::filesystem::path>{root_});
     Reopen();
   }
   ~StateTestEnv() {
     context_.reset();
     job_.reset();
-    std::filesystem::remove_all(root_);
   }
 
   // Opens the job again from what its files hold (a restart), with a new context.
@@ -55,8 +52,8 @@ class StateTestEnv {
   Job& job() { return *job_; }
   StateCache& cache() { return cache_; }
   DaemonStats& stats() { return *stats_; }
-  UserCounters& user() { return stats_->ForUser(kUid); }
-  StoreCounters counters() { return StoreCounters{*stats_, stats_->ForUser(kUid)}; }
+  TickerCounts& user() { return stats_->ForUser(kUid); }
+  StoreCounters counters() { return stats_->ScopesOf(kUid); }
   StoreContext& context() { return *context_; }
   storage::MemoryIoEngine& io() { return io_; }
 
@@ -95,7 +92,8 @@ class StateTestEnv {
   }
 
  private:
-  std::filesystem::path root_;
+  const TempDir temp_dir_{"fuyou-state-test"};
+  const std::filesystem::path root_ = temp_dir_.path();
   storage::MemoryIoEngine io_;
   std::unique_ptr<DaemonStats> stats_;
   StateCache cache_;

@@ -101,7 +101,7 @@ void StepTransaction::Submit(StagedUpdate update, std::vector<int64_t> segment_u
             }
             const ChunkChecksums checksums =
                 status.ok() ? ComputeChunkChecksums(held->data(), layout) : ChunkChecksums{};
-            if (status.ok()) counters.user.bytes_written.fetch_add(length, std::memory_order_relaxed);
+            if (status.ok()) counters.Bump(Ticker::kBytesWritten, length);
             FUYOU_CRASH_POINT("writeback_completed");
             held->Reset();
             if (!status.ok()) {

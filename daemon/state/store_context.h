@@ -16,17 +16,13 @@
 #include "fuyou/v1/manifest.pb.h"
 #include "jobs/job.h"
 #include "state/job_cache.h"
+#include "stats/ticker.h"
 
 namespace fuyou {
 
-class DaemonStats;
-struct UserCounters;
-
-// What the store counts into: the daemon's counters and the job owner's.
-struct StoreCounters {
-  DaemonStats& daemon;
-  UserCounters& user;
-};
+// What the store counts into: the daemon's counts and the job owner's
+// (StoreCounters::Bump adds to both).
+using StoreCounters = StatsScopes;
 
 // How often a step is made durable (DaemonConfig commit_every_steps/seconds).
 struct DurabilityInterval {

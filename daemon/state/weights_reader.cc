@@ -15,11 +15,9 @@ namespace {
 // Counts one weights fetch (hit: served from DRAM) and `bytes` read for it,
 // into the daemon's and the user's counters.
 void CountWeights(const StoreCounters& counters, bool fetch, bool hit, uint64_t bytes) {
-  for (WeightsCounters* weights : {&counters.daemon.weights, &counters.user.weights}) {
-    if (fetch) weights->weights_fetches.fetch_add(1, std::memory_order_relaxed);
-    if (hit) weights->weights_fetch_cache_hits.fetch_add(1, std::memory_order_relaxed);
-    if (bytes != 0) weights->weights_bytes_read.fetch_add(bytes, std::memory_order_relaxed);
-  }
+  if (fetch) counters.Bump(Ticker::kWeightsFetches);
+  if (hit) counters.Bump(Ticker::kWeightsFetchCacheHits);
+  if (bytes != 0) counters.Bump(Ticker::kWeightsBytesRead, bytes);
 }
 
 }  // namespace
@@ -97,7 +95,7 @@ void WeightsReader::ReadAhead(const std::vector<uint32_t>& chunk_ids) {
                               layout, extent, chunk_id, region, read_start = trace::NowUs()](absl::Status status) {
                          trace::Record("ssd_read_weights", chunk_id, read_start, trace::NowUs());
                          if (status.ok()) {
-                           counters.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+                           counters.Bump(Ticker::kBytesRead, region);
                            CountWeights(counters, false, false, region);
                            status = VerifyWeights(job, pin->data(), chunk_id, layout, extent);
                          }
@@ -130,7 +128,7 @@ absl::Status WeightsReader::ReadNow(const v1::ChunkRecord& record, std::span<std
                                                      job.name(), chunk_id, job.states().path().string(), offset,
                                                      status.message()));
   } else {
-    context_.counters.user.bytes_read.fetch_add(region, std::memory_order_relaxed);
+    context_.counters.Bump(Ticker::kBytesRead, region);
     source.bytes_read = region;
     status = VerifyWeights(job, pin.data(), chunk_id, layout, extent);
   }

@@ -44,8 +44,8 @@ TEST_F(WeightsReaderTest, ReadsOnlyTheWeightsRegionThenServesFromDram) {
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->from_dram);
   EXPECT_EQ(again->bytes_read, 0u);
-  EXPECT_EQ(env_.user().weights.weights_fetches.load(), 2u);
-  EXPECT_EQ(env_.user().weights.weights_fetch_cache_hits.load(), 1u);
+  EXPECT_EQ(env_.user().Get(Ticker::kWeightsFetches), 2u);
+  EXPECT_EQ(env_.user().Get(Ticker::kWeightsFetchCacheHits), 1u);
 }
 
 TEST_F(WeightsReaderTest, TheLearnedOrderIsReadAhead) {

@@ -2,21 +2,6 @@
 
 namespace fuyou {
 
-void RedoCounters::Fill(v1::GetStatsResponse& response) const {
-  response.set_chunks_speculative(chunks_speculative.load());
-  response.set_chunks_redone_changed(chunks_redone_changed.load());
-  response.set_chunks_redone_clipped(chunks_redone_clipped.load());
-  response.set_chunks_rolled_back_skipped_step(chunks_rolled_back_skipped_step.load());
-  response.set_redo_seconds(static_cast<double>(redo_nanoseconds.load()) / 1e9);
-}
-
-void JournalCounters::Fill(v1::GetStatsResponse& response) const {
-  response.set_journal_bytes_total(journal_bytes.load());
-  response.set_journal_spilled_bytes_total(journal_spilled_bytes.load());
-  response.set_journal_replays_total(journal_replays.load());
-  response.set_journal_replay_seconds_total(static_cast<double>(journal_replay_nanoseconds.load()) / 1e9);
-}
-
 RateWindow::RateWindow(std::vector<uint64_t> totals, std::chrono::steady_clock::time_point now)
     : when_(now), totals_(std::move(totals)), rates_(totals_.size(), 0.0) {}
 
@@ -46,15 +31,15 @@ std::vector<uint64_t> DaemonStats::DaemonTotals() const {
   std::vector<uint64_t> totals;
   for (const auto& counters : path_counters_) totals.push_back(counters->bytes_read.load());
   for (const auto& counters : path_counters_) totals.push_back(counters->bytes_written.load());
-  totals.push_back(chunk_updates.load());
-  totals.push_back(params_updated.load());
+  totals.push_back(tickers.Get(Ticker::kChunkUpdates));
+  totals.push_back(tickers.Get(Ticker::kParamsUpdated));
   return totals;
 }
 
 // Bytes read, bytes written, chunk updates, parameters updated.
-std::vector<uint64_t> DaemonStats::UserTotals(const UserCounters& counters) {
-  return {counters.bytes_read.load(), counters.bytes_written.load(), counters.chunk_updates.load(),
-          counters.params_updated.load()};
+std::vector<uint64_t> DaemonStats::UserTotals(const TickerCounts& counters) {
+  return {counters.Get(Ticker::kBytesRead), counters.Get(Ticker::kBytesWritten), counters.Get(Ticker::kChunkUpdates),
+          counters.Get(Ticker::kParamsUpdated)};
 }
 
 DaemonStats::User& DaemonStats::UserLocked(uid_t uid) {
@@ -65,7 +50,7 @@ DaemonStats::User& DaemonStats::UserLocked(uid_t uid) {
   return *user;
 }
 
-UserCounters& DaemonStats::ForUser(uid_t uid) {
+TickerCounts& DaemonStats::ForUser(uid_t uid) {
   std::lock_guard lock(mutex_);
   return UserLocked(uid).counters;
 }

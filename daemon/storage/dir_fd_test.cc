@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "storage/io_engine.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::storage {
 namespace {
@@ -17,19 +18,16 @@ namespace fs = std::filesystem;
 class DirFdTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-dirfd-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
     victim_ = root_ / "victim";
     std::ofstream(victim_) << "precious";
   }
-  void TearDown() override { fs::remove_all(root_); }
   std::string Victim() {
     std::ifstream in(victim_);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
-  fs::path root_;
+  const TempDir temp_dir_{"fuyou-dirfd-test"};
+  const fs::path root_ = temp_dir_.path();
   fs::path victim_;
 };
 

@@ -21,6 +21,7 @@
 
 #include "gtest/gtest.h"
 #include "storage/aligned_buffer.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::storage {
 namespace {
@@ -120,14 +121,8 @@ AlignedBuffer MustAllocate(size_t bytes) {
 
 class IoEngineTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (std::filesystem::temp_directory_path() / "fuyou_io_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
-    dir_ = pattern;
-  }
   void TearDown() override {
     std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
     for (const auto& p : shm_files_) std::filesystem::remove(p, ec);
   }
 
@@ -151,7 +146,8 @@ class IoEngineTest : public ::testing::Test {
     return p;
   }
 
-  std::filesystem::path dir_;
+  const TempDir temp_dir_{"fuyou-io-test"};
+  const std::filesystem::path dir_ = temp_dir_.path();
   std::vector<std::filesystem::path> shm_files_;
   ScriptedFaults faults_;
 };

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "storage/aligned_buffer.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::storage {
 namespace {
@@ -18,9 +19,6 @@ constexpr uint64_t kUnit = 64 * 1024;
 class StripedFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char pattern[] = "/tmp/fuyou-striped-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    dir_ = pattern;
     auto engine = IoEngine::Create({});
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
@@ -28,7 +26,6 @@ class StripedFileTest : public ::testing::Test {
   void TearDown() override {
     file_.reset();
     engine_.reset();
-    fs::remove_all(dir_);
   }
   void OpenStriped(size_t members) {
     std::vector<std::unique_ptr<StateFile>> files;
@@ -41,7 +38,8 @@ class StripedFileTest : public ::testing::Test {
     file_ = std::make_unique<StripedFile>(std::move(files), kUnit);
   }
 
-  fs::path dir_;
+  const TempDir temp_dir_{"fuyou-striped-test"};
+  const fs::path dir_ = temp_dir_.path();
   std::unique_ptr<IoEngine> engine_;
   std::vector<IoCounters> counters_;
   std::unique_ptr<StripedFile> file_;

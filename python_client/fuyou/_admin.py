@@ -28,8 +28,9 @@ def admin_stats(address: Optional[str] = None, timeout: float = 10.0) -> dict:
     user; "user" for anyone else, whose counters are their own activity only and
     who get no storage paths or DRAM figures), uid, storage (list of dicts with
     path, bytes_read, bytes_written, read_gbps, write_gbps, direct_io; empty in
-    scope "user"), bytes_read, bytes_written, read_gbps, write_gbps (totals),
-    chunk_updates, params_updated, chunk_updates_per_second,
-    params_updated_per_second, dram_bytes_in_use, dram_budget_bytes, cache_hits,
-    cache_misses, live_sessions, steps_committed, uptime_seconds."""
+    scope "user"), and every other GetStatsResponse field by its name
+    (proto/fuyou/v1/admin.proto): bytes_read, bytes_written, read_gbps,
+    write_gbps (totals), chunk_updates, params_updated, cache_hits, cache_misses,
+    live_sessions, steps_committed, uptime_seconds, the redo, weights and journal
+    counters, ..."""
     return admin_client(address, timeout).get_stats()

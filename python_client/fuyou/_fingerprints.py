@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ._chunking import Chunk
+from ._protocol import Hyper
 
 __all__ = ["fingerprint", "missing_grads", "changed_chunks"]
 
@@ -43,7 +44,7 @@ def fingerprint(c: Chunk) -> Optional[torch.Tensor]:
 
 
 def changed_chunks(chunks: List[Chunk], sent: Dict[int, object],
-                   hyper_now: Callable[[int], tuple]) -> Tuple[List[Chunk], Dict[int, float]]:
+                   hyper_now: Callable[[int], Hyper]) -> Tuple[List[Chunk], Dict[int, float]]:
     """Of `chunks`, those sent speculatively (`sent`: chunk id -> _slots.Sent)
     whose gradients changed since, and every chunk's current sum of squares
     (chunks without any gradient left out), in one pass over the gradients and

@@ -204,9 +204,9 @@ class ChunkPipeline:
         """``grad_scale`` for a chunk sent during backward; None: do not send now."""
         return self._hook_grad_scale()
 
-    def hyper_now(self, group_index: int) -> tuple:
-        """The group's (lr, beta1, beta2, eps, weight_decay, maximize) now, as floats."""
-        return tuple(float(x) for x in self._hyper(group_index))
+    def hyper_now(self, group_index: int) -> Hyper:
+        """The group's hyper-parameters now."""
+        return self._hyper(group_index)
 
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
              redo: int = 0, earlier: Optional[Sent] = None,
@@ -349,11 +349,10 @@ class ChunkPipeline:
     def _job(self, c: Chunk, parts, grad_scale: float, missing_sent, *, redo: int, earlier,
              journal: int, grad_ops, marker=None, speculative: bool = False,
              on_copied=None) -> SendJob:
-        lr, beta1, beta2, eps, weight_decay, maximize = self.hyper_now(c.group_index)
-        if maximize:  # torch's maximize: Adam on -grad
+        hyper = self.hyper_now(c.group_index)
+        if hyper.maximize:  # torch's maximize: Adam on -grad
             grad_scale = -grad_scale
-        return SendJob(c, parts, marker, float(grad_scale),
-                       (lr, beta1, beta2, eps, weight_decay), self._committed + 1,
+        return SendJob(c, parts, marker, float(grad_scale), hyper, self._committed + 1,
                        tuple(missing_sent), speculative, redo, earlier, on_copied,
                        journal=journal, grad_ops=tuple(grad_ops))
 

@@ -1,10 +1,11 @@
 """The values of fuyou.v1's enums that the client sends, as plain ints, in one
 place: every module that names a state, a redo or an abort reason imports them
-from here (none from the pipeline)."""
+from here (none from the pipeline); and ``Hyper``, the AdamW hyper-parameters a
+GradReady carries."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from dataclasses import dataclass
 
 __all__ = ["STATE_MASTER", "STATE_EXP_AVG", "STATE_EXP_AVG_SQ", "REDO_GRADIENTS_CHANGED",
            "REDO_CLIPPED", "ABORT_SKIPPED_STEP", "ABORT_OVERFLOW", "JOURNAL_NONE",
@@ -24,8 +25,30 @@ GRAD_OP_MUL, GRAD_OP_DIV = 1, 2
 # as zeros in it).
 MAX_CHUNK_SEGMENTS = 4096
 
-# (lr, beta1, beta2, eps, weight_decay, maximize) of a chunk's parameter group, now.
-Hyper = Tuple[float, float, float, float, float, bool]
+
+@dataclass(frozen=True)
+class Hyper:
+    """A parameter group's AdamW hyper-parameters, as floats: the one Python form.
+    The binding's send_grad_ready takes it as one object (it reads lr, beta1,
+    beta2, eps and weight_decay into clientlib's AdamWHyper, with the update's
+    grad_scale); ``maximize`` (torch's: Adam on -grad) is the caller's, which
+    negates grad_scale. Two are equal when every field is (a chunk sent with
+    other hyper-parameters than its group has now is redone)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    maximize: bool = False
+
+    @staticmethod
+    def of_group(group) -> "Hyper":
+        """The hyper-parameters of a torch parameter group (a dict) now."""
+        beta1, beta2 = group["betas"]
+        return Hyper(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                     float(group["weight_decay"]), bool(group.get("maximize", False)))
+
 
 # The most shared-memory slots of one session (the daemon refuses more).
 MAX_SLOTS = 64

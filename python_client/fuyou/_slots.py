@@ -24,7 +24,7 @@ import torch
 
 from ._chunk_weights import install
 from ._chunking import Chunk
-from ._protocol import JOURNAL_REPLAY
+from ._protocol import JOURNAL_REPLAY, Hyper
 from ._sender import Sender
 
 __all__ = ["ChunksInFlight", "SendJob", "Sent"]
@@ -37,7 +37,7 @@ class Sent:
     missing: Tuple[int, ...]  # segments without a gradient
     fingerprint: Optional[torch.Tensor]  # fp32 [sum, sum of squares], None: not speculative
     not_updated: Tuple[int, ...]  # segments the daemon leaves alone (segments_without_grad)
-    hyper: Optional[tuple] = None  # the group's hyper-parameters it was sent with
+    hyper: Optional[Hyper] = None  # the group's hyper-parameters it was sent with
     journal_added: bool = False  # the daemon's journal holds an accumulating pass's sum
 
 
@@ -49,7 +49,7 @@ class SendJob:
     parts: Optional[list]  # _device.Part per segment; None once copied
     marker: object
     grad_scale: float  # negative for a maximize group
-    hyper: Tuple[float, float, float, float, float]  # lr, beta1, beta2, eps, weight_decay
+    hyper: Hyper  # its group's (maximize is in grad_scale already)
     step: int
     missing_sent: Tuple[int, ...]
     speculative: bool
@@ -210,11 +210,9 @@ class ChunksInFlight:
                     session.release_slot(slot)
                     self._overflowed.append(job)
                     return
-            lr, beta1, beta2, eps, weight_decay = job.hyper
             journal = ({"journal": job.journal, "grad_ops": [list(op) for op in job.grad_ops]}
                        if job.journal else {})
-            session.send_grad_ready(c.chunk_id, slot, job.step, lr, beta1, beta2, eps,
-                                    weight_decay, job.grad_scale,
+            session.send_grad_ready(c.chunk_id, slot, job.step, job.hyper, job.grad_scale,
                                     segments_without_grad=list(job.missing_sent),
                                     speculative=job.speculative, redo=job.redo, **journal)
         except BaseException:

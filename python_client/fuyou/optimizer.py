@@ -19,6 +19,7 @@ from ._groups import check_arguments, check_groups, edited_group_error
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
+from ._protocol import Hyper
 from ._resident import ResidentMode
 from ._state_view import StateView
 from ._streamed import StreamedMode
@@ -377,12 +378,9 @@ class AdamW(torch.optim.Optimizer):
                 return error
         return None
 
-    def _hyper(self, group_index: int):
+    def _hyper(self, group_index: int) -> Hyper:
         """The group's hyper-parameters now (an LR scheduler may have changed them)."""
-        group = self.param_groups[group_index]
-        beta1, beta2 = group["betas"]
-        return (group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                bool(group.get("maximize", False)))
+        return Hyper.of_group(self.param_groups[group_index])
 
     def _hook_grad_scale(self) -> Optional[float]:
         """grad_scale for a chunk sent during backward; None: hooks must not send."""

@@ -166,63 +166,64 @@ StateKind ToStateKind(int value) {
   return static_cast<StateKind>(value);
 }
 
-AdamWHyper MakeHyper(float lr, float beta1, float beta2, float eps, float weight_decay,
-                     float grad_scale) {
+// The one conversion of Python's hyper-parameters (fuyou._protocol.Hyper, or any
+// object with float attributes lr, beta1, beta2, eps and weight_decay) into
+// clientlib's AdamWHyper, with the update's `grad_scale`. A missing attribute is
+// AttributeError, one that is not a number TypeError (pybind11's cast).
+AdamWHyper HyperOf(const py::handle& hyper, float grad_scale) {
   AdamWHyper h;
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
+  h.lr = hyper.attr("lr").cast<float>();
+  h.beta1 = hyper.attr("beta1").cast<float>();
+  h.beta2 = hyper.attr("beta2").cast<float>();
+  h.eps = hyper.attr("eps").cast<float>();
+  h.weight_decay = hyper.attr("weight_decay").cast<float>();
   h.grad_scale = grad_scale;
   return h;
 }
 
-py::dict StatsToDict(const v1::GetStatsResponse& r) {
-  py::list storage;
-  for (const auto& s : r.storage()) {
-    py::dict d;
-    d["path"] = s.path();
-    d["bytes_read"] = s.bytes_read();
-    d["bytes_written"] = s.bytes_written();
-    d["read_gbps"] = s.read_gbps();
-    d["write_gbps"] = s.write_gbps();
-    d["direct_io"] = s.direct_io();
-    storage.append(d);
-  }
+// Every field of `message` under its proto name, from the descriptor (so a new
+// GetStatsResponse field needs no line here): scalars as Python numbers, bools
+// and strings, enums as their number, repeated messages as lists of dicts.
+py::dict FieldsToDict(const google::protobuf::Message& message) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  const google::protobuf::Reflection* reflection = message.GetReflection();
   py::dict d;
-  // "daemon": the whole daemon (root, the daemon's user); "user": the caller's own
-  // activity only, with no storage paths or DRAM (admin.proto, StatsScope).
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const FieldDescriptor* field = descriptor->field(i);
+    const char* name = field->name().c_str();
+    if (field->is_repeated()) {
+      py::list items;
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        for (int j = 0; j < reflection->FieldSize(message, field); ++j) {
+          items.append(FieldsToDict(reflection->GetRepeatedMessage(message, field, j)));
+        }
+      }
+      d[name] = items;
+      continue;
+    }
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT64: d[name] = reflection->GetUInt64(message, field); break;
+      case FieldDescriptor::CPPTYPE_UINT32: d[name] = reflection->GetUInt32(message, field); break;
+      case FieldDescriptor::CPPTYPE_INT64: d[name] = reflection->GetInt64(message, field); break;
+      case FieldDescriptor::CPPTYPE_INT32: d[name] = reflection->GetInt32(message, field); break;
+      case FieldDescriptor::CPPTYPE_DOUBLE: d[name] = reflection->GetDouble(message, field); break;
+      case FieldDescriptor::CPPTYPE_FLOAT: d[name] = reflection->GetFloat(message, field); break;
+      case FieldDescriptor::CPPTYPE_BOOL: d[name] = reflection->GetBool(message, field); break;
+      case FieldDescriptor::CPPTYPE_STRING: d[name] = reflection->GetString(message, field); break;
+      case FieldDescriptor::CPPTYPE_ENUM: d[name] = reflection->GetEnumValue(message, field); break;
+      case FieldDescriptor::CPPTYPE_MESSAGE: d[name] = FieldsToDict(reflection->GetMessage(message, field)); break;
+    }
+  }
+  return d;
+}
+
+// GetStats as a dict: every field by its name (admin.proto), `storage` a list
+// of dicts, and `scope` "daemon" (the whole daemon: root, the daemon's user) or
+// "user" (the caller's own activity only, with no storage paths or DRAM).
+py::dict StatsToDict(const v1::GetStatsResponse& r) {
+  py::dict d = FieldsToDict(r);
   d["scope"] = r.scope() == v1::STATS_SCOPE_USER ? "user" : "daemon";
-  d["uid"] = r.uid();
-  d["storage"] = storage;
-  d["bytes_read"] = r.bytes_read();
-  d["bytes_written"] = r.bytes_written();
-  d["read_gbps"] = r.read_gbps();
-  d["write_gbps"] = r.write_gbps();
-  d["chunk_updates"] = r.chunk_updates();
-  d["params_updated"] = r.params_updated();
-  d["chunk_updates_per_second"] = r.chunk_updates_per_second();
-  d["params_updated_per_second"] = r.params_updated_per_second();
-  d["dram_bytes_in_use"] = r.dram_bytes_in_use();
-  d["dram_budget_bytes"] = r.dram_budget_bytes();
-  d["cache_hits"] = r.cache_hits();
-  d["cache_misses"] = r.cache_misses();
-  d["live_sessions"] = r.live_sessions();
-  d["steps_committed"] = r.steps_committed();
-  d["uptime_seconds"] = r.uptime_seconds();
-  // Speculation (issue 10): updates sent during backward, redone by reason,
-  // rolled back by skipped steps, and the seconds the redos took.
-  d["chunks_speculative"] = r.chunks_speculative();
-  d["chunks_redone_changed"] = r.chunks_redone_changed();
-  d["chunks_redone_clipped"] = r.chunks_redone_clipped();
-  d["chunks_rolled_back_skipped_step"] = r.chunks_rolled_back_skipped_step();
-  d["redo_seconds"] = r.redo_seconds();
-  // Streamed working weights (issue 12): fetches answered, those answered from
-  // DRAM, and the bytes of weights read from storage for them.
-  d["weights_fetches"] = r.weights_fetches();
-  d["weights_fetch_cache_hits"] = r.weights_fetch_cache_hits();
-  d["weights_bytes_read"] = r.weights_bytes_read();
   return d;
 }
 
@@ -370,17 +371,17 @@ PYBIND11_MODULE(_fuyou, m) {
           "is empty when every segment has update_count.")
       .def(
           "push_gradients",
-          [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads, float lr,
-             float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
+          [](PySession& s, uint32_t chunk_id, int64_t step, const py::buffer& grads,
+             const py::object& hyper_params, float grad_scale) {
+            const AdamWHyper hyper = HyperOf(hyper_params, grad_scale);
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(grads, /*writable=*/false, keep);
             Session& session = s.get();
-            const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
             BlockingStatus([&] { return session.PushGradients(chunk_id, step, hyper, bytes); });
           },
-          py::arg("chunk_id"), py::arg("step"), py::arg("grads"), py::arg("lr"),
-          py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-          py::arg("grad_scale") = 1.0f)
+          py::arg("chunk_id"), py::arg("step"), py::arg("grads"), py::arg("hyper"),
+          py::arg("grad_scale") = 1.0f,
+          "`hyper`: fuyou._protocol.Hyper (lr, beta1, beta2, eps, weight_decay).")
       .def(
           "pull_params",
           [](PySession& s, uint32_t chunk_id, const py::buffer& weights) {
@@ -411,9 +412,8 @@ PYBIND11_MODULE(_fuyou, m) {
           py::arg("slot"), "Writable memoryview of the slot's parameter region.")
       .def(
           "send_grad_ready",
-          [](PySession& s, uint32_t chunk_id, uint32_t slot, int64_t step, float lr, float beta1,
-             float beta2, float eps, float weight_decay, float grad_scale,
-             std::vector<uint32_t> segments_without_grad, bool speculative, int redo, int journal,
+          [](PySession& s, uint32_t chunk_id, uint32_t slot, int64_t step, const py::object& hyper_params,
+             float grad_scale, std::vector<uint32_t> segments_without_grad, bool speculative, int redo, int journal,
              std::vector<std::pair<int, float>> grad_ops) {
             if (redo < 0 || redo > static_cast<int>(RedoReason::kClipped)) {
               throw py::value_error("redo must be 0 (none), 1 (gradients changed) or 2 (clipped)");
@@ -429,8 +429,8 @@ PYBIND11_MODULE(_fuyou, m) {
               }
               ops.push_back(GradOp{static_cast<GradOp::Kind>(kind), operand});
             }
+            const AdamWHyper hyper = HyperOf(hyper_params, grad_scale);
             Session& session = s.get();
-            const AdamWHyper hyper = MakeHyper(lr, beta1, beta2, eps, weight_decay, grad_scale);
             GradReadyOptions options;
             options.segments_without_grad = std::move(segments_without_grad);
             options.speculative = speculative;
@@ -440,13 +440,13 @@ PYBIND11_MODULE(_fuyou, m) {
             BlockingStatus(
                 [&] { return session.SendGradReady(chunk_id, slot, step, hyper, options); });
           },
-          py::arg("chunk_id"), py::arg("slot"), py::arg("step"), py::arg("lr"),
-          py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+          py::arg("chunk_id"), py::arg("slot"), py::arg("step"), py::arg("hyper"),
           py::arg("grad_scale") = 1.0f, py::kw_only(),
           py::arg("segments_without_grad") = std::vector<uint32_t>{},
           py::arg("speculative") = false, py::arg("redo") = 0, py::arg("journal") = 0,
           py::arg("grad_ops") = std::vector<std::pair<int, float>>{},
-          "Sends GradReady for gradients written into the slot's gradient region. "
+          "Sends GradReady for gradients written into the slot's gradient region, with `hyper` "
+          "(fuyou._protocol.Hyper: lr, beta1, beta2, eps, weight_decay) and `grad_scale`. "
           "`segments_without_grad`: the chunk's segments whose parameters have no gradient; "
           "`speculative`: sent during backward; `redo` (fuyou.v1.RedoReason): replaces the "
           "chunk's update of the step, whose parameters were taken with wait_params; "

@@ -21,16 +21,6 @@ extern char** environ;
 namespace fuyou::testing {
 namespace fs = std::filesystem;
 
-TempDir::TempDir() {
-  char pattern[] = "/tmp/fuyou-test-XXXXXX";
-  if (::mkdtemp(pattern) != nullptr) path_ = pattern;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
-}
-
 namespace {
 
 // argv and envp for an exec of `program`: this process's environment with `env`

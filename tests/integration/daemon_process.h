@@ -14,19 +14,11 @@
 #include "fuyou/client.h"
 #include "fuyou/client_segment.h"
 #include "fuyou/v1/offload.pb.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou::testing {
 
-// A fresh directory under /tmp, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using fuyou::TempDir;  // a fresh directory under /tmp, removed on destruction
 
 // Spawns `program` with `args` and this process's environment, with `env`
 // ("NAME=VALUE" entries) added or replacing; returns the pid or -1.

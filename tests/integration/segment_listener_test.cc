@@ -24,6 +24,7 @@
 #include "fuyou/client_segment.h"
 #include "fuyou/segment_handover.h"
 #include "server/socket_path.h"
+#include "test_support/temp_dir.h"
 
 namespace fuyou {
 namespace {
@@ -42,14 +43,10 @@ class SegmentListenerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ::signal(SIGPIPE, SIG_IGN);
-    char dir[] = "/tmp/segment-listener-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
     path_ = dir_ + "/fuyoud.sock.seg";
   }
   void TearDown() override {
     listener_.reset();
-    std::filesystem::remove_all(dir_);
   }
   void Start(SegmentListener::Options options = {}) {
     ASSERT_TRUE(PrepareSocketPath(path_).ok());
@@ -89,7 +86,8 @@ class SegmentListenerTest : public ::testing::Test {
     return line;
   }
 
-  std::string dir_;
+  const TempDir temp_dir_{"segment-listener-test"};
+  const std::string dir_ = temp_dir_.path().string();
   std::string path_;
   std::mutex mu_;
   std::vector<Call> calls_;

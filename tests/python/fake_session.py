@@ -104,9 +104,12 @@ class FakeSession:
     def param_region(self, slot):
         return memoryview(self.param[slot])
 
-    def send_grad_ready(self, chunk_id, slot, step, lr, beta1, beta2, eps, weight_decay,
-                        grad_scale=1.0, segments_without_grad=(), speculative=False, redo=0,
-                        journal=0, grad_ops=()):
+    def send_grad_ready(self, chunk_id, slot, step, hyper, grad_scale=1.0, *,
+                        segments_without_grad=(), speculative=False, redo=0, journal=0,
+                        grad_ops=()):
+        # As the binding: the five attributes of fuyou._protocol.Hyper, read once.
+        lr, beta1, beta2, eps, weight_decay = (hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
+                                               hyper.weight_decay)
         assert step == self.job["committed"] + 1, (step, self.job["committed"])
         self.log.append(("grad_ready", chunk_id, step, lr, weight_decay, grad_scale))
         self.log.append(("grad_ready_flags", chunk_id, tuple(segments_without_grad),

@@ -17,7 +17,10 @@ STATS_KEYS = {"scope", "uid", "storage", "bytes_read", "bytes_written", "read_gb
               "cache_hits", "cache_misses", "live_sessions", "steps_committed",
               "uptime_seconds", "chunks_speculative", "chunks_redone_changed",
               "chunks_redone_clipped", "chunks_rolled_back_skipped_step", "redo_seconds",
-              "weights_fetches", "weights_fetch_cache_hits", "weights_bytes_read"}
+              "weights_fetches", "weights_fetch_cache_hits", "weights_bytes_read",
+              # Every GetStatsResponse field, by its name: the journal's too.
+              "journal_bytes_total", "journal_spilled_bytes_total", "journal_replays_total",
+              "journal_replay_seconds_total"}
 STORAGE_KEYS = {"path", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "direct_io"}
 
 

@@ -19,6 +19,7 @@ import torch
 
 import fuyou
 from fake_session import FakeSession
+from fuyou._protocol import Hyper
 
 DT_BF16 = 2
 DT_F32 = 1
@@ -76,7 +77,7 @@ def update(session, chunk_id, step, grads):
     """GradReady of the chunk; returns the weights ParamsReady gave."""
     slot = session.acquire_slot(5.0)
     torch.frombuffer(session.grad_region(slot), dtype=torch.float32, count=N).copy_(grads)
-    session.send_grad_ready(chunk_id, slot, step, **HYPER)
+    session.send_grad_ready(chunk_id, slot, step, Hyper(**HYPER))
     assert session.wait_params(chunk_id, 10.0) == slot
     weights = region(session, slot)
     session.release_slot(slot)

@@ -12,11 +12,13 @@ on a real fuyoud through fuyou._fuyou, so that the fake behaves as the daemon:
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 
 from fuyou._errors import FailedPrecondition
+from fuyou._protocol import Hyper
 from test_fetch_weights import job_name, opener  # noqa: F401  (a fixture)
 
 DT_F32 = 1
@@ -32,14 +34,14 @@ def register(session, weights):
     session.register_chunk(0, N, DT_F32, DT_F32, buf, segment_elements=SEGMENTS)
 
 
-def send(session, step, grads, **kw):
+def send(session, step, grads, hyper=None, **kw):
     slot = session.acquire_slot(5.0)
     region = torch.frombuffer(session.grad_region(slot), dtype=torch.float32, count=N)
     if grads is None:
         region.fill_(float("nan"))  # junk: a replay must not read it
     else:
         region.copy_(grads)
-    session.send_grad_ready(0, slot, step, **HYPER, **kw)
+    session.send_grad_ready(0, slot, step, Hyper(**HYPER) if hyper is None else hyper, **kw)
     assert session.wait_params(0, 10.0) == slot
     weights = torch.frombuffer(session.param_region(slot), dtype=torch.float32, count=N).clone()
     session.release_slot(slot)
@@ -54,6 +56,26 @@ def test_the_binding_names_the_protocol_values():
     from fuyou import _fuyou
     assert (_fuyou.JOURNAL_KEEP, _fuyou.JOURNAL_ADD, _fuyou.JOURNAL_REPLAY) == (1, 2, 3)
     assert (_fuyou.GRAD_OP_MUL, _fuyou.GRAD_OP_DIV) == (1, 2)
+
+
+def test_the_hyper_parameters_are_one_object_read_by_name(opener):
+    """send_grad_ready takes a group's hyper-parameters as one object and reads
+    lr, beta1, beta2, eps and weight_decay by name: any object with them gives
+    the update a Hyper gives; one without them is refused before anything is sent."""
+    w = torch.linspace(-1, 1, N)
+    g = torch.linspace(-0.3, 0.2, N)
+    session = opener(job_name("hyper"))
+    register(session, w)
+    slot = session.acquire_slot(5.0)
+    no_eps = types.SimpleNamespace(lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=0.1)
+    with pytest.raises(AttributeError):
+        session.send_grad_ready(0, slot, 1, no_eps)
+    session.release_slot(slot)
+    by_name = send(session, 1, g, hyper=types.SimpleNamespace(**HYPER))
+    session.end_step(1)
+    reference = opener(job_name("hyper"))
+    register(reference, w)
+    assert bits_equal(by_name, send(reference, 1, g))
 
 
 def test_keep_then_replay_is_the_update_from_the_scaled_gradients(opener):
