@@ -164,6 +164,7 @@ class ActivationOffload:
         self._stream = None
         self._warned = False
         self._removed = False
+        self._probe, self._probe_hit = None, False
         if plan is not None:
             self.apply(plan)
         self._saved_forwards = []
@@ -283,12 +284,16 @@ class ActivationOffload:
 
     def _layer_forward(self, index, original, args, kwargs):
         if not self._in_forward:  # a recomputation in backward, or a bare call
+            if self.choices[index] == RECOMPUTE and torch.is_grad_enabled():
+                self._hooks_on_top()  # the same saves as in forward (a user's checkpoint
+                #                       matches its recomputation's saves by count)
             return original(*args, **kwargs)
         self._current.append(index)
         try:
             if self._recorder is not None:
                 return self._recorder.run_layer(index, original, args, kwargs)
-            if self.choices[index] == RECOMPUTE:
+            if (self.choices[index] == RECOMPUTE and torch.is_grad_enabled()
+                    and self._hooks_on_top()):
                 held = _hold_inputs(args)
                 return torch.utils.checkpoint.checkpoint(original, *held, use_reentrant=False,
                                                          **kwargs)
@@ -297,6 +302,19 @@ class ActivationOffload:
             self._current.pop()
 
     # ------------------------------------------------------------ hooks
+    def _hooks_on_top(self) -> bool:
+        """Whether a tensor saved now reaches this handle's pack hook (not, for
+        one, inside a user's torch.utils.checkpoint, which recomputes the
+        layer already: checkpointing it again would nest recomputations). The
+        probe saves two tensors; a recomputation makes the same probe."""
+        probe = torch.zeros(1, requires_grad=True)
+        self._probe, self._probe_hit = probe, False
+        try:
+            probe * probe
+        finally:
+            self._probe = None
+        return self._probe_hit
+
     def _is_weight(self, t: torch.Tensor) -> bool:
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             return True
@@ -305,6 +323,9 @@ class ActivationOffload:
         return t.data_ptr() - t.storage_offset() * t.element_size() in self._weight_ptrs
 
     def _pack(self, t: torch.Tensor):
+        if t is self._probe:
+            self._probe_hit = True
+            return t
         if self._is_weight(t):
             self.weights_seen += 1
             stream = self._stream
