@@ -21,6 +21,7 @@ from ._loop_stats import LoopStats
 from ._materialize import init_empty, materialize
 from .optimizer import AdamW
 from ._stream import ParameterStream, stream_parameters
+from ._activations import ActivationOffload, offload_activations
 from ._sizes import parse_size
 from . import _sharded
 
@@ -29,6 +30,8 @@ __all__ = [
     "LoopStats",
     "stream_parameters",
     "ParameterStream",
+    "offload_activations",
+    "ActivationOffload",
     "parse_size",
     "EmbeddedDaemon",
     "FuyouError",
