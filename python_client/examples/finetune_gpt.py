@@ -90,6 +90,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true",
                    help="fuyou.AdamW(overlap=False): send every chunk at step(), after "
                         "backward (the serial path: nothing speculative, nothing redone)")
+    p.add_argument("--state-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="fuyou.AdamW(state_dtype=...): the dtype the daemon keeps Adam's "
+                        "moments in (bf16: 8 bytes of states a parameter instead of 12)")
     p.add_argument("--chunk-bytes", type=int, default=1 << 20,
                    help="fuyou chunk size in bytes; small so a tiny model has several chunks")
     p.add_argument("--daemon", choices=["auto", "embedded", "external"], default="auto",
@@ -220,6 +223,8 @@ def make_optimizer(kind: str, params, lr: float, args, job: str, grad_clip: floa
     extra = {"max_grad_norm": grad_clip} if grad_clip > 0 and args.clip_with == "optimizer" else {}
     if getattr(args, "daemon_address", None):  # the embedded fuyoud main() started
         extra["address"], embedded = args.daemon_address, False
+    if getattr(args, "state_dtype", "fp32") != "fp32":
+        extra["state_dtype"] = args.state_dtype
     return fuyou.AdamW(params, job=job, chunk_bytes=args.chunk_bytes, embedded=embedded,
                        overlap=not args.no_overlap, **extra, **hyper)
 
