@@ -25,7 +25,7 @@
 //
 // --layer-ms=auto sets each layer's wait to (b)/L, measured first, so backward and
 // optimizer+I/O take about as long: the case where overlap matters most.
-// --rss-sizes are bytes of optimizer states (12 per parameter); "none" skips them.
+// --rss-sizes are bytes of optimizer states (12 per parameter, 8 with bf16 moments); "none" skips them.
 // --state-dtype=bf16 registers the chunks with bf16 moments (ChunkSpec.moments_dtype:
 // 8 bytes of states a parameter instead of 12).
 #include <unistd.h>
@@ -210,12 +210,16 @@ struct RssRow {
   double step_s = 0;
 };
 
+// Bytes of states a parameter: fp32 master + m + v, or fp32 master + bf16 m and v.
+uint64_t StateBytesPerParam(const Config& c) { return c.moments_dtype == DType::kBFloat16 ? 8 : 12; }
+
 RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
   testing::TempDir tmp;
   const std::filesystem::path dir = WorkDir(c, tmp);
   testing::DaemonProcess daemon(dir, {"--dram-budget", std::to_string(c.budget), "--log-level", "warn"});
   Check(daemon.Start(), "start fuyoud");
-  const auto layers = static_cast<uint32_t>(std::max<uint64_t>(1, state_bytes / (12 * c.chunk_params)));
+  const auto layers =
+      static_cast<uint32_t>(std::max<uint64_t>(1, state_bytes / (StateBytesPerParam(c) * c.chunk_params)));
   RssRow row{state_bytes, layers, 0, 0};
   {
     Job job(daemon, layers, c.chunk_params, c.slots, c.moments_dtype);
@@ -234,7 +238,7 @@ RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
 
 int Main(int argc, char** argv) {
   Config c = ParseArgs(argc, argv);
-  const uint64_t state_bytes = 12 * c.chunk_params * c.layers;
+  const uint64_t state_bytes = StateBytesPerParam(c) * c.chunk_params * c.layers;
   testing::TempDir tmp;
   const std::filesystem::path dir = WorkDir(c, tmp);
   const auto trace_path = dir / "trace.jsonl";
