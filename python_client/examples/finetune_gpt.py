@@ -500,7 +500,9 @@ def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
     steady_s = [hist["step_s"][i] for i in overlapped_idx]
     return {
         "device": args.device, "parameters": model.num_parameters(),
-        "fuyou_state_bytes": 12 * model.num_parameters(),  # fp32 master weights, m, v
+        # fp32 master weights, m, v (bf16 m and v with --state-dtype bf16)
+        "fuyou_state_bytes": (8 if args.state_dtype == "bf16" else 12) * model.num_parameters(),
+        "state_dtype": args.state_dtype,
         "dram_budget_bytes": stats.get("dram_budget_bytes"),
         "steps": n, "serial_steps": len(serial_idx),
         "fuyou_tokens_per_second": hist["tokens_per_second"],
@@ -528,7 +530,8 @@ def format_summary(s: dict) -> str:
     ratio = f" = {s['fuyou_state_bytes'] / budget:.1f}x the budget" if budget else ""
     rows = [
         ("", "fuyou.AdamW", "torch.optim.AdamW"),
-        ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} (fp32 w, m, v)",
+        ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} "
+         f"({'fp32 w, bf16 m, v' if s.get('state_dtype') == 'bf16' else 'fp32 w, m, v'})",
          f"{fmt_bytes(t['state_bytes'])} (m, v)" if t.get("ran") else "-"),
         ("where", f"SSD; {fmt_bytes(budget or 0)} DRAM budget{ratio}", f"{s['device']} memory"),
         ("steps measured", f"{s['steps']} ({s['serial_steps']} with overlap off)",
