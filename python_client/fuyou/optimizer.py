@@ -108,8 +108,7 @@ class AdamW(torch.optim.Optimizer):
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
             accumulation_steps=accumulation_steps, timeout=self.timeout,
-            install_weights=not offload_params)
-        pipeline.states.moments_dtype = moments_dtype
+            install_weights=not offload_params, moments_dtype=moments_dtype)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
         self._address, self._daemon = resolve_address(address, embedded)

@@ -8,17 +8,23 @@
   state_dict() still gives fp32 tensors;
 - load_state_dict of fp32 moments into a bf16 job rounds them to nearest even;
 - a resume with another state_dtype than the job's is refused at once, naming
-  the job's; the same one resumes.
+  the job's; the same one resumes;
+- export_checkpoint / init_from and the streamed mode (offload_params) with bf16
+  moments.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 import fuyou
 from helpers import SEQ, VOCAB, clone_model, make_model
-from train_util import CHUNK_BYTES, split_groups
+from test_stream_parameters import BETAS, EPS, LR, WD, offload_adamw, stream_backend  # noqa: F401
+from test_stream_parameters import CHUNK_BYTES as STREAM_CHUNK_BYTES
+from train_util import CHUNK_BYTES, StreamGPT, split_groups, stream_batch
 
 STEPS = 40
 HELD_OUT = range(10_000, 10_004)  # batches no step trained on
@@ -125,3 +131,54 @@ def test_a_resume_with_another_state_dtype_is_refused(daemon):
 def test_other_state_dtypes_are_refused(bad):
     with pytest.raises(ValueError, match="state_dtype must be"):
         fuyou.AdamW([torch.nn.Parameter(torch.zeros(4))], job="never", state_dtype=bad)
+
+
+def test_export_checkpoint_and_init_from_keep_bf16_moments(daemon, tmp_path):
+    model = make_model()
+    opt = _adamw(daemon, split_groups(model), "bf16-export", state_dtype="bf16")
+    _train(model, opt, 3)
+    ckpt = opt.export_checkpoint(tmp_path / "ckpt.pt", model=model)
+    exported = [t for st in ckpt["optimizer"]["state"].values() for k, t in st.items()
+                if k in ("exp_avg", "exp_avg_sq")]
+    assert exported and all(t.dtype == torch.float32 and _is_bf16(t) for t in exported)
+    before = _moments(opt)
+    opt.close()
+    again = _adamw(daemon, split_groups(clone_model(model)), "bf16-export-2", state_dtype="bf16",
+                   init_from=str(tmp_path / "ckpt.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(_moments(again), before))
+    again.close()
+
+
+def test_streamed_bf16_moments_train_like_the_resident_run(stream_backend):
+    """offload_params (the chunk stores its working weights after master|m|v,
+    8 bytes an element here) with bf16 moments tracks a resident run with bf16
+    moments. Not bit for bit: v's stochastic rounding is keyed by the element's
+    place in its chunk, and the streamed mode chunks by module. A step's update
+    (at most ~lr) differs by up to ~2^-7 of itself where v or m rounds the other
+    way: over 3 steps 3 * lr * 2^-7 = 7e-5, so each weight within 1e-4 of the
+    resident one (the weights moved by more than 5e-3)."""
+    torch.manual_seed(0)
+    model = StreamGPT(n_layer=2)
+    start = copy.deepcopy(model)
+    resident = copy.deepcopy(model)
+    res_opt = stream_backend.adamw(resident.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                                   weight_decay=WD, chunk_bytes=STREAM_CHUNK_BYTES, state_dtype="bf16")
+    opt = offload_adamw(stream_backend, model.parameters(), state_dtype="bf16")
+    handle = fuyou.stream_parameters(model, opt, device_budget="16KiB")
+    try:
+        for step in range(3):
+            for m, o in ((resident, res_opt), (model, opt)):
+                m(*stream_batch(step)).backward()
+                o.step()
+                o.zero_grad()
+        got = opt.export_checkpoint()["model"]
+        want = res_opt.export_checkpoint()["model"]
+        moved = max(float((want[i] - p.detach()).abs().max()) for i, p in enumerate(start.parameters()))
+        assert moved > 5e-3
+        for i in want:
+            assert float((got[i] - want[i]).abs().max()) <= 1e-4, f"parameter {i}"
+        assert all(_is_bf16(t) for t in _moments(opt)) or stream_backend.name == "fake"
+    finally:
+        handle.close()
+        opt.close()
+        res_opt.close()
