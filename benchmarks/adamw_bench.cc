@@ -10,6 +10,7 @@
 //   fp32+out     kernel: fp32 grad, fp32 weights output        (32 B/elem)
 //   bf16         kernel: bf16 grad, bf16 weights output        (28 B/elem)
 //   fp16         kernel: fp16 grad, fp16 weights output        (28 B/elem)
+//   bf16+mv      kernel: bf16 grad and output, bf16 m and v    (20 B/elem)
 // Variants run round-robin, --reps rounds after one warm-up round; the table gives
 // the best round (and the median), and the ratio of each to the probe's.
 #include <algorithm>
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
   // so a burst of foreign load hits all of them alike. We report the best round
   // (what the hardware allows) and the median.
   Buffer pp(n * 4), pm(n * 4), pv(n * 4);  // the probe's own states
+  Buffer m16(n * 2), v16(n * 2);           // bf16 moments (the bf16+mv row)
   std::vector<Row> rows;
   for (unsigned threads : thread_counts) {
     struct Variant {
@@ -163,16 +165,20 @@ int main(int argc, char** argv) {
       bool with_out;
       double bytes;
       std::vector<double> secs;
+      bool bf16_moments = false;
     };
     std::vector<Variant> variants = {{"probe", true, DType::kFloat32, false, 28, {}},
                                      {"fp32", false, DType::kFloat32, false, 28, {}},
                                      {"fp32+out", false, DType::kFloat32, true, 32, {}},
                                      {"bf16", false, DType::kBFloat16, true, 28, {}},
-                                     {"fp16", false, DType::kFloat16, true, 28, {}}};
+                                     {"fp16", false, DType::kFloat16, true, 28, {}},
+                                     {"bf16+mv", false, DType::kBFloat16, true, 20, {}, true}};
     // Fresh, sane states for this thread count.
     std::memcpy(p.data, g32.data, n * 4);
     std::memset(m.data, 0, n * 4);
     std::memset(v.data, 0, n * 4);
+    std::memset(m16.data, 0, n * 2);
+    std::memset(v16.data, 0, n * 2);
     std::memcpy(pp.data, g32.data, n * 4);
     std::memset(pm.data, 0, n * 4);
     std::memset(pv.data, 0, n * 4);
@@ -195,8 +201,9 @@ int main(int argc, char** argv) {
     auto run_kernel = [&](const Variant& c) {
       AdamWBuffers b;
       b.master = p.f();
-      b.exp_avg = m.f();
-      b.exp_avg_sq = v.f();
+      b.exp_avg = c.bf16_moments ? m16.data : m.data;
+      b.exp_avg_sq = c.bf16_moments ? v16.data : v.data;
+      b.moments_dtype = c.bf16_moments ? DType::kBFloat16 : DType::kFloat32;
       b.grad = c.grad == DType::kFloat32 ? static_cast<const void*>(g32.data) : g16.data;
       b.grad_dtype = c.grad;
       b.weights_out = c.with_out ? out.data : nullptr;

@@ -24,11 +24,13 @@
 //
 //   overlap_bench [--layers=24] [--chunk-params=2M] [--budget=128M] [--layer-ms=auto]
 //                 [--rounds=3] [--slots=4] [--rss-sizes=256M,1G,2G] [--dir=DIR]
-//                 [--json=PATH] [--timeline=PATH] [--png=PATH]
+//                 [--json=PATH] [--timeline=PATH] [--png=PATH] [--state-dtype=fp32|bf16]
 //
 // --layer-ms=auto sets each layer's wait to (b)/L, measured first, so backward and
 // optimizer+I/O take about as long: the case where overlap matters most.
-// --rss-sizes are bytes of optimizer states (12 per parameter); "none" skips them.
+// --rss-sizes are bytes of optimizer states (12 per parameter, 8 with bf16 moments); "none" skips them.
+// --state-dtype=bf16 registers the chunks with bf16 moments (ChunkSpec.moments_dtype:
+// 8 bytes of states a parameter instead of 12).
 #include <unistd.h>
 
 #include <condition_variable>
@@ -61,6 +63,7 @@ struct Config {
   std::vector<uint64_t> rss_sizes = {uint64_t{256} << 20, uint64_t{1} << 30, uint64_t{2} << 30};
   std::filesystem::path dir;
   std::string json, timeline, png;
+  DType moments_dtype = DType::kFloat32;  // --state-dtype
 };
 
 Config ParseArgs(int argc, char** argv) {
@@ -86,6 +89,10 @@ Config ParseArgs(int argc, char** argv) {
     else if (const char* v = value("json")) c.json = v;
     else if (const char* v = value("timeline")) c.timeline = v;
     else if (const char* v = value("png")) c.png = v;
+    else if (const char* v = value("state-dtype")) {
+      if (std::string(v) != "fp32" && std::string(v) != "bf16") Die("overlap_bench: --state-dtype is fp32 or bf16");
+      c.moments_dtype = std::string(v) == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+    }
     else Die("overlap_bench: unknown argument " + arg + " (see the comment at the top of overlap_bench.cc)");
   }
   if (c.layers == 0 || c.chunk_params == 0) Die("overlap_bench: --layers and --chunk-params must be > 0");
@@ -111,7 +118,8 @@ struct Interval {
 // One job on one daemon: L chunks, a slot window, the model's weights.
 class Job {
  public:
-  Job(const testing::DaemonProcess& daemon, uint32_t layers, uint64_t chunk_params, uint32_t slots)
+  Job(const testing::DaemonProcess& daemon, uint32_t layers, uint64_t chunk_params, uint32_t slots,
+      DType moments_dtype = DType::kFloat32)
       : layers_(layers), n_(chunk_params) {
     session_ = Check(Session::Open({.job = "overlap", .num_slots = slots, .slot_bytes = 4 * n_},
                                    daemon.client_options()),
@@ -122,7 +130,9 @@ class Job {
     for (uint64_t k = 0; k < n_; ++k) grads_[k] = 1e-3f * static_cast<float>(k % 17) - 8e-3f;
     // Registered in forward order; backward produces the last layer's gradients first.
     for (uint32_t layer = 0; layer < layers_; ++layer) {
-      Check(session_->RegisterChunk({.chunk_id = layer, .num_elements = n_}, WeightBytes(layer)), "register chunk");
+      Check(session_->RegisterChunk({.chunk_id = layer, .num_elements = n_, .moments_dtype = moments_dtype},
+                                    WeightBytes(layer)),
+            "register chunk");
     }
     step_ = session_->committed_step() + 1;
   }
@@ -235,15 +245,19 @@ struct RssRow {
   double step_s = 0;
 };
 
+// Bytes of states a parameter: fp32 master + m + v, or fp32 master + bf16 m and v.
+uint64_t StateBytesPerParam(const Config& c) { return c.moments_dtype == DType::kBFloat16 ? 8 : 12; }
+
 RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
   testing::TempDir tmp;
   const std::filesystem::path dir = WorkDir(c, tmp);
   testing::DaemonProcess daemon(dir, {"--dram-budget", std::to_string(c.budget), "--log-level", "warn"});
   Check(daemon.Start(), "start fuyoud");
-  const auto layers = static_cast<uint32_t>(std::max<uint64_t>(1, state_bytes / (12 * c.chunk_params)));
+  const auto layers =
+      static_cast<uint32_t>(std::max<uint64_t>(1, state_bytes / (StateBytesPerParam(c) * c.chunk_params)));
   RssRow row{state_bytes, layers, 0, 0};
   {
-    Job job(daemon, layers, c.chunk_params, c.slots);
+    Job job(daemon, layers, c.chunk_params, c.slots, c.moments_dtype);
     for (int s = 0; s < 2; ++s) {
       const auto t0 = Clock::now();
       job.OptimizerStep();
@@ -259,7 +273,7 @@ RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
 
 int Main(int argc, char** argv) {
   Config c = ParseArgs(argc, argv);
-  const uint64_t state_bytes = 12 * c.chunk_params * c.layers;
+  const uint64_t state_bytes = StateBytesPerParam(c) * c.chunk_params * c.layers;
   testing::TempDir tmp;
   const std::filesystem::path dir = WorkDir(c, tmp);
   const auto trace_path = dir / "trace.jsonl";
@@ -278,7 +292,7 @@ int Main(int argc, char** argv) {
   uint64_t read_per_step = 0, written_per_step = 0;
   std::unique_ptr<MixedIoProbe> probe;  // made once (b)'s volumes are known
   {
-    Job job(daemon, c.layers, c.chunk_params, c.slots);
+    Job job(daemon, c.layers, c.chunk_params, c.slots, c.moments_dtype);
     job.OptimizerStep();  // warm-up: pages, caches, the daemon's order prediction
     if (c.layer_ms < 0) {
       std::vector<double> b;

@@ -29,6 +29,7 @@ v1::ChunkSpec ToProto(const ChunkSpec& spec, uint32_t slot) {
   proto.set_layout_fingerprint(spec.layout_fingerprint);
   for (uint64_t n : spec.segment_elements) proto.add_segment_elements(n);
   proto.set_store_weights(spec.store_weights);
+  if (spec.moments_dtype != DType::kFloat32) proto.set_moments_dtype(static_cast<v1::DType>(spec.moments_dtype));
   return proto;
 }
 
@@ -40,6 +41,10 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of {}: param dtype ({}) and grad dtype ({}) must be float32, bfloat16 or float16",
         spec.chunk_id, Who(), static_cast<int>(spec.param_dtype), static_cast<int>(spec.grad_dtype)));
+  }
+  if (spec.moments_dtype != DType::kFloat32 && spec.moments_dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(fmt::format("chunk {} of {}: moments dtype ({}) must be float32 or bfloat16",
+                                                  spec.chunk_id, Who(), static_cast<int>(spec.moments_dtype)));
   }
   if (spec.num_elements == 0) {
     return absl::InvalidArgumentError(fmt::format("chunk {} of {} has no elements", spec.chunk_id, Who()));

@@ -7,9 +7,18 @@
 
 namespace fuyou {
 
+uint64_t ChunkLayout::StateOffset(ChunkState state) const {
+  switch (state) {
+    case ChunkState::kMaster: return 0;
+    case ChunkState::kExpAvg: return num_elements * kStateElementBytes;
+    case ChunkState::kExpAvgSq: return num_elements * (kStateElementBytes + DTypeSize(moments_dtype));
+  }
+  return 0;
+}
+
 std::optional<uint64_t> ChunkLayout::StatesBytes() const {
-  if (num_elements > kMaxChunkElements) return std::nullopt;
-  return CheckedMul(num_elements, kChunkStateCount * kStateElementBytes);
+  if (num_elements > kMaxChunkElements || !IsMomentsDType(moments_dtype)) return std::nullopt;
+  return CheckedMul(num_elements, kStateElementBytes + 2 * DTypeSize(moments_dtype));
 }
 
 std::optional<uint64_t> ChunkLayout::WeightsOffset() const {
@@ -41,9 +50,13 @@ uint64_t WeightsChecksum(const std::byte* weights, const ChunkLayout& layout) {
   return XXH3_64bits(weights, layout.WeightsBytes().value_or(0));
 }
 
+uint64_t StatesChecksum(const std::byte* bytes, const ChunkLayout& layout) {
+  return XXH3_64bits(bytes, layout.StatesBytes().value_or(0));
+}
+
 ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& layout) {
   ChunkChecksums sums;
-  sums.states = ChunkPayloadChecksum(bytes, layout.num_elements);
+  sums.states = StatesChecksum(bytes, layout);
   if (layout.stores_weights()) sums.weights = WeightsChecksum(bytes + layout.WeightsOffset().value_or(0), layout);
   return sums;
 }

@@ -2,12 +2,15 @@
 //
 // The one definition of a chunk's state layout, used by the extents on storage
 // (jobs/), the buffers in DRAM (state/) and the kernel's view of them. A chunk
-// of n elements holds three fp32 states, one after the other, and, when it
-// stores its working weights (ChunkRecord.stores_weights, issue 12), those
-// weights in the chunk's param dtype in a region of their own:
-//   [master: 4n][exp_avg (m): 4n][exp_avg_sq (v): 4n][padding to a block]
+// of n elements holds three states, one after the other: the fp32 master, and
+// m and v in the chunk's moments dtype (fp32, or bf16 when the job was
+// registered with state_dtype "bf16": ChunkRecord.moments_dtype, issue 22), and,
+// when it stores its working weights (ChunkRecord.stores_weights, issue 12),
+// those weights in the chunk's param dtype in a region of their own:
+//   [master: 4n][exp_avg (m): s*n][exp_avg_sq (v): s*n][padding to a block]
 //   [weights: n * DTypeSize(param dtype)][padding to a block]   (stores_weights only)
-// The states (master|m|v, 12n bytes) carry StateExtent.checksum; the weights
+// with s = DTypeSize(moments dtype) (4, or 2 for bf16). The states (master|m|v,
+// (4 + 2s) * n bytes, as stored) carry StateExtent.checksum; the weights
 // (n * DTypeSize bytes) carry StateExtent.weights_checksum. The weights region
 // starts on a block boundary so that it can be read alone with O_DIRECT (a
 // fetch of the weights never reads master, m or v). A chunk without weights
@@ -32,8 +35,13 @@ enum class ChunkState : int {
   kExpAvgSq = 2,  // Adam's v
 };
 inline constexpr int kChunkStateCount = 3;
-// Bytes of one element of one state (fp32).
+// Bytes of one element of one fp32 state (the master; m and v with fp32 moments).
 inline constexpr uint64_t kStateElementBytes = 4;
+// Whether `dtype` can hold a chunk's m and v: fp32 or bf16 (fp16's range is too
+// narrow for v, whose values reach g^2).
+inline constexpr bool IsMomentsDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
+}
 
 // The most elements a chunk may have. Far above what any slot or DRAM budget
 // admits (a chunk must also fit its slot and half the DRAM budget), and low
@@ -43,19 +51,30 @@ inline constexpr uint64_t kStateElementBytes = 4;
 inline constexpr uint64_t kMaxChunkElements = uint64_t{1} << 48;
 
 // The layout of one chunk's extent (and of its DRAM buffer). Every size is
-// computed in checked arithmetic: nullopt when num_elements > kMaxChunkElements
-// or the weights' dtype is not valid, so a hostile manifest or request cannot
-// wrap a size.
+// computed in checked arithmetic: nullopt when num_elements > kMaxChunkElements,
+// the weights' dtype is not valid or the moments' dtype is not a moments dtype
+// (IsMomentsDType), so a hostile manifest or request cannot wrap a size.
 struct ChunkLayout {
-  constexpr explicit ChunkLayout(uint64_t elements, std::optional<DType> weights = std::nullopt)
-      : num_elements(elements), weights_dtype(weights) {}
+  constexpr explicit ChunkLayout(uint64_t elements, std::optional<DType> weights = std::nullopt,
+                                 DType moments = DType::kFloat32)
+      : num_elements(elements), weights_dtype(weights), moments_dtype(moments) {}
 
   uint64_t num_elements = 0;
   // Set: the chunk stores its working weights in this dtype (its param dtype).
   std::optional<DType> weights_dtype;
+  // The dtype of m and v (the master is always fp32).
+  DType moments_dtype = DType::kFloat32;
 
   bool stores_weights() const { return weights_dtype.has_value(); }
-  // master|m|v: 12 * n bytes, covered by StateExtent.checksum.
+  // The dtype `state` is stored in.
+  DType StateDType(ChunkState state) const {
+    return state == ChunkState::kMaster ? DType::kFloat32 : moments_dtype;
+  }
+  // Byte offset of `state` in the chunk's bytes. Precondition: StatesBytes() is
+  // set (the layout is valid).
+  uint64_t StateOffset(ChunkState state) const;
+  // master|m|v: (4 + 2 * DTypeSize(moments dtype)) * n bytes (12n with fp32
+  // moments, 8n with bf16), covered by StateExtent.checksum.
   std::optional<uint64_t> StatesBytes() const;
   // Where the weights region starts: StatesBytes() rounded up to a block (for
   // a chunk without weights, where its extent ends).
@@ -72,7 +91,7 @@ struct ChunkLayout {
   std::optional<uint64_t> ExtentBytes() const;
 };
 
-// The layout of a chunk without working weights (ChunkLayout{n}).
+// The layout of a chunk without working weights, with fp32 moments (ChunkLayout{n}).
 // Bytes that hold master|m|v (and are checksummed): kChunkStateCount * 4 * n;
 // nullopt when n > kMaxChunkElements (computed in checked arithmetic).
 std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements);
@@ -83,6 +102,10 @@ std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements);
 // Precondition: num_elements <= kMaxChunkElements and `states` holds
 // ChunkPayloadBytes(num_elements) bytes.
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements);
+
+// XXH3-64 of the states (master|m|v, StatesBytes()) at `bytes`, as
+// StateExtent.checksum. Precondition: the layout's sizes are valid.
+uint64_t StatesChecksum(const std::byte* bytes, const ChunkLayout& layout);
 
 // The two checksums an extent carries (StateExtent.checksum, weights_checksum).
 struct ChunkChecksums {
@@ -97,12 +120,6 @@ ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& 
 // weights region, as a fetch reads it). Precondition: the layout stores weights.
 uint64_t WeightsChecksum(const std::byte* weights, const ChunkLayout& layout);
 
-// Byte offset of `state` in the buffer of a chunk of n elements.
-// Precondition: n <= kMaxChunkElements.
-constexpr uint64_t StateOffset(ChunkState state, uint64_t num_elements) {
-  return static_cast<uint64_t>(state) * num_elements * kStateElementBytes;
-}
-
 // A chunk's states in one buffer (layout.ExtentBytes() bytes), as the kernel
 // and import/export see them. Does not own the bytes.
 class ChunkStates {
@@ -113,12 +130,12 @@ class ChunkStates {
   ChunkStates(std::byte* bytes, const ChunkLayout& layout);
   uint64_t num_elements() const { return layout_.num_elements; }
   const ChunkLayout& layout() const { return layout_; }
-  float* state(ChunkState which) const {
-    return reinterpret_cast<float*>(bytes_ + StateOffset(which, layout_.num_elements));
-  }
-  float* master() const { return state(ChunkState::kMaster); }
-  float* exp_avg() const { return state(ChunkState::kExpAvg); }
-  float* exp_avg_sq() const { return state(ChunkState::kExpAvgSq); }
+  // The bytes of `which`: num_elements() values of layout().StateDType(which).
+  std::byte* state(ChunkState which) const { return bytes_ + layout_.StateOffset(which); }
+  float* master() const { return reinterpret_cast<float*>(state(ChunkState::kMaster)); }
+  // m and v, in layout().moments_dtype.
+  std::byte* exp_avg() const { return state(ChunkState::kExpAvg); }
+  std::byte* exp_avg_sq() const { return state(ChunkState::kExpAvgSq); }
   // The working weights (weights_bytes() bytes of weights_dtype()), or null
   // for a chunk that does not store them.
   std::byte* weights() const { return weights_offset_ == 0 ? nullptr : bytes_ + weights_offset_; }

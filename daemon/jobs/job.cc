@@ -86,6 +86,10 @@ absl::Status ValidateManifest(const v1::JobManifest& manifest) {
       return corrupt(id, fmt::format("has dtypes {} and {}, not FLOAT32, BFLOAT16 or FLOAT16",
                                      static_cast<int>(record.param_dtype()), static_cast<int>(record.grad_dtype())));
     }
+    if (record.moments_dtype() != v1::DTYPE_UNSPECIFIED && record.moments_dtype() != v1::DTYPE_BFLOAT16) {
+      return corrupt(id, fmt::format("has moments dtype {}, not unset (fp32) or BFLOAT16",
+                                     static_cast<int>(record.moments_dtype())));
+    }
     if (record.update_count() < 0 || record.update_count() > kMaxUpdateCount) {
       return corrupt(id, fmt::format("has update count {}, outside 0..{}", record.update_count(), kMaxUpdateCount));
     }
@@ -285,9 +289,10 @@ const v1::ChunkRecord* Job::FindRecord(uint32_t chunk_id) const {
 }
 
 absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
-                           DType grad_dtype, bool stores_weights) {
+                           DType grad_dtype, bool stores_weights, DType moments_dtype) {
   ChunkLayout layout{num_elements};
   if (stores_weights) layout.weights_dtype = param_dtype;
+  layout.moments_dtype = moments_dtype;
   const std::optional<uint64_t> state_bytes = layout.ExtentBytes();
   const uint64_t offset = next.state_bytes();
   const std::optional<uint64_t> checked_end = CheckedAdd(offset, CheckedMul(state_bytes, 2));
@@ -313,6 +318,7 @@ absl::Status Job::AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t nu
   record->set_param_dtype(static_cast<v1::DType>(param_dtype));
   record->set_grad_dtype(static_cast<v1::DType>(grad_dtype));
   record->set_stores_weights(stores_weights);
+  if (moments_dtype != DType::kFloat32) record->set_moments_dtype(static_cast<v1::DType>(moments_dtype));
   record->set_update_count(0);
   record->set_committed_version(0);
   for (uint64_t version = 0; version < 2; ++version) {

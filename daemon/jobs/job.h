@@ -56,11 +56,23 @@ inline const v1::StateExtent& CommittedExtent(const v1::ChunkRecord& record) {
 inline const v1::StateExtent& ShadowExtent(const v1::ChunkRecord& record) {
   return record.extents(static_cast<int>(ShadowVersion(record)));
 }
-// The layout of `record`'s extents: its elements and, when it stores its
-// working weights, their dtype (its param dtype).
+// The dtype of `record`'s m and v: its moments_dtype, fp32 when unset (every
+// manifest written before bf16 moments).
+inline DType RecordMomentsDType(const v1::ChunkRecord& record) {
+  return record.moments_dtype() == v1::DTYPE_UNSPECIFIED ? DType::kFloat32
+                                                          : static_cast<DType>(record.moments_dtype());
+}
+// The dtype a registration asks m and v to be kept in: ChunkSpec.moments_dtype,
+// fp32 when unset. Precondition: the value was checked (fp32, bf16 or unset).
+inline DType SpecMomentsDType(const v1::ChunkSpec& spec) {
+  return spec.moments_dtype() == v1::DTYPE_UNSPECIFIED ? DType::kFloat32 : static_cast<DType>(spec.moments_dtype());
+}
+// The layout of `record`'s extents: its elements, its moments' dtype and, when
+// it stores its working weights, their dtype (its param dtype).
 inline ChunkLayout RecordLayout(const v1::ChunkRecord& record) {
   ChunkLayout layout{record.num_elements()};
   if (record.stores_weights()) layout.weights_dtype = static_cast<DType>(record.param_dtype());
+  layout.moments_dtype = RecordMomentsDType(record);
   return layout;
 }
 
@@ -122,10 +134,12 @@ class Job {
   // prepared for Commit), reserving their space now: RESOURCE_EXHAUSTED when the
   // storage path is full, before anything is written. `stores_weights`: the
   // extents also hold the working weights in `param_dtype` (ChunkLayout).
+  // `moments_dtype` (fp32 or bf16, IsMomentsDType): m and v's dtype, recorded in
+  // ChunkRecord.moments_dtype (left unset for fp32, as before bf16 moments).
   // A refused reservation gives back every reservation made since the last
   // Commit (GiveBackUncommitted), so the job is exactly as committed.
   absl::Status AddChunk(v1::JobManifest& next, uint32_t chunk_id, uint64_t num_elements, DType param_dtype,
-                        DType grad_dtype, bool stores_weights = false);
+                        DType grad_dtype, bool stores_weights = false, DType moments_dtype = DType::kFloat32);
   // Shrinks the state files to what the committed manifest names, giving back
   // space reserved by AddChunk for a `next` that will not be committed.
   void GiveBackUncommitted();

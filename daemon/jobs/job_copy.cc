@@ -24,7 +24,8 @@ absl::StatusOr<uint64_t> CopyJobStates(Job& src, Job& dst) {
   for (const v1::ChunkRecord& record : from.chunks()) {
     const uint32_t chunk_id = record.chunk_id();
     FUYOU_RETURN_IF_ERROR(dst.AddChunk(next, chunk_id, record.num_elements(), static_cast<DType>(record.param_dtype()),
-                                       static_cast<DType>(record.grad_dtype()), record.stores_weights()));
+                                       static_cast<DType>(record.grad_dtype()), record.stores_weights(),
+                                       RecordMomentsDType(record)));
     v1::ChunkRecord& added = *next.mutable_chunks(next.chunks_size() - 1);
     const v1::StateExtent& in = CommittedExtent(record);
     v1::StateExtent& out = *added.mutable_extents(static_cast<int>(added.committed_version()));

@@ -26,8 +26,9 @@ v1::ChunkRecord* JobEdit::Mutable(uint32_t chunk_id) {
 }
 
 absl::Status JobEdit::AddChunk(uint32_t chunk_id, uint64_t num_elements, DType param_dtype, DType grad_dtype,
-                               uint64_t layout_fingerprint, bool stores_weights) {
-  absl::Status added = job_.AddChunk(next_, chunk_id, num_elements, param_dtype, grad_dtype, stores_weights);
+                               uint64_t layout_fingerprint, bool stores_weights, DType moments_dtype) {
+  absl::Status added =
+      job_.AddChunk(next_, chunk_id, num_elements, param_dtype, grad_dtype, stores_weights, moments_dtype);
   if (!added.ok()) return added;
   Mutable(chunk_id)->set_layout_fingerprint(layout_fingerprint);
   return absl::OkStatus();

@@ -40,9 +40,10 @@ class JobEdit {
   // committed version is 0, update count 0; its initial states go to
   // CommittedExtent(*Find(chunk_id)) and InitialStatesWritten records them.
   // `stores_weights` (ChunkRecord.stores_weights): the extents also hold the
-  // chunk's working weights (ChunkLayout).
+  // chunk's working weights (ChunkLayout); `moments_dtype`: m and v's dtype.
   absl::Status AddChunk(uint32_t chunk_id, uint64_t num_elements, DType param_dtype, DType grad_dtype,
-                        uint64_t layout_fingerprint, bool stores_weights = false);
+                        uint64_t layout_fingerprint, bool stores_weights = false,
+                        DType moments_dtype = DType::kFloat32);
   // The committed extent of a new chunk now holds states with `checksums`.
   void InitialStatesWritten(uint32_t chunk_id, ChunkChecksums checksums);
   // A resumed chunk's dtypes as the client now sends them.

@@ -131,6 +131,43 @@ TEST(ChunkLayoutTest, TheWeightsFollowTheStatesOnABlockBoundary) {
   EXPECT_FALSE(ChunkLayout(10, static_cast<DType>(9)).ExtentBytes());
 }
 
+// Issue 22: bf16 moments take 2 bytes each: master 4n, m 2n, v 2n; the states'
+// checksum covers the 8n bytes as stored.
+TEST(ChunkLayoutTest, Bf16MomentsTakeEightBytesAnElement) {
+  const ChunkLayout fp32(1000);
+  EXPECT_EQ(fp32.moments_dtype, DType::kFloat32);
+  EXPECT_EQ(fp32.StateOffset(ChunkState::kExpAvg), 4000u);
+  EXPECT_EQ(fp32.StateOffset(ChunkState::kExpAvgSq), 8000u);
+  const ChunkLayout bf16(1000, std::nullopt, DType::kBFloat16);
+  EXPECT_EQ(bf16.StatesBytes(), 8000u);
+  EXPECT_EQ(bf16.StateOffset(ChunkState::kMaster), 0u);
+  EXPECT_EQ(bf16.StateOffset(ChunkState::kExpAvg), 4000u);
+  EXPECT_EQ(bf16.StateOffset(ChunkState::kExpAvgSq), 6000u);
+  EXPECT_EQ(bf16.StateDType(ChunkState::kMaster), DType::kFloat32);
+  EXPECT_EQ(bf16.StateDType(ChunkState::kExpAvgSq), DType::kBFloat16);
+  EXPECT_EQ(bf16.ExtentBytes(), 8192u);
+  EXPECT_EQ(ChunkLayout(1024, std::nullopt, DType::kBFloat16).ExtentBytes(), 8192u);  // exactly 8n
+  const ChunkLayout bf16_weights(1000, DType::kBFloat16, DType::kBFloat16);
+  EXPECT_EQ(bf16_weights.WeightsOffset(), 8192u);
+  EXPECT_EQ(bf16_weights.ExtentBytes(), 8192u + 4096u);
+  EXPECT_EQ(ChunkLayout(kMaxChunkElements, std::nullopt, DType::kBFloat16).StatesBytes(), kMaxChunkElements * 8);
+  EXPECT_FALSE(ChunkLayout(kMaxChunkElements + 1, std::nullopt, DType::kBFloat16).ExtentBytes());
+  EXPECT_FALSE(ChunkLayout(10, std::nullopt, DType::kFloat16).StatesBytes());  // not a moments dtype
+  EXPECT_FALSE(ChunkLayout(10, std::nullopt, static_cast<DType>(9)).ExtentBytes());
+
+  std::vector<std::byte> bytes(*bf16_weights.ExtentBytes(), std::byte{1});
+  const ChunkStates states(bytes.data(), bf16_weights);
+  EXPECT_EQ(states.exp_avg(), bytes.data() + 4000);
+  EXPECT_EQ(states.exp_avg_sq(), bytes.data() + 6000);
+  EXPECT_EQ(states.weights(), bytes.data() + 8192);
+  const ChunkChecksums before = ComputeChunkChecksums(bytes.data(), bf16_weights);
+  EXPECT_EQ(before.states, StatesChecksum(bytes.data(), bf16_weights));
+  bytes[8000] = std::byte{9};  // padding after v: the states' checksum is unchanged
+  EXPECT_EQ(ComputeChunkChecksums(bytes.data(), bf16_weights), before);
+  bytes[7999] = std::byte{9};  // v's last byte
+  EXPECT_NE(ComputeChunkChecksums(bytes.data(), bf16_weights).states, before.states);
+}
+
 TEST(ChunkLayoutTest, TheStatesAndTheWeightsAreChecksummedApart) {
   const ChunkLayout layout(1000, DType::kBFloat16);
   std::vector<std::byte> bytes(*layout.ExtentBytes(), std::byte{1});
@@ -233,6 +270,8 @@ TEST(ValidateManifestTest, ImpossibleChunkRecordsAreDataLoss) {
       {"negative update count", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_update_count(-1); }},
       {"committed version", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_committed_version(2); }},
       {"dtype", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_grad_dtype(static_cast<v1::DType>(9)); }},
+      {"fp16 moments", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_moments_dtype(v1::DTYPE_FLOAT16); }},
+      {"moments dtype", [](v1::JobManifest& m) { m.mutable_chunks(1)->set_moments_dtype(static_cast<v1::DType>(9)); }},
   };
   {
     v1::JobManifest manifest = GoodManifest();

@@ -36,6 +36,7 @@ StepConstants MakeStepConstants(const AdamWStepParams& p) {
   c.grad_scale = p.grad_scale;
   c.simd_step_size = static_cast<float>(step_size * bc2_sqrt);
   c.simd_eps = static_cast<float>(static_cast<double>(p.eps) * bc2_sqrt);
+  c.rounding_key = StochasticRoundingKey(p.step);
   return c;
 }
 
@@ -65,37 +66,52 @@ inline void StoreWeight(void* out, size_t i, float w) {
 }
 
 // The reference: torch.optim.AdamW's order of operations, one rounding per torch op.
-template <DType kGrad, DType kOut>
+// kBf16Moments: m and v are bf16, widened on load and rounded on store (m to
+// nearest even, v stochastically), the arithmetic unchanged.
+template <DType kGrad, DType kOut, bool kBf16Moments>
 void ScalarLoop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
   float* __restrict p = b.master;
-  float* __restrict m = b.exp_avg;
-  float* __restrict v = b.exp_avg_sq;
+  float* __restrict m32 = static_cast<float*>(b.exp_avg);
+  float* __restrict v32 = static_cast<float*>(b.exp_avg_sq);
+  uint16_t* __restrict m16 = static_cast<uint16_t*>(b.exp_avg);
+  uint16_t* __restrict v16 = static_cast<uint16_t*>(b.exp_avg_sq);
   for (size_t i = begin; i < end; ++i) {
     float g = LoadGrad<kGrad>(b.grad, i);
     if (c.grad_scale != 1.0f) g = g * c.grad_scale;
     float pi = p[i] * c.decay;
-    float mi = m[i] * c.beta1;
+    float mi = (kBf16Moments ? BFloat16ToFloat(m16[i]) : m32[i]) * c.beta1;
     mi = mi + c.one_minus_beta1 * g;
-    float vi = v[i] * c.beta2;
+    float vi = (kBf16Moments ? BFloat16ToFloat(v16[i]) : v32[i]) * c.beta2;
     vi = vi + (c.one_minus_beta2 * g) * g;
     float denom = std::sqrt(vi) / c.bc2_sqrt;
     denom = denom + c.eps;
     pi = pi - (c.step_size * mi) / denom;
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    if constexpr (kBf16Moments) {
+      m16[i] = FloatToBFloat16(mi);
+      v16[i] = FloatToBFloat16Stochastic(vi, RoundingNoise(c.rounding_key, b.first_element + i));
+    } else {
+      m32[i] = mi;
+      v32[i] = vi;
+    }
     StoreWeight<kOut>(b.weights_out, i, pi);
   }
+}
+
+template <DType kGrad, DType kOut>
+void ScalarDispatchMoments(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  if (b.moments_dtype == DType::kBFloat16) return ScalarLoop<kGrad, kOut, true>(c, b, begin, end);
+  return ScalarLoop<kGrad, kOut, false>(c, b, begin, end);
 }
 
 template <DType kGrad>
 void ScalarDispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin,
                        size_t end) {
-  if (b.weights_out == nullptr) return ScalarLoop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  if (b.weights_out == nullptr) return ScalarDispatchMoments<kGrad, DType::kUnspecified>(c, b, begin, end);
   switch (b.weight_dtype) {
-    case DType::kFloat32: return ScalarLoop<kGrad, DType::kFloat32>(c, b, begin, end);
-    case DType::kBFloat16: return ScalarLoop<kGrad, DType::kBFloat16>(c, b, begin, end);
-    case DType::kFloat16: return ScalarLoop<kGrad, DType::kFloat16>(c, b, begin, end);
+    case DType::kFloat32: return ScalarDispatchMoments<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return ScalarDispatchMoments<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return ScalarDispatchMoments<kGrad, DType::kFloat16>(c, b, begin, end);
     default: return;
   }
 }
@@ -159,6 +175,7 @@ Isa DetectIsaUncached() {
 
 bool ValidDTypes(const AdamWBuffers& b) {
   return IsValidDType(b.grad_dtype) &&
+         (b.moments_dtype == DType::kFloat32 || b.moments_dtype == DType::kBFloat16) &&
          (b.weights_out == nullptr || IsValidDType(b.weight_dtype));
 }
 

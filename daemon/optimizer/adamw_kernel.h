@@ -8,7 +8,7 @@
 //   denom   = sqrt(v) / sqrt(1 - beta2^t) + eps
 //   master -= (lr / (1 - beta1^t)) * m / denom
 //   weights_out = master rounded to weight_dtype (round-to-nearest-even)
-// States (master, m, v) are fp32; gradients and weights are fp32, bf16 or fp16.
+// States: master fp32, m and v fp32 or bf16 (AdamWBuffers); gradients and weights are fp32, bf16 or fp16.
 // AVX-512 and AVX2 paths are chosen at run time; a scalar path is the fallback and
 // the reference.
 //
@@ -22,7 +22,8 @@
 // double (0.9 rather than 0.9f), so for betas that are not exact in float the two
 // can differ by one ulp in (1 - beta).
 // Preconditions (checked by the caller, e.g. the session layer): step >= 1, valid
-// dtypes (kUnspecified is ignored and the call does nothing).
+// dtypes (kUnspecified is ignored and the call does nothing; so are moments of
+// a dtype other than fp32 or bf16).
 #pragma once
 
 #include <cstddef>
@@ -44,14 +45,27 @@ struct AdamWStepParams {
   int64_t step = 1;  // Adam's t for bias correction: 1 on a chunk's first update
 };
 
-// The buffers of one chunk update. `master`, `exp_avg`, `exp_avg_sq` hold n fp32
-// values and are updated in place. `grad` holds n values of grad_dtype;
-// `weights_out` receives n values of weight_dtype (may be null: no output).
-// No buffer may overlap another.
+// The buffers of one chunk update. `master` holds n fp32 values, `exp_avg` and
+// `exp_avg_sq` n values of moments_dtype; all three are updated in place.
+// `grad` holds n values of grad_dtype; `weights_out` receives n values of
+// weight_dtype (may be null: no output). No buffer may overlap another.
+//
+// moments_dtype is kFloat32 or kBFloat16 (ChunkLayout::moments_dtype). With
+// bf16 moments the kernel widens m and v to fp32 on load, computes exactly as
+// with fp32 moments (the master update uses the unrounded fp32 m and v), and
+// rounds on store: m to nearest even, v stochastically (v's per-step change,
+// (1 - beta2) = 0.1% of v, is below half a bf16 ulp (2^-9 = 0.2%), so nearest
+// rounding would freeze v: it could grow but never decay). The stochastic
+// rounding is keyed by (step, first_element + i): deterministic, the same on
+// every ISA and every split (adamw_kernel_internal.h).
 struct AdamWBuffers {
   float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  DType moments_dtype = DType::kFloat32;
+  // Index in the chunk of element 0 of these buffers (a sub-range of a chunk
+  // passes its offset): the key of v's stochastic rounding.
+  uint64_t first_element = 0;
   const void* grad = nullptr;
   DType grad_dtype = DType::kFloat32;
   void* weights_out = nullptr;

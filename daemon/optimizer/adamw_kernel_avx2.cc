@@ -79,8 +79,8 @@ template <DType kGrad, DType kOut>
 void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
   const Consts k(c);
   float* __restrict pp = b.master;
-  float* __restrict mp = b.exp_avg;
-  float* __restrict vp = b.exp_avg_sq;
+  float* __restrict mp = static_cast<float*>(b.exp_avg);
+  float* __restrict vp = static_cast<float*>(b.exp_avg_sq);
   const void* grad = b.grad;
   void* out = b.weights_out;
   size_t i = begin;
@@ -126,13 +126,103 @@ void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t en
   }
 }
 
+// ---- bf16 moments ---------------------------------------------------------------
+// m and v as bf16: widened on load (a shift, exact), rounded on store with the
+// scalar FloatToBFloat16 (m) and FloatToBFloat16Stochastic (v) arithmetic, so the
+// stored bits equal the scalar rounding of this path's fp32 results. 8 elements
+// per iteration; the tail through a padded stack buffer, as above.
+
+inline __m256 LoadBFloat16(const uint16_t* src) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 x 32-bit lanes (values <= 0xffff) -> 8 x 16-bit, in order.
+inline __m128i PackLanes(__m256i r) {
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+inline __m256i RoundingNoise8(__m256i key, __m256i index) {
+  __m256i x = _mm256_xor_si256(index, key);
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  return _mm256_srli_epi32(x, 16);
+}
+
+// FloatToBFloat16Stochastic on 8 lanes.
+inline __m128i ToBFloat16Stochastic(__m256 x, __m256i noise) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, noise), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return PackLanes(_mm256_blendv_epi8(rounded, quiet, nan));
+}
+
+template <DType kGrad, DType kOut>
+void LoopBf16Moments(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  const Consts k(c);
+  float* __restrict pp = b.master;
+  uint16_t* __restrict mp = static_cast<uint16_t*>(b.exp_avg);
+  uint16_t* __restrict vp = static_cast<uint16_t*>(b.exp_avg_sq);
+  const void* grad = b.grad;
+  void* out = b.weights_out;
+  const __m256i key = _mm256_set1_epi32(static_cast<int>(c.rounding_key));
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  auto indices = [&](size_t i) {
+    return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(b.first_element + i))), lanes);
+  };
+  size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    __m256 m = LoadBFloat16(mp + i);
+    __m256 v = LoadBFloat16(vp + i);
+    const __m256 p = Step(k, LoadGrad<kGrad>(grad, i), _mm256_loadu_ps(pp + i), m, v);
+    _mm256_storeu_ps(pp + i, p);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(mp + i), ToBFloat16(m));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(vp + i), ToBFloat16Stochastic(v, RoundingNoise8(key, indices(i))));
+    StoreWeights<kOut>(out, i, p);
+  }
+  if (i < end) {
+    const size_t len = end - i;
+    const size_t gsize = DTypeSize(kGrad);
+    alignas(32) float pt[8] = {}, gt[8] = {}, ot[8] = {};
+    alignas(16) uint16_t mt[8] = {}, vt[8] = {};
+    std::memcpy(pt, pp + i, len * 4);
+    std::memcpy(mt, mp + i, len * 2);
+    std::memcpy(vt, vp + i, len * 2);
+    std::memcpy(gt, static_cast<const char*>(grad) + i * gsize, len * gsize);
+    __m256 m = LoadBFloat16(mt);
+    __m256 v = LoadBFloat16(vt);
+    const __m256 p = Step(k, LoadGrad<kGrad>(gt, 0), _mm256_load_ps(pt), m, v);
+    _mm256_store_ps(pt, p);
+    _mm_store_si128(reinterpret_cast<__m128i*>(mt), ToBFloat16(m));
+    _mm_store_si128(reinterpret_cast<__m128i*>(vt), ToBFloat16Stochastic(v, RoundingNoise8(key, indices(i))));
+    std::memcpy(pp + i, pt, len * 4);
+    std::memcpy(mp + i, mt, len * 2);
+    std::memcpy(vp + i, vt, len * 2);
+    if constexpr (kOut != DType::kUnspecified) {
+      StoreWeights<kOut>(ot, 0, p);
+      std::memcpy(static_cast<char*>(out) + i * DTypeSize(kOut), ot, len * DTypeSize(kOut));
+    }
+  }
+}
+
+template <DType kGrad, DType kOut>
+void DispatchMoments(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  if (b.moments_dtype == DType::kBFloat16) return LoopBf16Moments<kGrad, kOut>(c, b, begin, end);
+  return Loop<kGrad, kOut>(c, b, begin, end);
+}
+
 template <DType kGrad>
 void DispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
-  if (b.weights_out == nullptr) return Loop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  if (b.weights_out == nullptr) return DispatchMoments<kGrad, DType::kUnspecified>(c, b, begin, end);
   switch (b.weight_dtype) {
-    case DType::kFloat32: return Loop<kGrad, DType::kFloat32>(c, b, begin, end);
-    case DType::kBFloat16: return Loop<kGrad, DType::kBFloat16>(c, b, begin, end);
-    case DType::kFloat16: return Loop<kGrad, DType::kFloat16>(c, b, begin, end);
+    case DType::kFloat32: return DispatchMoments<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return DispatchMoments<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return DispatchMoments<kGrad, DType::kFloat16>(c, b, begin, end);
     default: return;
   }
 }

@@ -157,8 +157,8 @@ template <DType kGrad, DType kOut>
 void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
   const Consts k(c);
   float* __restrict pp = b.master;
-  float* __restrict mp = b.exp_avg;
-  float* __restrict vp = b.exp_avg_sq;
+  float* __restrict mp = static_cast<float*>(b.exp_avg);
+  float* __restrict vp = static_cast<float*>(b.exp_avg_sq);
   const void* grad = b.grad;
   void* out = b.weights_out;
 
@@ -244,13 +244,110 @@ void Loop(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t en
   for (; i < end; i += 16) masked(i, end - i);
 }
 
+// ---- bf16 moments ---------------------------------------------------------------
+// m and v as bf16: widened on load (a shift, exact), rounded on store with the
+// same integer arithmetic as the scalar FloatToBFloat16 (m) and
+// FloatToBFloat16Stochastic (v), so the stored bits equal the scalar rounding of
+// this path's fp32 results. Not vcvtneps2bf16 (AVX512_BF16): it flushes
+// subnormal inputs and outputs to zero, which a small m would hit. One pass,
+// 32 elements per iteration with the fp32 loop's software prefetch, masked
+// tail; no streaming stores of the weights output.
+
+inline __m512 LoadBFloat16(const uint16_t* src) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512 LoadBFloat16Masked(const uint16_t* src, __mmask16 k) {
+  const __m256i h = _mm256_maskz_loadu_epi16(k, src);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// RoundingNoise for the 16 elements whose indices are `index` (32-bit lanes).
+inline __m512i RoundingNoise16(__m512i key, __m512i index) {
+  __m512i x = _mm512_xor_si512(index, key);
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  return _mm512_srli_epi32(x, 16);
+}
+
+// FloatToBFloat16Stochastic on 16 lanes (results in the low halves).
+inline __m512i ToBFloat16StochasticLanes(__m512 x, __m512i noise) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, noise), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+template <DType kGrad, DType kOut>
+void LoopBf16Moments(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  const Consts k(c);
+  float* __restrict pp = b.master;
+  uint16_t* __restrict mp = static_cast<uint16_t*>(b.exp_avg);
+  uint16_t* __restrict vp = static_cast<uint16_t*>(b.exp_avg_sq);
+  const void* grad = b.grad;
+  void* out = b.weights_out;
+  const __m512i key = _mm512_set1_epi32(static_cast<int>(c.rounding_key));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  auto indices = [&](size_t i) {
+    return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(b.first_element + i))), lanes);
+  };
+  auto one = [&](size_t i) {
+    __m512 m = LoadBFloat16(mp + i);
+    __m512 v = LoadBFloat16(vp + i);
+    const __m512 p = Step(k, LoadGrad<kGrad>(grad, i), _mm512_loadu_ps(pp + i), m, v);
+    _mm512_storeu_ps(pp + i, p);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mp + i), _mm512_cvtepi32_epi16(ToBFloat16Lanes(m)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(vp + i),
+                        _mm512_cvtepi32_epi16(ToBFloat16StochasticLanes(v, RoundingNoise16(key, indices(i)))));
+    StoreWeights<kOut>(out, i, p);
+  };
+  constexpr size_t kGradSize = DTypeSize(kGrad);
+  size_t i = begin;
+  for (; i + 32 <= end; i += 32) {
+    // As the fp32 loop: one prefetch per 64-byte line of each input stream,
+    // kPrefetchElements ahead (master: 2 lines, m and v: 1 each, grad: 1 or 2).
+    const size_t ahead = i + kPrefetchElements;
+    _mm_prefetch(reinterpret_cast<const char*>(pp + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pp + ahead + 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(mp + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(vp + ahead), _MM_HINT_T0);
+    for (size_t l = 0; l < 32 * kGradSize; l += 64) {
+      _mm_prefetch(static_cast<const char*>(grad) + ahead * kGradSize + l, _MM_HINT_T0);
+    }
+    one(i);
+    one(i + 16);
+  }
+  for (; i < end; i += 16) {
+    const size_t count = end - i;
+    const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+    __m512 m = LoadBFloat16Masked(mp + i, mask);
+    __m512 v = LoadBFloat16Masked(vp + i, mask);
+    const __m512 p = Step(k, LoadGradMasked<kGrad>(grad, i, mask), _mm512_maskz_loadu_ps(mask, pp + i), m, v);
+    _mm512_mask_storeu_ps(pp + i, mask, p);
+    _mm512_mask_cvtepi32_storeu_epi16(mp + i, mask, ToBFloat16Lanes(m));
+    _mm512_mask_cvtepi32_storeu_epi16(vp + i, mask, ToBFloat16StochasticLanes(v, RoundingNoise16(key, indices(i))));
+    StoreWeightsMasked<kOut>(out, i, p, mask);
+  }
+}
+
+template <DType kGrad, DType kOut>
+void DispatchMoments(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  if (b.moments_dtype == DType::kBFloat16) return LoopBf16Moments<kGrad, kOut>(c, b, begin, end);
+  return Loop<kGrad, kOut>(c, b, begin, end);
+}
+
 template <DType kGrad>
 void DispatchOut(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
-  if (b.weights_out == nullptr) return Loop<kGrad, DType::kUnspecified>(c, b, begin, end);
+  if (b.weights_out == nullptr) return DispatchMoments<kGrad, DType::kUnspecified>(c, b, begin, end);
   switch (b.weight_dtype) {
-    case DType::kFloat32: return Loop<kGrad, DType::kFloat32>(c, b, begin, end);
-    case DType::kBFloat16: return Loop<kGrad, DType::kBFloat16>(c, b, begin, end);
-    case DType::kFloat16: return Loop<kGrad, DType::kFloat16>(c, b, begin, end);
+    case DType::kFloat32: return DispatchMoments<kGrad, DType::kFloat32>(c, b, begin, end);
+    case DType::kBFloat16: return DispatchMoments<kGrad, DType::kBFloat16>(c, b, begin, end);
+    case DType::kFloat16: return DispatchMoments<kGrad, DType::kFloat16>(c, b, begin, end);
     default: return;
   }
 }

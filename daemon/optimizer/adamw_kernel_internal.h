@@ -29,6 +29,8 @@ struct StepConstants {
   // which differs from torch's order by rounding only (a few ulp of the update).
   float simd_step_size;  // step_size * bc2_sqrt
   float simd_eps;        // eps * bc2_sqrt
+  // Key of this step's stochastic rounding of bf16 v (StochasticRoundingKey(step)).
+  uint32_t rounding_key;
 };
 
 StepConstants MakeStepConstants(const AdamWStepParams& params);
@@ -56,6 +58,44 @@ inline uint16_t FloatToBFloat16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   const uint32_t lsb = (u >> 16) & 1u;
   return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+// ---- bf16 moments: rounding of m (nearest even) and v (stochastic) ----------
+//
+// The stochastic rounding of v is deterministic: the 16 random bits of an
+// element come from a hash of its index in the chunk and of the step's key, so
+// every ISA, every split of [0, n) into ranges or threads and every redo of the
+// step store the same bits. Indices are taken modulo 2^32 (the noise repeats
+// every 4Gi elements of one chunk: harmless).
+
+// lowbias32 (Chris Wellons' integer hash): a bijection of uint32 with good
+// avalanche; two multiplies, vectorisable as vpmulld.
+inline uint32_t RoundingHash(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+inline uint32_t StochasticRoundingKey(int64_t step) {
+  const auto t = static_cast<uint64_t>(step);
+  return RoundingHash(static_cast<uint32_t>(t) ^ (static_cast<uint32_t>(t >> 32) * 0x9e3779b9u) ^ 0x5bd1e995u);
+}
+
+// The 16 bits added below the kept bits of element `index`'s v.
+inline uint32_t RoundingNoise(uint32_t key, uint64_t index) {
+  return RoundingHash(static_cast<uint32_t>(index) ^ key) >> 16;
+}
+
+// fp32 -> bf16 rounding up with probability (dropped bits / 2^16): unbiased,
+// E[BFloat16ToFloat(r)] == f. A NaN is quietened as FloatToBFloat16 does; an
+// infinity stays one; a value within one bf16 ulp of FLT_MAX may round to inf.
+inline uint16_t FloatToBFloat16Stochastic(float f, uint32_t noise16) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + noise16) >> 16);
 }
 
 // IEEE binary16 -> binary32, exact. Agrees with F16C's vcvtph2ps bit for bit,

@@ -149,6 +149,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
         .segment_elements = SegmentsToStore(spec),
         .weights = segment_->ParamRegion(spec.slot()),
         .store_weights = spec.store_weights(),
+        .moments_dtype = SpecMomentsDType(spec),
     });
   }
   auto registered = store_->Register(chunks, services_.job_quota_bytes, services_.storage_budget);
@@ -258,6 +259,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.master = states.master();
     buffers.exp_avg = states.exp_avg();
     buffers.exp_avg_sq = states.exp_avg_sq();
+    buffers.moments_dtype = states.layout().moments_dtype;
     // From the journal when the request uses one (REPLAY never reads the slot's gradients).
     buffers.grad = journal.data() != nullptr ? journal.data() : segment_->GradRegion(request.slot()).data();
     buffers.grad_dtype = registered.grad_dtype;

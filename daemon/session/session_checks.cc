@@ -89,6 +89,12 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
       return absl::InvalidArgumentError(
           fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
     }
+    if (spec.moments_dtype() != v1::DTYPE_UNSPECIFIED && spec.moments_dtype() != v1::DTYPE_FLOAT32 &&
+        spec.moments_dtype() != v1::DTYPE_BFLOAT16) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chunk {}: moments_dtype {} is not FLOAT32 or BFLOAT16 (the dtypes the daemon keeps Adam's m and v in)", id,
+          static_cast<int>(spec.moments_dtype())));
+    }
     if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));
     FUYOU_RETURN_IF_ERROR(CheckSegmentElements(spec));
     // Cap the element count by the slot before anything is multiplied by it: a
@@ -102,6 +108,7 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
     }
     ChunkLayout chunk_layout{spec.num_elements()};
     if (spec.store_weights()) chunk_layout.weights_dtype = param_dtype;
+    chunk_layout.moments_dtype = SpecMomentsDType(spec);
     const std::optional<uint64_t> state_bytes = chunk_layout.ExtentBytes();
     if (!state_bytes || *state_bytes > services_.cache.budget_bytes() / 2) {
       return absl::InvalidArgumentError(fmt::format(

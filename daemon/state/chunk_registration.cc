@@ -18,6 +18,7 @@ namespace {
 ChunkLayout RegistrationLayout(const ChunkRegistration& chunk) {
   ChunkLayout layout{chunk.num_elements};
   if (chunk.store_weights) layout.weights_dtype = chunk.param_dtype;
+  layout.moments_dtype = chunk.moments_dtype;
   return layout;
 }
 
@@ -37,6 +38,14 @@ absl::Status CheckResumable(const StoreContext& context, std::span<const ChunkRe
           "(fuyou.AdamW offload_params={}), or start a new job to change it; nothing was registered",
           job.name(), chunk.chunk_id, record->stores_weights() ? "storing" : "without storing",
           chunk.store_weights, record->stores_weights(), record->stores_weights() ? "True" : "False"));
+    }
+    if (const DType stored = RecordMomentsDType(*record); stored != chunk.moments_dtype) {
+      return absl::FailedPreconditionError(fmt::format(
+          "job '{}' chunk {} keeps its Adam moments (m, v) as {}, but this registration asks for {}; the state "
+          "dtype is fixed when a job is created: resume it with state_dtype=\"{}\" (fuyou.AdamW), or start a new "
+          "job (or export the optimizer state and import it into one) to change it; nothing was registered",
+          job.name(), chunk.chunk_id, DTypeName(stored), DTypeName(chunk.moments_dtype),
+          stored == DType::kBFloat16 ? "bf16" : "fp32"));
     }
     if (record->stores_weights() && static_cast<DType>(record->param_dtype()) != chunk.param_dtype) {
       return absl::FailedPreconditionError(fmt::format(
@@ -90,7 +99,7 @@ absl::StatusOr<std::vector<ChunkRegistered>> RegisterChunks(StoreContext& contex
   for (const ChunkRegistration& chunk : chunks) {
     if (context.Find(chunk.chunk_id) != nullptr) continue;
     FUYOU_RETURN_IF_ERROR(edit.AddChunk(chunk.chunk_id, chunk.num_elements, chunk.param_dtype, chunk.grad_dtype,
-                                        chunk.layout_fingerprint, chunk.store_weights));
+                                        chunk.layout_fingerprint, chunk.store_weights, chunk.moments_dtype));
     edit.AdoptSegments(chunk.chunk_id, chunk.segment_elements);
     any_new = true;
   }
@@ -133,7 +142,7 @@ absl::StatusOr<std::vector<ChunkRegistered>> RegisterChunks(StoreContext& contex
     const ChunkStates states(pin.data(), layout);
     optimizer::ConvertToFloat32(chunk.weights.data(), chunk.param_dtype, states.master(), chunk.num_elements);
     // m, v and the padding start at zero.
-    const uint64_t master_bytes = StateOffset(ChunkState::kExpAvg, chunk.num_elements);
+    const uint64_t master_bytes = layout.StateOffset(ChunkState::kExpAvg);
     std::memset(pin.data() + master_bytes, 0, pin.size() - master_bytes);
     // The working weights: the master just read, back in param_dtype (the
     // slot's values exactly: every param dtype converts to fp32 and back

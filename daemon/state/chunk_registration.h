@@ -39,6 +39,9 @@ struct ChunkRegistration {
   // as a fourth state. Fixed at creation: a resumed chunk must send the value
   // it was created with, and one that stores weights its param_dtype.
   bool store_weights = false;
+  // ChunkSpec.moments_dtype (fp32 or bf16, checked by the session): the dtype
+  // of m and v. Fixed at creation: a resumed chunk must send its stored one.
+  DType moments_dtype = DType::kFloat32;
 };
 
 struct ChunkRegistered {
@@ -48,8 +51,8 @@ struct ChunkRegistered {
   std::vector<int64_t> segment_update_counts{};
 };
 
-// FAILED_PRECONDITION for a resumed chunk whose store_weights differs from its
-// stored one, or that stores weights and changes its param_dtype.
+// FAILED_PRECONDITION for a resumed chunk whose store_weights or moments dtype
+// differs from its stored one, or that stores weights and changes its param_dtype.
 absl::Status CheckResumable(const StoreContext& context, std::span<const ChunkRegistration> chunks);
 
 // Registers `chunks` (validated by the caller, and CheckResumable; the

@@ -119,7 +119,7 @@ class ChunkStoreTest : public ::testing::Test {
     return [delta, m](const ChunkStates& states) {
       for (uint64_t i = 0; i < states.num_elements(); ++i) {
         states.master()[i] += delta;
-        states.exp_avg()[i] = m;
+        reinterpret_cast<float*>(states.exp_avg())[i] = m;  // fp32 moments
       }
     };
   }
@@ -182,7 +182,7 @@ class ChunkStoreTest : public ::testing::Test {
       ASSERT_EQ(states.weights_bytes(), kWeightsBytes);
       for (uint64_t i = 0; i < states.num_elements(); ++i) {
         states.master()[i] += delta;
-        states.exp_avg()[i] += delta;
+        reinterpret_cast<float*>(states.exp_avg())[i] += delta;  // fp32 moments
       }
       optimizer::ConvertFromFloat32(states.master(), states.weights(), DType::kBFloat16, states.num_elements());
       produced->assign(states.weights(), states.weights() + states.weights_bytes());

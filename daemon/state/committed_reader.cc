@@ -45,7 +45,7 @@ absl::Status VerifyWeights(Job& job, const std::byte* weights, uint32_t chunk_id
 
 absl::Status VerifyStates(Job& job, const std::byte* states, uint32_t chunk_id, const ChunkLayout& layout,
                           const v1::StateExtent& extent) {
-  if (ChunkPayloadChecksum(states, layout.num_elements) == extent.checksum()) return absl::OkStatus();
+  if (StatesChecksum(states, layout) == extent.checksum()) return absl::OkStatus();
   return absl::DataLossError(fmt::format(
       "job '{}' chunk {}: the states read from {} at offset {} fail their checksum; the extent is corrupt and "
       "nothing was returned from it",

@@ -13,8 +13,10 @@ namespace fuyou {
 absl::Status StateImport::Export(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<float> out) {
   const v1::ChunkRecord* record = context_.Find(chunk_id);
   FUYOU_ASSIGN_OR_RETURN(StatePin pin, reader_.Acquire(*record, durability_.IsPending(chunk_id)));
-  const float* source = ChunkStates(pin.data(), record->num_elements()).state(which) + first;
-  std::memcpy(out.data(), source, out.size_bytes());
+  const ChunkStates states(pin.data(), RecordLayout(*record));
+  // Always fp32 on the wire: bf16 moments are widened (exactly).
+  const DType dtype = states.layout().StateDType(which);
+  optimizer::ConvertToFloat32(states.state(which) + first * DTypeSize(dtype), dtype, out.data(), out.size());
   return absl::OkStatus();
 }
 
@@ -57,7 +59,9 @@ absl::Status StateImport::Import(uint32_t chunk_id, ChunkState which, uint64_t f
                                            ? AcquireImported(*record, pending->second)
                                            : reader_.Acquire(*record, durability_.IsPending(chunk_id)));
   const ChunkStates states(pin.data(), layout);
-  std::memcpy(states.state(which) + first, values.data(), values.size_bytes());
+  // fp32 on the wire: bf16 moments are rounded to nearest even.
+  const DType dtype = layout.StateDType(which);
+  optimizer::ConvertFromFloat32(values.data(), states.state(which) + first * DTypeSize(dtype), dtype, values.size());
   if (which == ChunkState::kMaster && states.weights() != nullptr) {
     // The working weights follow the imported master, as after an update.
     optimizer::ConvertFromFloat32(states.master(), states.weights(), *layout.weights_dtype, layout.num_elements);

@@ -57,5 +57,36 @@ TEST_F(StateImportTest, ADroppedImportLeavesTheCommittedStates) {
   EXPECT_EQ(*import_.Commit(), 0u);  // nothing pending: nothing written
 }
 
+// Issue 22: bf16 moments are exported widened to fp32 (exactly) and imported
+// rounded to nearest even; the master stays fp32.
+TEST(StateImportBf16Test, MomentsAreWidenedOnExportAndRoundedOnImport) {
+  StateTestEnv env;
+  CommittedReader reader(env.context());
+  DurabilityPolicy durability(env.context(), DurabilityInterval{});
+  StateImport import(env.context(), reader, durability);
+  env.Register(reader, 1, 1.0f, /*store_weights=*/false, DType::kBFloat16);
+  std::vector<float> values(kElements, 1.0f + 0x1p-12f);  // not a bf16 value: rounds to 1.0
+  values[1] = 1.0f + 0x1p-7f + 0x1p-8f;                   // a tie: to even, 1 + 2^-6
+  ASSERT_TRUE(import.Import(0, ChunkState::kExpAvgSq, 0, std::span(values)).ok());
+  ASSERT_TRUE(import.Import(0, ChunkState::kMaster, 0, std::span(values)).ok());
+  ASSERT_TRUE(import.Commit().ok());
+  env.cache().DropJob(env.job().key());
+  std::vector<float> v(kElements), master(kElements), m(kElements, -1.0f);
+  ASSERT_TRUE(import.Export(0, ChunkState::kExpAvgSq, 0, std::span(v)).ok());
+  ASSERT_TRUE(import.Export(0, ChunkState::kMaster, 0, std::span(master)).ok());
+  ASSERT_TRUE(import.Export(0, ChunkState::kExpAvg, 0, std::span(m)).ok());
+  EXPECT_EQ(v[0], 1.0f);
+  EXPECT_EQ(v[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(master, values);  // fp32: kept exactly
+  EXPECT_EQ(m, std::vector<float>(kElements, 0.0f));
+  // A part from an offset lands on its own elements (2 bytes each).
+  std::vector<float> tail(3, 0.25f);
+  ASSERT_TRUE(import.Import(0, ChunkState::kExpAvg, 997, std::span(tail)).ok());
+  ASSERT_TRUE(import.Commit().ok());
+  std::vector<float> back(3);
+  ASSERT_TRUE(import.Export(0, ChunkState::kExpAvg, 996, std::span(back)).ok());
+  EXPECT_EQ(back, (std::vector<float>{0.0f, 0.25f, 0.25f}));
+}
+
 }  // namespace
 }  // namespace fuyou

@@ -59,12 +59,15 @@ class StateTestEnv {
 
   // Registers chunks 0..count-1 of kElements fp32 weights equal to `weight`
   // (store_weights: bf16 working weights).
-  void Register(CommittedReader& reader, uint32_t count, float weight = 1.0f, bool store_weights = false) {
+  // moments_dtype: m and v's dtype (ChunkRegistration::moments_dtype).
+  void Register(CommittedReader& reader, uint32_t count, float weight = 1.0f, bool store_weights = false,
+                DType moments_dtype = DType::kFloat32) {
     weights_.assign(count, std::vector<float>(kElements, weight));
     bf16_.assign(count, std::vector<uint16_t>(kElements, 0x3f80));  // bf16 1.0
     std::vector<ChunkRegistration> chunks;
     for (uint32_t id = 0; id < count; ++id) {
       ChunkRegistration chunk{.chunk_id = id, .num_elements = kElements, .layout_fingerprint = 42, .weights = {}};
+      chunk.moments_dtype = moments_dtype;
       if (store_weights) {
         chunk.param_dtype = DType::kBFloat16;
         chunk.grad_dtype = DType::kBFloat16;

@@ -90,6 +90,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true",
                    help="fuyou.AdamW(overlap=False): send every chunk at step(), after "
                         "backward (the serial path: nothing speculative, nothing redone)")
+    p.add_argument("--state-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="fuyou.AdamW(state_dtype=...): the dtype the daemon keeps Adam's "
+                        "moments in (bf16: 8 bytes of states a parameter instead of 12)")
     p.add_argument("--chunk-bytes", type=int, default=1 << 20,
                    help="fuyou chunk size in bytes; small so a tiny model has several chunks")
     p.add_argument("--daemon", choices=["auto", "embedded", "external"], default="auto",
@@ -220,6 +223,8 @@ def make_optimizer(kind: str, params, lr: float, args, job: str, grad_clip: floa
     extra = {"max_grad_norm": grad_clip} if grad_clip > 0 and args.clip_with == "optimizer" else {}
     if getattr(args, "daemon_address", None):  # the embedded fuyoud main() started
         extra["address"], embedded = args.daemon_address, False
+    if getattr(args, "state_dtype", "fp32") != "fp32":
+        extra["state_dtype"] = args.state_dtype
     return fuyou.AdamW(params, job=job, chunk_bytes=args.chunk_bytes, embedded=embedded,
                        overlap=not args.no_overlap, **extra, **hyper)
 
@@ -495,7 +500,9 @@ def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
     steady_s = [hist["step_s"][i] for i in overlapped_idx]
     return {
         "device": args.device, "parameters": model.num_parameters(),
-        "fuyou_state_bytes": 12 * model.num_parameters(),  # fp32 master weights, m, v
+        # fp32 master weights, m, v (bf16 m and v with --state-dtype bf16)
+        "fuyou_state_bytes": (8 if args.state_dtype == "bf16" else 12) * model.num_parameters(),
+        "state_dtype": args.state_dtype,
         "dram_budget_bytes": stats.get("dram_budget_bytes"),
         "steps": n, "serial_steps": len(serial_idx),
         "fuyou_tokens_per_second": hist["tokens_per_second"],
@@ -523,7 +530,8 @@ def format_summary(s: dict) -> str:
     ratio = f" = {s['fuyou_state_bytes'] / budget:.1f}x the budget" if budget else ""
     rows = [
         ("", "fuyou.AdamW", "torch.optim.AdamW"),
-        ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} (fp32 w, m, v)",
+        ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} "
+         f"({'fp32 w, bf16 m, v' if s.get('state_dtype') == 'bf16' else 'fp32 w, m, v'})",
          f"{fmt_bytes(t['state_bytes'])} (m, v)" if t.get("ran") else "-"),
         ("where", f"SSD; {fmt_bytes(budget or 0)} DRAM budget{ratio}", f"{s['device']} memory"),
         ("steps measured", f"{s['steps']} ({s['serial_steps']} with overlap off)",

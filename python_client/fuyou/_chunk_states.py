@@ -23,8 +23,10 @@ __all__ = ["ChunkStates"]
 class ChunkStates:
     """The registered chunks of one session and their committed states."""
 
-    def __init__(self, chunks: List[Chunk]):
+    def __init__(self, chunks: List[Chunk], moments_dtype: int = 1):
         self.session = None  # set by ChunkPipeline.attach
+        # The DType code of the chunks' moments (1 fp32, 2 bf16: AdamW state_dtype).
+        self.moments_dtype = moments_dtype
         # Per chunk, per segment: Adam updates committed (the daemon's count).
         self._counts: Dict[int, List[int]] = {c.chunk_id: [0] * len(c.segments) for c in chunks}
 
@@ -36,6 +38,8 @@ class ChunkStates:
         segments = ([seg.numel for seg in c.segments]
                     if len(c.segments) <= MAX_CHUNK_SEGMENTS else [])
         extra = {"store_weights": True} if store_weights else {}
+        if self.moments_dtype != 1:
+            extra["moments_dtype"] = self.moments_dtype
         try:
             registered = self.session.register_chunk(
                 c.chunk_id, c.num_elements, c.dtype_code, c.dtype_code,

@@ -8,8 +8,10 @@ of that job at its last commit.
 - An optimizer of this process has it open (its session holds the job, so the
   daemon cannot fork it): its committed states are read through its session
   and imported into this job, one chunk at a time (``copy_from``).
-- The daemon has no such job but the state dict holds the moments: they are
-  imported (``fork_or_import``).
+- The daemon has no such job, or keeps its moments in another dtype than this
+  optimizer's state_dtype (a daemon copy keeps the dtype), but the state dict
+  holds the moments: they are imported (``fork_or_import``; the daemon rounds
+  fp32 moments into a bf16 job).
 
 Called with the optimizer's lock held, between steps."""
 
@@ -41,6 +43,19 @@ def fork_or_import(opt, state_dict: dict, extra: dict) -> None:
     daemon has no such job and the state dict holds the moments, import them."""
     source = extra.get("job")
     moments = bool(extra.get("state_included"))
+    source_dtype = extra.get("state_dtype", "fp32")
+    if source_dtype != opt.state_dtype and not has_trained(opt) and find_open(source, opt.address) is None:
+        if not moments:
+            raise FailedPrecondition(
+                f"load_state_dict: job {source!r} keeps its moments as {source_dtype}, this optimizer's "
+                f"job {opt.job!r} as {opt.state_dtype} (state_dtype), and the state dict holds no "
+                "moments (over state_dict_max_bytes), so the daemon cannot fork it; use "
+                f"state_dtype={source_dtype!r}, or export_checkpoint and init_from")
+        if opt.pipeline.step.in_step:
+            raise FailedPrecondition(f"load_state_dict into job {opt.job!r} during a step: "
+                                     "call it between steps")
+        opt._mode.import_moments(opt, state_dict)
+        return
     try:
         fork_from(opt, source)
     except FuyouError as e:

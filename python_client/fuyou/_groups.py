@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from ._errors import InvalidArgument
 from ._materialize import is_empty, job_of
 from ._protocol import MAX_SLOTS
@@ -37,6 +39,19 @@ def check_arguments(*, lr, betas, eps, weight_decay, job, num_slots, accumulatio
         raise ValueError(f"timeout must be > 0, got {timeout}")
     if state_dict_max_bytes is not None and state_dict_max_bytes < 0:
         raise ValueError(f"state_dict_max_bytes must be >= 0 or None, got {state_dict_max_bytes}")
+
+
+# state_dtype= spellings -> the DType code of the moments on the wire (ChunkSpec.moments_dtype).
+STATE_DTYPES = {"fp32": 1, "float32": 1, torch.float32: 1, "bf16": 2, "bfloat16": 2, torch.bfloat16: 2}
+
+
+def moments_dtype_code(state_dtype) -> int:
+    """The wire code of `state_dtype` (``"fp32"`` or ``"bf16"``, or the torch
+    dtype); ValueError for anything else."""
+    try:
+        return STATE_DTYPES[state_dtype]
+    except (KeyError, TypeError):
+        raise ValueError(f'state_dtype must be "fp32" or "bf16", got {state_dtype!r}') from None
 
 
 def check_groups(param_groups, job: Optional[str], offload_params: bool) -> str:

@@ -67,6 +67,7 @@ def build_state_dict(opt) -> dict:
         "accumulation_steps": opt.accumulation_steps,
         "max_grad_norm": opt.max_grad_norm,
         "chunk_bytes": opt.chunk_bytes,
+        "state_dtype": opt.state_dtype,
         "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in pipeline.plan.chunks],
     }}
 

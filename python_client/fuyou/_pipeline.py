@@ -77,8 +77,10 @@ class ChunkPipeline:
     def __init__(self, chunks: List[Chunk], params: List[torch.Tensor], *,
                  lock, hyper: Callable[[int], Hyper],
                  hook_grad_scale: Callable[[], Optional[float]], check_finite: bool,
-                 accumulation_steps: int, timeout: float, install_weights: bool = True):
+                 accumulation_steps: int, timeout: float, install_weights: bool = True,
+                 moments_dtype: int = 1):
         self.params = params
+        self.moments_dtype = moments_dtype  # the chunks' m and v dtype code (AdamW state_dtype)
         # Shape of each parameter when the pipeline was made: a parameter whose
         # weights live in fuyoud (offload_params) is an empty placeholder between uses.
         self.param_shapes = [tuple(p.shape) for p in params]
@@ -100,7 +102,7 @@ class ChunkPipeline:
         """Sets the chunk plan (before any chunk is registered): offload_params
         plans the chunks from the model's modules after the optimizer was made."""
         self.plan = ChunkPlan(chunks, len(self.params))
-        self.states = ChunkStates(chunks)
+        self.states = ChunkStates(chunks, self.moments_dtype)
         self.states.session = self._session
         self._reset_step()
 

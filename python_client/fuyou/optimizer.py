@@ -15,7 +15,7 @@ import torch
 from . import _checkpoint, _lifetime, _optimizer_state
 from ._adamw_doc import ADAMW_REFERENCE
 from ._errors import FailedPrecondition, InvalidArgument
-from ._groups import check_arguments, check_groups, edited_group_error
+from ._groups import check_arguments, check_groups, edited_group_error, moments_dtype_code
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
@@ -65,12 +65,15 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm: Optional[float] = None,
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
                  embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
-                 offload_params: bool = False,
+                 offload_params: bool = False, state_dtype: str = "fp32",
                  state_dict_max_bytes: Optional[int] = DEFAULT_STATE_DICT_MAX_BYTES):
         check_arguments(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, job=job,
                         num_slots=num_slots, accumulation_steps=accumulation_steps,
                         max_grad_norm=max_grad_norm, timeout=timeout,
                         state_dict_max_bytes=state_dict_max_bytes)
+        moments_dtype = moments_dtype_code(state_dtype)
+        #: "fp32" or "bf16": the dtype the daemon keeps exp_avg and exp_avg_sq in.
+        self.state_dtype = "bf16" if moments_dtype == 2 else "fp32"
         self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
         self._closed = True
         # foreach, capturable, differentiable and fused choose torch's implementation
@@ -106,7 +109,7 @@ class AdamW(torch.optim.Optimizer):
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
             accumulation_steps=accumulation_steps, timeout=self.timeout,
-            install_weights=not offload_params)
+            install_weights=not offload_params, moments_dtype=moments_dtype)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
         self._address, self._daemon = resolve_address(address, embedded)

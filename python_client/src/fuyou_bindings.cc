@@ -342,7 +342,7 @@ PYBIND11_MODULE(_fuyou, m) {
           "register_chunk",
           [](PySession& s, uint32_t chunk_id, uint64_t num_elements, int param_dtype,
              int grad_dtype, const py::buffer& weights, uint64_t layout_fingerprint,
-             std::vector<uint64_t> segment_elements, bool store_weights) {
+             std::vector<uint64_t> segment_elements, bool store_weights, int moments_dtype) {
             ChunkSpec spec;
             spec.chunk_id = chunk_id;
             spec.num_elements = num_elements;
@@ -351,6 +351,7 @@ PYBIND11_MODULE(_fuyou, m) {
             spec.layout_fingerprint = layout_fingerprint;
             spec.segment_elements = std::move(segment_elements);
             spec.store_weights = store_weights;
+            spec.moments_dtype = ToDType(moments_dtype);
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
             Session& session = s.get();
@@ -361,12 +362,15 @@ PYBIND11_MODULE(_fuyou, m) {
           py::arg("chunk_id"), py::arg("num_elements"), py::arg("param_dtype"),
           py::arg("grad_dtype"), py::arg("weights"), py::arg("layout_fingerprint") = 0,
           py::arg("segment_elements") = std::vector<uint64_t>{}, py::arg("store_weights") = false,
+          py::arg("moments_dtype") = 1,
           "Registers a chunk; `weights` (writable) gives a new chunk's initial weights or "
           "receives a resumed chunk's. `layout_fingerprint` (0: none) identifies the chunk's "
           "parameter layout; a resume with another is FailedPrecondition. "
           "`segment_elements`: element counts of the chunk's segments (empty: one). "
           "`store_weights`: the daemon keeps the chunk's working weights (fetched with "
           "send_fetch_weights); fixed at creation, a resume with the other value is "
+          "FailedPrecondition. `moments_dtype` (a DType code: 1 float32, 2 bfloat16): the dtype "
+          "the daemon keeps m and v in; fixed at creation, a resume with another is "
           "FailedPrecondition. Returns (resumed, update_count, segment_update_counts); the last "
           "is empty when every segment has update_count.")
       .def(

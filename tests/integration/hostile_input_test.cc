@@ -299,5 +299,59 @@ TEST_F(HostileInputTest, ErrorTextsDoNotEchoUnboundedInput) {
   ExpectDaemonServes("after-names");
 }
 
+// Issue 22: ChunkSpec.moments_dtype other than fp32 or bf16 is refused; a chunk
+// with bf16 moments trains (Adam's first step moves each weight by lr, as with
+// fp32 moments); a resume asking for other moments is refused, naming the
+// job's; the same dtype resumes.
+TEST_F(HostileInputTest, MomentsDTypeIsCheckedAndFixedAtCreation) {
+  auto raw = Open("moments");
+  ASSERT_NE(raw, nullptr);
+  for (int bad : {static_cast<int>(v1::DTYPE_FLOAT16), 9, -1}) {
+    SCOPED_TRACE(bad);
+    grpc::ClientContext context;
+    v1::RegisterChunksRequest request;
+    request.set_session_id(raw->session_id());
+    v1::ChunkSpec* spec = request.add_chunks();
+    spec->set_chunk_id(1);
+    spec->set_num_elements(100);
+    spec->set_param_dtype(v1::DTYPE_FLOAT32);
+    spec->set_grad_dtype(v1::DTYPE_FLOAT32);
+    spec->set_moments_dtype(static_cast<v1::DType>(bad));
+    v1::RegisterChunksResponse response;
+    ExpectRefused(stub_->RegisterChunks(&context, request, &response), grpc::StatusCode::INVALID_ARGUMENT,
+                  "moments_dtype");
+  }
+  ASSERT_TRUE(raw->Close().ok());
+
+  auto session = Open("bf16-job", 1000 * 4);
+  ASSERT_NE(session, nullptr);
+  std::vector<float> weights(1000, 0.5f);
+  const ChunkSpec bf16{.chunk_id = 1, .num_elements = 1000, .moments_dtype = DType::kBFloat16};
+  ASSERT_TRUE(session->RegisterChunk(bf16, std::as_writable_bytes(std::span(weights))).ok());
+  std::vector<float> grads(1000, 1.0f);
+  AdamWHyper hyper;
+  hyper.weight_decay = 0;
+  ASSERT_TRUE(session->PushGradients(1, 1, hyper, std::as_bytes(std::span(grads))).ok());
+  ASSERT_TRUE(session->PullParams(1, std::as_writable_bytes(std::span(weights))).ok());
+  ASSERT_TRUE(session->EndStep(1).ok());
+  EXPECT_NEAR(weights[0], 0.5f - hyper.lr, 1e-6);
+  ASSERT_TRUE(session->Close().ok());
+
+  auto fp32 = Open("bf16-job", 1000 * 4);
+  ASSERT_NE(fp32, nullptr);
+  auto refused = fp32->RegisterChunk({.chunk_id = 1, .num_elements = 1000}, std::as_writable_bytes(std::span(weights)));
+  ExpectRefused(refused.status(), absl::StatusCode::kFailedPrecondition,
+                "keeps its Adam moments (m, v) as bfloat16, but this registration asks for float32");
+  ASSERT_TRUE(fp32->Close().ok());
+  auto again = Open("bf16-job", 1000 * 4);
+  ASSERT_NE(again, nullptr);
+  std::vector<float> resumed(1000, 0.0f);
+  auto result = again->RegisterChunk(bf16, std::as_writable_bytes(std::span(resumed)));
+  ASSERT_TRUE(result.ok()) << Text(result.status());
+  EXPECT_TRUE(result->resumed);
+  EXPECT_EQ(resumed, weights);
+  ASSERT_TRUE(again->Close().ok());
+}
+
 }  // namespace
 }  // namespace fuyou::testing

@@ -53,7 +53,8 @@ class FakeSession:
         return self.job["committed"]
 
     def register_chunk(self, chunk_id, num_elements, param_dtype, grad_dtype, weights,
-                       layout_fingerprint=0, segment_elements=(), store_weights=False):
+                       layout_fingerprint=0, segment_elements=(), store_weights=False,
+                       moments_dtype=1):
         mv = memoryview(weights).cast("B")
         dt = DTYPES[param_dtype]
         chunks = self.job["chunks"]
@@ -70,6 +71,11 @@ class FakeSession:
                 raise FailedPrecondition(
                     f"chunk {chunk_id} was created {have} store_weights; it cannot be resumed "
                     f"with store_weights={bool(store_weights)}")
+            if chunks[chunk_id].get("moments_dtype", 1) != moments_dtype:  # as the daemon's CheckResumable
+                have = {1: "float32", 2: "bfloat16"}[chunks[chunk_id].get("moments_dtype", 1)]
+                raise FailedPrecondition(
+                    f"job chunk {chunk_id} keeps its Adam moments (m, v) as {have}, but this "
+                    f"registration asks for {({1: 'float32', 2: 'bfloat16'})[moments_dtype]}")
             chunks[chunk_id]["fingerprint"] = layout_fingerprint or stored
         self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:
@@ -83,7 +89,8 @@ class FakeSession:
         chunks[chunk_id] = {"master": w, "m": torch.zeros_like(w), "v": torch.zeros_like(w),
                             "segments": segments, "segment_t": [0] * len(segments),
                             "fingerprint": layout_fingerprint,
-                            "store_weights": bool(store_weights)}
+                            "store_weights": bool(store_weights),
+                            "moments_dtype": moments_dtype}  # kept, not rounded: the fake keeps fp32
         if store_weights:  # the weights as given, in their own dtype
             chunks[chunk_id]["weights"] = torch.frombuffer(mv, dtype=dt, count=num_elements).clone()
         return False, 0, []

@@ -76,6 +76,12 @@ struct ChunkSpec {
   // Fixed when the chunk is created: resuming it with the other value is
   // refused (FAILED_PRECONDITION); see ChunkSpec.store_weights in offload.proto.
   bool store_weights = false;
+  // The dtype the daemon keeps the chunk's Adam moments (m, v) in: kFloat32
+  // (12 bytes a parameter with the fp32 master) or kBFloat16 (8 bytes: m rounded
+  // to nearest even, v stochastically; the master stays fp32). Fixed when the
+  // chunk is created: resuming it with the other is refused
+  // (FAILED_PRECONDITION); see ChunkSpec.moments_dtype in offload.proto.
+  DType moments_dtype = DType::kFloat32;
 
   uint64_t param_bytes() const { return num_elements * DTypeSize(param_dtype); }
   uint64_t grad_bytes() const { return num_elements * DTypeSize(grad_dtype); }
