@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 import fuyou
 
-LR, BETAS, WD, MAX_NORM = 1e-2, (0.9, 0.99), 0.1, 0.05
+# eps near the clipped gradients' size: Adam is otherwise blind to a clip's scale
+LR, BETAS, EPS, WD, MAX_NORM = 1e-2, (0.9, 0.99), 1e-3, 0.1, 0.05
 
 
 def make_model():
@@ -44,12 +45,12 @@ def loss_of(model, x, y):
 def reference(steps: int, world: int, clip: bool, micro: int):
     """Weights after each step: torch.optim.AdamW on the averaged gradient."""
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     out = []
     for step in range(steps):
         for r in range(world):
             for m in range(micro):
-                (loss_of(model, *batch(step, r, m)) / world).backward()
+                (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
@@ -90,7 +91,7 @@ def main():
                 for p in model.parameters():
                     p.add_(1.0)
         trained = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
-        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD,
+        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                           job=args.job, chunk_bytes=args.chunk_bytes,
                           max_grad_norm=MAX_NORM if args.clip else None)
         dp = opt._data_parallel
