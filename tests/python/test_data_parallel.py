@@ -96,3 +96,9 @@ def test_resume_with_the_same_world_size_and_refuse_another(tmp_path):
     for res in other:
         assert "was trained with 2 ranks" in res["error"], res
         assert "resume it with that many ranks" in res["error"]
+
+
+def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):
+    for res in run_ranks(tmp_path, 2, "--chunk-bytes", str(1 << 20)):
+        assert "1 chunk(s) for 2 ranks" in res["error"], res
+        assert "smaller chunk_bytes" in res["error"]
