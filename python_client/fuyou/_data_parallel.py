@@ -171,6 +171,31 @@ class DataParallel:
                     f"{self.world_size}; {how}")
         return None
 
+    def open_together(self, open_session):
+        """``open_session()`` on every rank; when any rank's fails, every rank
+        raises (its own session closed) instead of waiting in a collective for
+        a rank that left. A collective."""
+        session, error = None, None
+        try:
+            session = open_session()
+        except Exception as e:
+            error = e
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: "
+                               f"{error}", group=self.group)
+        if error is not None:
+            raise error
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if failed:
+            try:
+                session.close()
+            except Exception:
+                pass
+            raise FailedPrecondition(
+                f"fuyou.AdamW of job {self.base_job!r}: another rank could not open its "
+                "session: " + "; ".join(failed))
+        return session
+
     def check_resumed_together(self, resumed: bool, committed_step: int) -> None:
         """Every rank's job is new, or every one resumed at the same step; else
         raises on every rank (a collective)."""

@@ -126,7 +126,8 @@ class AdamW(torch.optim.Optimizer):
         try:
             self._num_slots = num_slots + mode_class.EXTRA_SLOTS
             self._slot_bytes = slot_bytes
-            session = self._connect()
+            session = (self._connect() if self._data_parallel is None
+                       else self._data_parallel.open_together(self._connect))
             self._mode: StepMode = mode_class(self, pipeline, session)
             #: The OffloadedParams of the model (offload_params), else None.
             self.offload = self._mode.offload
