@@ -194,4 +194,9 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             :meth:`state_dict` puts in ``state`` (2 GiB; None: no limit); above
             it the state dict holds a job reference only and a warning names
             :meth:`export_checkpoint`. Also an attribute, settable.
+        process_group: the torch.distributed group of a data-parallel job
+            (None: the default group when torch.distributed is initialised
+            with more than one rank). Each rank trains the job
+            ``<job>.rank<r>-of<w>`` on one fuyoud per node and owns whole
+            chunks; see README "Data parallel" and ``_data_parallel.py``.
     """

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import _checkpoint, _lifetime, _optimizer_state
+from . import _checkpoint, _data_parallel, _lifetime, _optimizer_state
 from ._adamw_doc import ADAMW_REFERENCE
 from ._errors import FailedPrecondition, InvalidArgument
 from ._groups import check_arguments, check_groups, edited_group_error, moments_dtype_code
@@ -21,6 +21,7 @@ from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
 from ._protocol import Hyper
 from ._resident import ResidentMode
+from ._sharded_mode import ShardedResidentMode
 from ._state_view import StateView
 from ._streamed import StreamedMode
 from ._torch_format import torch_indices
@@ -66,7 +67,8 @@ class AdamW(torch.optim.Optimizer):
                  loss_scale: Union[None, float, str] = None, accumulation_steps: int = 1,
                  embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
                  offload_params: bool = False, state_dtype: str = "fp32",
-                 state_dict_max_bytes: Optional[int] = DEFAULT_STATE_DICT_MAX_BYTES):
+                 state_dict_max_bytes: Optional[int] = DEFAULT_STATE_DICT_MAX_BYTES,
+                 process_group=None):
         check_arguments(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, job=job,
                         num_slots=num_slots, accumulation_steps=accumulation_steps,
                         max_grad_norm=max_grad_norm, timeout=timeout,
@@ -89,7 +91,11 @@ class AdamW(torch.optim.Optimizer):
         #: puts in its "state"; None: no limit, 0: never (a job reference only).
         self.state_dict_max_bytes = state_dict_max_bytes
         job = check_groups(self.param_groups, job, offload_params)
-        self.job = job
+        # In a torch.distributed group of several ranks: this rank's share
+        # (_data_parallel.py); the session's job is <job>.rank<r>-of<w>.
+        self._data_parallel = _data_parallel.for_optimizer(process_group, job, offload_params,
+                                                           init_from)
+        self.job = job if self._data_parallel is None else self._data_parallel.rank_job
         self.chunk_bytes = int(chunk_bytes)
         self.overlap = bool(overlap)
         self.max_grad_norm = max_grad_norm
@@ -105,6 +111,9 @@ class AdamW(torch.optim.Optimizer):
         mode_class = StreamedMode if offload_params else ResidentMode
         chunks, trainable, slot_bytes = mode_class.plan(self.param_groups, self.chunk_bytes,
                                                         num_slots, init_from)
+        if self._data_parallel is not None:
+            mode_class = ShardedResidentMode
+            chunks = self._data_parallel.take_shard(chunks)
         pipeline = ChunkPipeline(
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
@@ -112,12 +121,16 @@ class AdamW(torch.optim.Optimizer):
             install_weights=not offload_params, moments_dtype=moments_dtype)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
-        self._address, self._daemon = resolve_address(address, embedded)
+        if self._data_parallel is not None:  # one fuyoud per node
+            self._address, self._daemon = self._data_parallel.connect(address, embedded)
+        else:
+            self._address, self._daemon = resolve_address(address, embedded)
         session = None
         try:
             self._num_slots = num_slots + mode_class.EXTRA_SLOTS
             self._slot_bytes = slot_bytes
-            session = self._connect()
+            session = (self._connect() if self._data_parallel is None
+                       else self._data_parallel.open_together(self._connect))
             self._mode: StepMode = mode_class(self, pipeline, session)
             #: The OffloadedParams of the model (offload_params), else None.
             self.offload = self._mode.offload

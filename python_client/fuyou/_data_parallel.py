@@ -1,0 +1,311 @@
+"""DataParallel: one fuyou.AdamW of a torch.distributed job (issue 24).
+
+With ``torch.distributed`` initialised over more than one rank (the default
+group, or ``fuyou.AdamW(..., process_group=group)``) each rank's optimizer:
+
+- opens its own session on the per-rank job ``<job>.rank<r>-of<w>``
+  (``rank_job``), so the daemon's one-session-per-job rule holds and each rank
+  resumes its own states;
+- shares one fuyoud per node (``connect``): the lowest rank of each host (the
+  *node leader*) finds the daemon as a single process does (``address``, the
+  default socket, else the embedded one it starts) and tells the other ranks
+  of its host where it is; the leader stops an embedded daemon only after every
+  rank closed (``barrier``);
+- owns a contiguous run of whole chunks of the chunk plan (``take_shard``),
+  balanced by bytes and the same on every rank. Whole chunks: each chunk's
+  states live in one rank's daemon files, and its I/O (read, update, write
+  back) stays as large as without data parallelism;
+- averages the gradients at step() unless every rank already holds the same
+  (DDP averaged them: ``average_gradients``), sends only its chunks, and after
+  the commit broadcasts each chunk's new weights from its owner
+  (``broadcast_weights``).
+
+Collectives use the group's backend: CUDA tensors for NCCL, CPU ones for gloo
+(which has no reduce_scatter: the gradients are all-reduced whole).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._chunk_weights import gather_weights, install
+from ._chunking import Chunk
+from ._errors import FailedPrecondition, InvalidArgument
+from .daemon import resolve_address
+
+__all__ = ["DataParallel", "for_optimizer", "split_by_bytes"]
+
+BUCKET_BYTES = 32 << 20  # gradients all-reduced together
+
+
+def for_optimizer(process_group, job: str, offload_params: bool,
+                  init_from) -> Optional["DataParallel"]:
+    """The data-parallel side of an optimizer, or None: torch.distributed not
+    initialised (and no `process_group`), or a group of one rank (which trains
+    as a single process, on `job` itself)."""
+    if process_group is None and not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = process_group if process_group is not None else dist.group.WORLD
+    if dist.get_world_size(group) == 1:
+        return None
+    if offload_params:
+        raise NotImplementedError(
+            f"fuyou.AdamW of job {job!r}: offload_params=True with data parallelism "
+            f"(a process group of {dist.get_world_size(group)} ranks) is not implemented "
+            "yet; use the resident mode (offload_params=False) or one rank")
+    if init_from is not None:
+        raise NotImplementedError(
+            f"fuyou.AdamW of job {job!r}: init_from with data parallelism is not "
+            "implemented yet; import on one rank, or start the ranks without init_from")
+    return DataParallel(group, job)
+
+
+def split_by_bytes(sizes: List[int], parts: int) -> List[Tuple[int, int]]:
+    """`parts` contiguous, non-empty ranges [start, end) over items of `sizes`
+    whose byte totals are as even as the items allow (each boundary at the
+    prefix nearest its share). Needs len(sizes) >= parts."""
+    n = len(sizes)
+    prefix = [0]
+    for s in sizes:
+        prefix.append(prefix[-1] + int(s))
+    total = prefix[-1]
+    bounds = [0]
+    for r in range(1, parts):
+        target = total * r / parts
+        lo, hi = bounds[-1] + 1, n - (parts - r)  # every range keeps one item
+        best = min(range(lo, hi + 1), key=lambda k: (abs(prefix[k] - target), k))
+        bounds.append(best)
+    bounds.append(n)
+    return [(bounds[r], bounds[r + 1]) for r in range(parts)]
+
+
+class DataParallel:
+    """The rank's place in `group` and the collectives of its optimizer."""
+
+    def __init__(self, group, job: str):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.base_job = job
+        self.backend = dist.get_backend(group)
+        self.all_chunks: List[Chunk] = []
+        self.owner_of: dict = {}  # chunk id -> group rank
+        self.leader = False  # this rank found the node's daemon for the others
+        self.steps_averaged = 0  # steps whose gradients this side averaged (not DDP)
+
+    # ------------------------------------------------------------ naming, shard
+    @property
+    def rank_job(self) -> str:
+        """This rank's job: ``<job>.rank<r>-of<w>``."""
+        return f"{self.base_job}.rank{self.rank}-of{self.world_size}"
+
+    def take_shard(self, chunks: List[Chunk]) -> List[Chunk]:
+        """Remembers the whole plan and returns this rank's chunks."""
+        if len(chunks) < self.world_size:
+            raise InvalidArgument(
+                f"fuyou.AdamW of job {self.base_job!r}: {len(chunks)} chunk(s) for "
+                f"{self.world_size} ranks; every rank owns whole chunks, so pass a smaller "
+                "chunk_bytes (at least one chunk per rank)")
+        self.all_chunks = list(chunks)
+        ranges = split_by_bytes([c.nbytes for c in chunks], self.world_size)
+        for r, (start, end) in enumerate(ranges):
+            for c in chunks[start:end]:
+                self.owner_of[c.chunk_id] = r
+        start, end = ranges[self.rank]
+        return list(chunks[start:end])
+
+    # ------------------------------------------------------------ the node's daemon
+    def connect(self, address: Optional[str], embedded: Optional[bool]):
+        """(gRPC target, embedded daemon held or None) of this node's fuyoud, as
+        ``daemon.resolve_address`` gives it to the node leader; a collective.
+        Also refuses, on every rank, a job trained with another world size."""
+        hosts: list = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
+        me = hosts[self.rank]
+        self.leader = hosts.index(me) == self.rank
+        found, daemon, error = None, None, None
+        if self.leader:
+            try:
+                found, daemon = resolve_address(address, embedded)
+                error = self._other_world_error(found)
+            except Exception as e:  # every rank must hear of it
+                error = f"{type(e).__name__}: {e}"
+        answers: list = [None] * self.world_size
+        dist.all_gather_object(answers, (me, found, error), group=self.group)
+        errors = [f"rank {r}: {a[2]}" for r, a in enumerate(answers) if a[2]]
+        if errors:
+            if daemon is not None:
+                from ._lifetime import release_daemon
+                release_daemon(daemon)
+            raise FailedPrecondition(
+                f"fuyou.AdamW of job {self.base_job!r} (rank {self.rank} of "
+                f"{self.world_size}): " + "; ".join(errors))
+        target = next(a[1] for a in answers if a[0] == me and a[1])
+        return target, daemon
+
+    def _other_world_error(self, target: str) -> Optional[str]:
+        """Why the job cannot be opened with this world size (its per-rank jobs
+        of another one exist, or it is a single-process job), or None."""
+        from ._admin import admin_client
+        try:
+            names = [j["name"] for j in admin_client(target).list_jobs()]
+        except Exception:  # an admin API refused: the sessions decide alone
+            return None
+        pattern = re.compile(re.escape(self.base_job) + r"\.rank(\d+)-of(\d+)$")
+        worlds = sorted({int(m.group(2)) for m in map(pattern.match, names) if m})
+        others = [w for w in worlds if w != self.world_size]
+        how = ("resharding to another world size is not implemented yet: resume it with "
+               "that many ranks, or delete its jobs (fuyouctl, or "
+               "fuyou.admin_client().delete_job) to start over")
+        if others:
+            return (f"job {self.base_job!r} was trained with {others[0]} ranks (jobs "
+                    f"{self.base_job}.rank<r>-of{others[0]}), not {self.world_size}; {how}")
+        if self.base_job in names:
+            return (f"job {self.base_job!r} is a single-process job; with "
+                    f"{self.world_size} ranks each rank trains {self.base_job}.rank<r>-of"
+                    f"{self.world_size}; {how}")
+        return None
+
+    def open_together(self, open_session):
+        """``open_session()`` on every rank; when any rank's fails, every rank
+        raises (its own session closed) instead of waiting in a collective for
+        a rank that left. A collective."""
+        session, error = None, None
+        try:
+            session = open_session()
+        except Exception as e:
+            error = e
+        errors: list = [None] * self.world_size
+        dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: "
+                               f"{error}", group=self.group)
+        if error is not None:
+            raise error
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if failed:
+            try:
+                session.close()
+            except Exception:
+                pass
+            raise FailedPrecondition(
+                f"fuyou.AdamW of job {self.base_job!r}: another rank could not open its "
+                "session: " + "; ".join(failed))
+        return session
+
+    def check_resumed_together(self, resumed: bool, committed_step: int) -> None:
+        """Every rank's job is new, or every one resumed at the same step; else
+        raises on every rank (a collective)."""
+        views: list = [None] * self.world_size
+        dist.all_gather_object(views, (bool(resumed), int(committed_step)), group=self.group)
+        if len(set(views)) > 1:
+            said = ", ".join(f"rank {r}: {'resumed at step ' + str(s) if res else 'new'}"
+                             for r, (res, s) in enumerate(views))
+            raise FailedPrecondition(
+                f"fuyou.AdamW of job {self.base_job!r}: the per-rank jobs disagree ({said}); "
+                "each rank must resume its own job at the same committed step (a rank's "
+                "job lost or a crash between the ranks' commits); delete the jobs to start "
+                "over")
+
+    def barrier(self) -> None:
+        """Waits for every rank (before the node leader stops its daemon); does
+        nothing once the process group is gone (at interpreter exit)."""
+        try:
+            if dist.is_initialized():
+                dist.barrier(group=self.group)
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ collectives
+    def _device(self, like: torch.Tensor) -> torch.device:
+        if self.backend == "nccl":
+            return like.device if like.is_cuda else torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _src(self, group_rank: int) -> int:
+        """The global rank of `group_rank` (what broadcast's src takes)."""
+        if self.group is None or self.group is dist.group.WORLD:
+            return group_rank
+        get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+        return get(self.group, group_rank)
+
+    def average_gradients(self, params: List[torch.Tensor]) -> bool:
+        """Makes every rank's ``.grad`` the average over the ranks, as DDP does: a
+        parameter some rank has a gradient for takes zeros on the others; one no
+        rank has keeps None. When every rank's gradients are already the same
+        (DDP averaged them) nothing is reduced; the test compares, per bucket,
+        the sum, the sum of squares and a position-weighted sum. Returns whether
+        it reduced."""
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        dev = self._device(params[0]) if params else torch.device("cpu")
+        has = has.to(dev)
+        dist.all_reduce(has, group=self.group)
+        present = [p for p, n in zip(params, has.tolist()) if n > 0]
+        partial = [p for p, n in zip(params, has.tolist()) if 0 < n < self.world_size]
+        for p in partial:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        buckets = _buckets(present)
+        flats = [torch.cat([p.grad.detach().reshape(-1) for p in b]).to(dev) for b in buckets]
+        if not partial and self._already_same(flats, dev):
+            return False
+        for b, flat in zip(buckets, flats):
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.world_size)
+            pos = 0
+            for p in b:
+                n = p.numel()
+                p.grad.detach().copy_(flat[pos:pos + n].view_as(p.grad))
+                pos += n
+        self.steps_averaged += 1
+        return True
+
+    def _already_same(self, flats: List[torch.Tensor], dev: torch.device) -> bool:
+        if not flats:
+            return True
+        sums = []
+        for flat in flats:
+            f = flat.double()
+            weights = torch.arange(f.numel(), device=f.device, dtype=torch.float64) % 251 + 1
+            sums.append(torch.stack((f.sum(), f.square().sum(), torch.dot(f, weights))))
+        mine = torch.cat(sums).to(dev)
+        lowest, highest = mine.clone(), mine.clone()
+        dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=self.group)
+        dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=self.group)
+        return torch.equal(lowest, highest)  # a nan anywhere: reduced (and overflows)
+
+    def global_sum(self, value: float, like: torch.Tensor) -> float:
+        """`value` summed over the ranks (fp64)."""
+        t = torch.tensor([value], dtype=torch.float64, device=self._device(like))
+        dist.all_reduce(t, group=self.group)
+        return float(t.item())
+
+    def broadcast_weights(self) -> None:
+        """Every chunk's weights from its owner into every rank's parameters."""
+        with torch.no_grad():
+            for c in self.all_chunks:
+                owner = self.owner_of[c.chunk_id]
+                param = c.segments[0].param
+                buf = gather_weights(c).to(self._device(param))
+                dist.broadcast(buf, src=self._src(owner), group=self.group)
+                if owner != self.rank:
+                    install(c, buf.to(param.device))
+
+
+def _buckets(params: List[torch.Tensor]) -> List[List[torch.Tensor]]:
+    """`params` in order, grouped by gradient dtype and device into buckets of
+    about BUCKET_BYTES."""
+    out: List[List[torch.Tensor]] = []
+    open_by_kind: dict = {}  # (dtype, device) -> [bucket, bytes]
+    for p in params:
+        kind = (p.grad.dtype, p.grad.device)
+        entry = open_by_kind.get(kind)
+        if entry is None or entry[1] >= BUCKET_BYTES:
+            entry = open_by_kind[kind] = [[], 0]
+            out.append(entry[0])
+        entry[0].append(p)
+        entry[1] += p.grad.numel() * p.grad.element_size()
+    return out

@@ -1,0 +1,134 @@
+"""One rank of the data-parallel tests (test_data_parallel.py).
+
+``dp_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--accumulate]
+[--steps-from A --steps-to B] [--job J] [--chunk-bytes N]``: joins a gloo
+group over a FileStore, trains a small MLP with fuyou.AdamW on this rank's
+batches from step A to B and compares, after every step, every weight with
+torch.optim.AdamW run in this one process on the gradients averaged over all
+ranks' batches (what 2-rank DDP + torch.optim.AdamW gives), from step 0.
+Writes the largest violation of |a-b| <= 1e-6 + 1e-5|a| per step and what the
+optimizer saw (job, address, embedded daemon, chunks) to OUT.json; an error's
+text goes there too.
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fuyou
+
+# eps near the clipped gradients' size: Adam is otherwise blind to a clip's scale
+LR, BETAS, EPS, WD, MAX_NORM = 1e-2, (0.9, 0.99), 1e-3, 0.1, 0.05
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4))
+
+
+def batch(step: int, rank: int, micro: int = 0):
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def reference(steps: int, world: int, clip: bool, micro: int):
+    """Weights after each step: torch.optim.AdamW on the averaged gradient."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    out = []
+    for step in range(steps):
+        for r in range(world):
+            for m in range(micro):
+                (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append([p.detach().clone() for p in model.parameters()])
+    return out
+
+
+def violation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max(|a-b| - (1e-6 + 1e-5|a|)): <= 0 within the tolerance."""
+    return float(((a - b).abs() - (1e-6 + 1e-5 * a.abs())).max())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rank", type=int)
+    ap.add_argument("world", type=int)
+    ap.add_argument("store")
+    ap.add_argument("out")
+    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--clip", action="store_true")
+    ap.add_argument("--accumulate", action="store_true")
+    ap.add_argument("--steps-from", type=int, default=0)
+    ap.add_argument("--steps-to", type=int, default=3)
+    ap.add_argument("--job", default="dp")
+    ap.add_argument("--chunk-bytes", type=int, default=2048)
+    args = ap.parse_args()
+    result = {"rank": args.rank}
+    store = dist.FileStore(args.store, args.world)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world)
+    opt = None
+    try:
+        micro = 2 if args.accumulate else 1
+        ref = reference(args.steps_to, args.world, args.clip, micro)
+        model = make_model()
+        if args.steps_from > 0:  # a resumed job installs its weights; start elsewhere
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        trained = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
+        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                          job=args.job, chunk_bytes=args.chunk_bytes,
+                          max_grad_norm=MAX_NORM if args.clip else None)
+        dp = opt._data_parallel
+        result.update(job=opt.job, address=opt.address, resumed=opt.resumed,
+                      committed=opt.committed_step, embedded=opt.embedded_daemon is not None,
+                      own_chunks=opt.num_chunks, all_chunks=len(dp.all_chunks))
+        if args.steps_from > 0:
+            result["start_violation"] = max(
+                violation(a, b) for a, b in zip(ref[args.steps_from - 1], model.parameters()))
+        worst = []
+        for step in range(args.steps_from, args.steps_to):
+            for m in range(micro):
+                loss = loss_of(trained, *batch(step, args.rank, m)) / micro
+                if args.ddp and m < micro - 1:
+                    with trained.no_sync():
+                        loss.backward()
+                else:
+                    loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            worst.append(max(violation(a, b) for a, b in zip(ref[step], model.parameters())))
+        result.update(worst=worst, steps_averaged=dp.steps_averaged,
+                      final_committed=opt.committed_step)
+        try:
+            opt.state_dict()
+        except NotImplementedError as e:
+            result["state_dict_error"] = str(e)
+        opt.close()
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+        if opt is not None:
+            opt.close()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

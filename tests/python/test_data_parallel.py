@@ -1,0 +1,104 @@
+"""Data parallel over torch.distributed (issue 24): gloo ranks as subprocesses
+(dp_worker.py) on one node, each with its own batches, against torch.optim.AdamW
+on the averaged gradient after every step; one embedded fuyoud for the node;
+per-rank jobs that resume; another world size refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import require_daemon
+from fuyou._data_parallel import split_by_bytes
+
+HERE = Path(__file__).resolve().parent
+RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
+
+
+def run_ranks(tmp: Path, world: int, *flags: str, name: str = "run") -> list:
+    """Runs `world` ranks of dp_worker.py; their results, by rank. Every rank
+    finds the node's daemon itself: no default socket answers, so rank 0
+    starts an embedded fuyoud on ``tmp/data``."""
+    binary = require_daemon()
+    env = dict(os.environ, FUYOU_DAEMON=binary, FUYOU_SOCKET=str(tmp / "no-daemon.sock"),
+               FUYOU_DATA_DIR=str(tmp / "data"),
+               PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
+    env.pop("FUYOU_EMBEDDED", None)
+    store = tmp / f"{name}.store"
+    outs = [tmp / f"{name}.{r}.json" for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "dp_worker.py"), str(r), str(world),
+                               str(store), str(outs[r]), *flags], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank did not finish; its output:\n" + p.communicate()[0].decode())
+    results = []
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def assert_matches_torch(results: list, steps: int) -> None:
+    for res in results:
+        assert "error" not in res, res.get("traceback")
+        assert len(res["worst"]) == steps
+        assert max(res["worst"]) <= 0.0, f"rank {res['rank']}: {res['worst']}"
+
+
+def test_split_by_bytes_is_contiguous_balanced_and_never_empty():
+    assert split_by_bytes([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert split_by_bytes([10, 1, 1, 10], 2) == [(0, 2), (2, 4)]
+    assert split_by_bytes([100, 1, 1], 3) == [(0, 1), (1, 2), (2, 3)]
+    assert split_by_bytes([1, 1, 1, 100], 2) == [(0, 3), (3, 4)]
+
+
+def test_two_ranks_with_clipping_match_torch_on_the_averaged_gradient(tmp_path):
+    results = run_ranks(tmp_path, 2, "--clip")
+    assert_matches_torch(results, 3)
+    # one daemon for the node: rank 0 started it, rank 1 connected to it
+    assert [r["embedded"] for r in results] == [True, False]
+    assert results[0]["address"] == results[1]["address"]
+    assert [r["job"] for r in results] == ["dp.rank0-of2", "dp.rank1-of2"]
+    # whole chunks split between the ranks, every chunk owned once
+    assert all(0 < r["own_chunks"] < r["all_chunks"] for r in results)
+    assert sum(r["own_chunks"] for r in results) == results[0]["all_chunks"]
+    assert [r["steps_averaged"] for r in results] == [3, 3]  # fuyou reduced: no DDP
+    assert all(r["final_committed"] == 3 for r in results)
+    assert all("not implemented yet" in r["state_dict_error"] for r in results)
+
+
+def test_ddp_with_accumulation_is_not_averaged_again_and_matches_torch(tmp_path):
+    results = run_ranks(tmp_path, 2, "--ddp", "--accumulate")
+    assert_matches_torch(results, 3)
+    assert [r["steps_averaged"] for r in results] == [0, 0]  # DDP did it
+
+
+def test_resume_with_the_same_world_size_and_refuse_another(tmp_path):
+    assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", name="first"), 2)
+    resumed = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", name="again")
+    assert_matches_torch(resumed, 2)
+    for res in resumed:
+        assert res["resumed"] and res["committed"] == 2 and res["final_committed"] == 4
+        assert res["start_violation"] <= 0.0  # the committed weights, on every rank
+    other = run_ranks(tmp_path, 3, "--steps-from", "4", "--steps-to", "5", name="three")
+    for res in other:
+        assert "was trained with 2 ranks" in res["error"], res
+        assert "resume it with that many ranks" in res["error"]
+
+
+def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):
+    for res in run_ranks(tmp_path, 2, "--chunk-bytes", str(1 << 20)):
+        assert "1 chunk(s) for 2 ranks" in res["error"], res
+        assert "smaller chunk_bytes" in res["error"]
