@@ -92,6 +92,7 @@ class ChunkPipeline:
         self._hook_grad_scale = hook_grad_scale
         self._session = None
         self._committed = 0
+        self._durable = 0
         self.passes = PassCounter(accumulation_steps)
         self.slots = ChunksInFlight(_device.for_params(params), timeout, check_finite,
                                      install_weights)
@@ -118,7 +119,7 @@ class ChunkPipeline:
             raise ValueError(f"session has {session.num_slots} slots, {reserved_slots} reserved")
         self._session = self.states.session = session
         self.slots.attach(session, num_slots, f"fuyou-sender-{id(self):x}")
-        self._committed = int(session.committed_step)
+        self._committed = self._durable = int(session.committed_step)
         resumed_any = False
         if register:
             with torch.no_grad():
@@ -146,8 +147,14 @@ class ChunkPipeline:
 
     @property
     def committed_step(self) -> int:
-        """Last step the daemon committed for the job."""
+        """Last step the daemon applied for the job (EndStep answered)."""
         return self._committed
+
+    @property
+    def durable_step(self) -> int:
+        """Last step the daemon reported durable, what a crash keeps: the
+        applied step, or the one before while its commit runs on in the daemon."""
+        return self._durable
 
     def close(self) -> None:
         """Abandons a step in progress (unless the pipeline failed) and closes the
@@ -325,8 +332,9 @@ class ChunkPipeline:
             self.stats.steps_with_redo += 1
         self.passes.learn(step.accumulating)
         if step.in_step:
-            committed, _chunks = self._session.end_step(self._committed + 1)
+            committed, _chunks, durable = self._session.end_step(self._committed + 1)
             self._committed = int(committed)
+            self._durable = int(durable)
             self.states.count_committed((cid, s.not_updated) for cid, s in step.sent.items())
             self.stats.steps += 1
         self._reset_step()

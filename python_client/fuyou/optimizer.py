@@ -153,8 +153,17 @@ class AdamW(torch.optim.Optimizer):
     # ------------------------------------------------------------------ public
     @property
     def committed_step(self) -> int:
-        """Last step the daemon committed for this job (durable)."""
+        """Last step the daemon applied for this job: its updates are in the
+        weights and in what the next step reads."""
         return self._pipeline.committed_step if self._pipeline is not None else 0
+
+    @property
+    def durable_step(self) -> int:
+        """Last step known durable, where the job resumes after a crash of the
+        daemon or the machine: ``committed_step``, or one less while that step's
+        commit still runs in fuyoud (it overlaps the next step's forward). It is
+        read from each EndStep's answer, so it may lag the daemon by one step."""
+        return self._pipeline.durable_step if self._pipeline is not None else 0
 
     @property
     def loss_scale(self) -> float:

@@ -512,9 +512,11 @@ PYBIND11_MODULE(_fuyou, m) {
           [](PySession& s, int64_t step) {
             Session& session = s.get();
             const StepResult r = Blocking<StepResult>([&] { return session.EndStep(step); });
-            return py::make_tuple(r.step, r.chunks_updated);
+            return py::make_tuple(r.step, r.chunks_updated, r.durable_step);
           },
-          py::arg("step"), "Commits the step; returns (step, chunks_updated).")
+          py::arg("step"),
+          "Applies the step (its durable commit runs on in the daemon); returns (step, chunks_updated, "
+          "durable_step): durable_step is the last step a crash keeps, step - 1 while this one's commit runs.")
       .def(
           "abort_step",
           [](PySession& s, int64_t step, int reason) {

@@ -61,3 +61,35 @@ def test_sigkill_mid_step_then_resume(daemon, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=lambda m: f"{k}: {m}")
+
+
+def test_durable_step_trails_the_applied_step_by_at_most_one_and_close_makes_it_durable(daemon):
+    """EndStep answers when the step is applied; its durable commit runs on in
+    fuyoud. ``durable_step`` (what a crash keeps) is the applied step or the one
+    before, never more; closing waits for the commit, so a reopened job resumes
+    at the last applied step."""
+    import fuyou
+    job = f"durable-{os.getpid()}"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = fuyou.AdamW(model.parameters(), lr=1e-3, job=job, address=daemon.address,
+                      embedded=False)
+    durable = []
+    for step in range(1, 5):
+        model(torch.randn(4, 64)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        assert opt.committed_step == step
+        assert opt.durable_step in (step - 1, step), (step, opt.durable_step)
+        assert opt.durable_step >= (durable[-1] if durable else 0)
+        durable.append(opt.durable_step)
+    weights = model.weight.detach().clone()
+    opt.close()
+    again = torch.nn.Linear(64, 64)
+    reopened = fuyou.AdamW(again.parameters(), lr=1e-3, job=job, address=daemon.address,
+                           embedded=False)
+    try:
+        assert reopened.committed_step == reopened.durable_step == 4
+        assert torch.equal(again.weight.detach(), weights)
+    finally:
+        reopened.close()
