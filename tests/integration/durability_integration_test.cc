@@ -55,7 +55,8 @@ absl::Status RegisterAll(Session& session, std::vector<Chunk>& chunks, bool expe
 }
 
 // One step of every chunk; the reference advances only when the step commits.
-absl::Status TrainStep(Session& session, std::vector<Chunk>& chunks, int64_t step) {
+// `durable_step`, when given, gets the durable step EndStep's answer reports.
+absl::Status TrainStep(Session& session, std::vector<Chunk>& chunks, int64_t step, int64_t* durable_step = nullptr) {
   AdamWHyper hyper;
   absl::Status first_error;
   for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) {
@@ -73,6 +74,7 @@ absl::Status TrainStep(Session& session, std::vector<Chunk>& chunks, int64_t ste
   auto ended = session.EndStep(step);
   if (!ended.ok()) return ended.status();
   if (!first_error.ok()) return first_error;
+  if (durable_step != nullptr) *durable_step = ended->durable_step;
   for (size_t i = 0; i < chunks.size(); ++i) {
     chunks[i].weights = std::move(pulled[i]);
     chunks[i].reference.Step(chunks[i].Gradients(step), hyper);
@@ -287,6 +289,64 @@ TEST_F(DurabilityTest, ADiskFullInAStepRollsItBackWhileAnotherJobTrainsOn) {
   for (size_t i = 0; i < sick_chunks.size(); ++i) EXPECT_EQ(sick_chunks[i].weights, at_step_2[i]);
   for (int64_t step = 3; step <= 4; ++step) ASSERT_TRUE(TrainStep(*sick, sick_chunks, step).ok());
   for (const Chunk& chunk : sick_chunks) EXPECT_LE(chunk.MaxError(), 1e-6) << "chunk " << chunk.spec.chunk_id;
+}
+
+TEST_F(DurabilityTest, AFailedBackgroundCommitFailsTheNextRequestAndTheJobResumesAtItsDurableStep) {
+  // EndStep answers once a step is applied; its data syncs and manifest commit
+  // run on in the background. From the SYNCS_BEFORE_FAULT-th data sync of job
+  // "syncfail" on, every sync fails (the registration's syncs pass).
+  constexpr int kSyncsBeforeFault = 12;
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=sync:EIO:after={}:job=syncfail", kSyncsBeforeFault)});
+  std::vector<Chunk> chunks = {Chunk(0, 5000), Chunk(1, 7000)};
+  // The reference masters after each step (index: step).
+  std::vector<std::vector<std::vector<float>>> masters(1);
+  for (const Chunk& chunk : chunks) masters[0].push_back(chunk.reference.master);
+  int64_t durable = 0;
+  int64_t failed_at = 0;
+  absl::Status failed;
+  {
+    auto session = Open("syncfail");
+    ASSERT_NE(session, nullptr);
+    ASSERT_TRUE(RegisterAll(*session, chunks, false).ok());
+    for (int64_t step = 1; step <= 20 && failed.ok(); ++step) {
+      int64_t reported = 0;
+      failed = TrainStep(*session, chunks, step, &reported);
+      if (!failed.ok()) {
+        failed_at = step;
+        break;
+      }
+      EXPECT_TRUE(reported == step - 1 || reported == step) << "step " << step << " reported " << reported;
+      EXPECT_GE(reported, durable);
+      durable = reported;
+      masters.emplace_back();
+      for (const Chunk& chunk : chunks) masters.back().push_back(chunk.reference.master);
+    }
+    ASSERT_FALSE(failed.ok()) << "no sync failed in 20 steps: raise the steps or lower kSyncsBeforeFault";
+    ASSERT_GT(failed_at, 1) << "the fault hit the first step: " << Text(failed);
+    EXPECT_NE(Text(failed).find("Input/output error"), std::string::npos) << Text(failed);
+    // The session stays broken: a step after it fails too (the reference does
+    // not advance: TrainStep moves it only for a step that EndStep answered).
+    const absl::Status again = TrainStep(*session, chunks, failed_at + 1);
+    EXPECT_FALSE(again.ok());
+    session->Close().IgnoreError();
+  }
+  // Without the fault the job reopens at the last step reported durable (the
+  // failed commit's step, or later ones, are gone), with that step's states.
+  Restart();
+  auto session = Open("syncfail");
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(RegisterAll(*session, chunks, true).ok());
+  const int64_t resumed = session->committed_step();
+  EXPECT_EQ(resumed, durable) << "failed at step " << failed_at << ": " << Text(failed);
+  ASSERT_LT(resumed, static_cast<int64_t>(masters.size()));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    double worst = 0;
+    for (size_t i = 0; i < chunks[c].weights.size(); ++i) {
+      const double want = masters[resumed][c][i];
+      worst = std::max(worst, std::abs(chunks[c].weights[i] - want) / std::abs(want));
+    }
+    EXPECT_LE(worst, 1e-6) << "chunk " << c << " against the reference at step " << resumed;
+  }
 }
 
 TEST_F(DurabilityTest, AReadErrorFailsTheStepNotTheDaemon) {
