@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._activation_plan import LayerProfile, Profile
+from ._tensor_tree import pass_through
 
 __all__ = ["measure_link_bandwidth", "LayerRecorder", "tensor_bytes"]
 
@@ -94,39 +95,7 @@ class _BackwardMark(torch.autograd.Function):
 
 def _marked(obj, recorder_ref, key):
     """`obj` with its tensors that require grad passed through _BackwardMark."""
-    tensors: List[torch.Tensor] = []
-
-    def collect(o):
-        if isinstance(o, torch.Tensor):
-            if o.requires_grad:
-                tensors.append(o)
-        elif isinstance(o, (tuple, list)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-
-    collect(obj)
-    if not tensors:
-        return obj, False
-    out = _BackwardMark.apply(recorder_ref, key, *tensors)
-    out = out if isinstance(out, tuple) else (out,)
-    swap = {id(t): w for t, w in zip(tensors, out)}
-
-    def rebuild(o):
-        if isinstance(o, torch.Tensor):
-            return swap.get(id(o), o)
-        if isinstance(o, tuple):
-            items = [rebuild(x) for x in o]
-            return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)
-        if isinstance(o, list):
-            return [rebuild(x) for x in o]
-        if isinstance(o, dict):
-            return {k: rebuild(v) for k, v in o.items()}
-        return o
-
-    return rebuild(obj), True
+    return pass_through(obj, lambda *tensors: _BackwardMark.apply(recorder_ref, key, *tensors))
 
 
 class LayerRecorder:

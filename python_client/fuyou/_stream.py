@@ -35,6 +35,7 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._offload import FETCH_SLOTS, Block, OffloadedParams
 from ._sizes import parse_size
 from ._stream_state_dict import StreamedStateDict, default_state_dict_limit
+from ._tensor_tree import pass_through
 
 __all__ = ["stream_parameters", "ParameterStream"]
 
@@ -396,38 +397,6 @@ def _wrap_outputs(output, stream_ref, module_ref):
     """`output` with its tensors that require grad passed through
     _FetchForBackward (tensors, tuples, lists and dicts of them); None when
     nothing needs it (the output stays as it is)."""
-    tensors: list = []
-
-    def collect(o):
-        if isinstance(o, torch.Tensor):
-            if o.requires_grad:
-                tensors.append(o)
-        elif isinstance(o, (tuple, list)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-
-    collect(output)
-    if not tensors:
-        return None
-    wrapped = _FetchForBackward.apply(stream_ref, module_ref, *tensors)
-    replacement = {id(t): w for t, w in zip(tensors, wrapped)}
-
-    def rebuild(o):
-        if isinstance(o, torch.Tensor):
-            return replacement.get(id(o), o)
-        if isinstance(o, tuple):
-            items = [rebuild(x) for x in o]
-            return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)
-        if isinstance(o, list):
-            return type(o)(rebuild(x) for x in o)
-        if isinstance(o, dict):
-            new = o.copy()
-            for k, v in o.items():
-                new[k] = rebuild(v)
-            return new
-        return o
-
-    return rebuild(output)
+    wrapped, any_tensor = pass_through(
+        output, lambda *tensors: _FetchForBackward.apply(stream_ref, module_ref, *tensors))
+    return wrapped if any_tensor else None
