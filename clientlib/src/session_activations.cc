@@ -4,6 +4,7 @@
 // daemon's key (k << kPieceBits) | i; each piece is one round trip through a
 // held slot (its gradient region), so several threads may spill and recall at
 // once, also while a step's gradients are in flight.
+#include <algorithm>
 #include <cstring>
 
 #include "fmt/format.h"

@@ -7,6 +7,8 @@
 // after checking their checksum and forgets them; DropActivations (and EndStep,
 // AbortStep, the session's end) frees them all. None of them touches the job or
 // the step: they are served at any time while the session is attached.
+#include <optional>
+
 #include "common/status_util.h"  // fmt formats absl::string_view (Status::message)
 #include "fmt/format.h"
 #include "session/session.h"
