@@ -29,10 +29,13 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import itertools
+import logging
 import os
 from typing import Optional
 
 import torch
+
+log = logging.getLogger("fuyou")
 
 __all__ = ["SsdTier", "open_ssd_tier"]
 
@@ -68,6 +71,8 @@ class SsdTier:
         self._keys = itertools.count(1)
         self.bytes_spilled = self.bytes_recalled = 0
         self.drops = 0
+        self.failed_spills = 0
+        self.last_error: Optional[BaseException] = None
         self._closed = False
 
     def spill(self, host: torch.Tensor, nbytes: int, ready=None) -> tuple:
@@ -95,6 +100,15 @@ class SsdTier:
             return out
 
         return self._pool.submit(run)
+
+    def spill_failed(self, error: BaseException) -> None:
+        """A spill was refused or failed (e.g. the user's limit): its activation
+        keeps its host copy, beyond the host budget, which is logged once."""
+        self.failed_spills += 1
+        if self.last_error is None:
+            log.warning("fuyou: an activation could not be spilled to the daemon (%s); it stays in "
+                        "host memory, beyond host_budget", error)
+        self.last_error = error
 
     def drop(self) -> None:
         """Queues a DropActivations (after every transfer queued before it)."""

@@ -252,8 +252,15 @@ class ActivationStore:
         self.ssd_bytes += saved.nbytes
         self.peak_ssd_bytes = max(self.peak_ssd_bytes, self.ssd_bytes)
         self._ssd_alive += 1
-        ref, written = weakref.ref(saved), self._written
-        saved.spill.add_done_callback(lambda _f: written.append(ref))
+        ref, written, tier = weakref.ref(saved), self._written, self.ssd
+
+        def done(future):
+            if future.exception() is None:
+                written.append(ref)
+            else:  # the host copy stays: the activation is on the host tier now
+                tier.spill_failed(future.exception())
+
+        saved.spill.add_done_callback(done)
         if saved.tier == HOST:
             saved.tier = SPILLED
 
@@ -294,11 +301,13 @@ class ActivationStore:
                     saved.back = None
                 t = saved.device_tensor
             else:
+                ahead = saved.recall is not None  # a prefetch started its recall
                 if saved.host_tensor is None and saved.key is not None:
                     self._take_recall(saved)
                 if saved.host_tensor is None:
                     raise RuntimeError("a saved activation was unpacked after it was released")
-                self.on_demand += 1
+                if not ahead:
+                    self.on_demand += 1
                 self._bring_back(saved, wait=True)
                 t = saved.device_tensor
             if saved.order >= 0:

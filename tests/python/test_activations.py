@@ -365,6 +365,16 @@ def test_ssd_tier_user_limit_is_refused_clearly(tmp_path):
         s.drop_activations()
         s.spill_activation(4, b"w" * 8192)  # the drop gave it all back
         s.close()
+        # A run over the limit: the spills refused keep their host copies (logged),
+        # and the gradients are still bit-identical.
+        ref = train(small_gpt(), steps=2)
+        model = small_gpt()
+        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                       ssd=d.address, verbose=False) as h:
+            got = train(model, steps=2)
+        assert h.store.ssd.failed_spills > 0
+        assert h.store.ssd.last_error.code == "RESOURCE_EXHAUSTED"
+        assert_identical(ref, got)
     finally:
         d.stop()
 
