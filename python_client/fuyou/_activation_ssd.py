@@ -18,10 +18,14 @@ never committed, charged to the user ([limits] max_activation_bytes_per_user),
 and drops them all at the session's EndStep / AbortStep, at DropActivations
 and when the session ends (a killed client leaves nothing).
 
-The session: the optimizer's (``fuyou.AdamW``: its pipeline's session; the
-optimizer must step after backward, as always, since its EndStep drops what
-is spilled) or a session of the tier's own, opened on a job of its own at an
-address and closed (the job deleted) by :meth:`SsdTier.close`.
+The session: one of the tier's own, opened on a job of its own (2 slots) at
+an address, or at a ``fuyou.AdamW``'s daemon, and closed (the job deleted) by
+:meth:`SsdTier.close`; or a session given as it is. Why not the optimizer's
+own session: its pipeline holds up to all of its slots during backward (a
+chunk's slot until its weights are collected, freeing one only when it sends
+the next chunk), so a recall that backward waits for could wait for a slot
+that only more backward frees, until the RPC timeout. A session given as it
+is must leave the tier a slot.
 """
 
 from __future__ import annotations
@@ -45,18 +49,6 @@ _tier_ids = itertools.count(1)
 def _byte_view(t: torch.Tensor, nbytes: int):
     """A writable buffer over the first `nbytes` bytes of `t`'s memory (CPU)."""
     return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
-
-
-def _session_of(target):
-    """The clientlib session of `target`: a session itself (has
-    spill_activation), or a fuyou.AdamW (its pipeline's session)."""
-    if hasattr(target, "spill_activation"):
-        return target
-    pipeline = getattr(target, "pipeline", None) or getattr(target, "_pipeline", None)
-    session = getattr(pipeline, "session", None) or getattr(pipeline, "_session", None)
-    if session is None or not hasattr(session, "spill_activation"):
-        raise TypeError(f"ssd= takes a fuyou.AdamW, a session or a daemon address; got {target!r}")
-    return session
 
 
 class SsdTier:
@@ -140,8 +132,16 @@ def _delete_job(address: Optional[str], job: Optional[str]) -> None:
 
 
 def open_ssd_tier(target, slot_bytes: int = 4 << 20) -> SsdTier:
-    """The tier for `target`: a fuyou.AdamW or a session (used, not owned),
-    or a daemon address (a session of its own, 2 slots of `slot_bytes`)."""
+    """The tier for `target`: a session (used, not owned), a daemon address
+    or a fuyou.AdamW (a session of its own at that daemon, 2 slots of
+    `slot_bytes`)."""
+    if hasattr(target, "spill_activation"):
+        return SsdTier(target)
+    if not isinstance(target, str):
+        address = getattr(target, "_address", None)
+        if not isinstance(address, str):
+            raise TypeError(f"ssd= takes a fuyou.AdamW, a session or a daemon address; got {target!r}")
+        target = address
     if isinstance(target, str):
         from . import _native
         job = f"activations-{os.getpid()}-{next(_tier_ids)}"
@@ -149,4 +149,3 @@ def open_ssd_tier(target, slot_bytes: int = 4 << 20) -> SsdTier:
                                                 client_info="fuyou activation offload (ssd tier)",
                                                 address=target)
         return SsdTier(session, owned=True, job=job, address=target)
-    return SsdTier(_session_of(target))

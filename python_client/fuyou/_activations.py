@@ -25,8 +25,8 @@ kept, its times and bytes measured (_activation_profile.py), then the planner
 picks the plan for the steps after it, printed as a table (``verbose``) and
 kept as ``handle.plan``.
 
-The SSD tier (``ssd=``: a fuyou.AdamW whose session it shares, a session, or
-a daemon address for a session of its own; _activation_ssd.py): an ``ssd``
+The SSD tier (``ssd=``: a daemon address or a fuyou.AdamW, for a session of
+its own at that daemon, or a session; _activation_ssd.py): an ``ssd``
 layer's activations are copied to host memory as for ``host``, then spilled
 to the daemon's storage tier (scratch files striped over its storage paths,
 never committed, dropped at the step's end, the session's end, or as soon as
@@ -111,10 +111,11 @@ def offload_activations(model: torch.nn.Module, device_budget: Union[int, str, N
     on this model (found by itself when not given), whose saved weights stay
     its own. ``prefetch_layers``: backward brings a layer's offloaded tensors
     back while this many later layers still run their backward (the cost
-    model assumes 1). ``ssd``: where the SSD tier's activations go: a
-    fuyou.AdamW (its session; step it after backward, as always: its EndStep
-    drops them), a fuyou._fuyou.Session, or a daemon address (a session of
-    the handle's own, closed by ``remove()``); None: no SSD tier.
+    model assumes 1). ``ssd``: where the SSD tier's activations go: a daemon
+    address or a fuyou.AdamW (a session of the handle's own at that daemon,
+    on a job of its own, closed and the job deleted by ``remove()``), or a
+    fuyou._fuyou.Session used as it is (it must leave the tier a slot); None:
+    no SSD tier.
     """
     if getattr(model, "_fuyou_activation_offload", None) is not None:
         raise InvalidArgument("offload_activations is already installed on this model: "

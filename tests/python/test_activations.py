@@ -280,10 +280,10 @@ def test_ssd_tier_beyond_the_host_budget_is_bit_identical(daemon):
     assert not any(_activation_files(daemon).values()), _activation_files(daemon)
 
 
-def test_planner_ssd_choice_runs_with_the_optimizer_session(daemon):
+def test_planner_ssd_choice_runs_beside_the_optimizer(daemon):
     # The planner's choice without host memory and with a fast SSD (as in
     # test_planner_without_host_memory_uses_a_fast_ssd_else_recomputes), run
-    # through the optimizer's own session.
+    # at the optimizer's daemon, through a session of the tier's own.
     plan = plan_activations(synthetic(4, ssd=1e12), device_budget=int(2.5 * (100 << 20)),
                             host_budget=0)
     assert SSD in plan.choices, plan.choices
@@ -295,13 +295,17 @@ def test_planner_ssd_choice_runs_with_the_optimizer_session(daemon):
                                        ssd=session_opt, verbose=False) as h:
             assert h.choices == list(plan.choices)
             got = train(model, steps=3)
-            assert h.store.ssd.session is session_opt.pipeline._session
+            assert h.store.ssd.session is not session_opt.pipeline._session
+            assert h.store.ssd._address == session_opt._address
             assert h.store.peak_ssd_bytes > 0
         assert h.store.ssd.bytes_spilled > 0
         assert_identical(train(small_gpt(), steps=3), got)
     finally:
         session_opt.close()
     assert not _activation_files(daemon)
+    jobs = [j["name"] for j in _native().AdminClient.connect(address=daemon.address).list_jobs()]
+    assert f"actssd-{os.getpid()}" in jobs, jobs  # the listing is the daemon's
+    assert not [j for j in jobs if j.startswith("activations-")], jobs  # the tier's job is deleted
 
 
 def test_ssd_tier_errors_are_clear(daemon):
