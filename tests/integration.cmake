@@ -144,3 +144,13 @@ fuyou_add_test(NAME request_id_integration_test
   LIBS fuyou_raw_session fuyou_client
   LABELS integration)
 add_dependencies(request_id_integration_test fuyoud)
+
+# Spilled activations (issue 23, activation offload's SSD tier) over the raw
+# protocol: the same bytes back from <data>/activations, hostile fields, the
+# step's end and DropActivations, the per-user limit, no file left by a closed
+# session, the GetStats counters.
+fuyou_add_test(NAME activation_integration_test
+  SOURCES ${FUYOU_INTEGRATION_DIR}/activation_integration_test.cc
+  LIBS fuyou_raw_session fuyou_client
+  LABELS integration)
+add_dependencies(activation_integration_test fuyoud)

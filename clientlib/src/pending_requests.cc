@@ -17,6 +17,9 @@ v1::DaemonMessage::KindCase AnswerKind(RequestKind kind) {
     case RequestKind::kWriteState: return v1::DaemonMessage::kStateWritten;
     case RequestKind::kSetUpdateCount: return v1::DaemonMessage::kUpdateCountSet;
     case RequestKind::kCommitImport: return v1::DaemonMessage::kImportCommitted;
+    case RequestKind::kSpillActivation: return v1::DaemonMessage::kActivationSpilled;
+    case RequestKind::kRecallActivation: return v1::DaemonMessage::kActivationRecalled;
+    case RequestKind::kDropActivations: return v1::DaemonMessage::kActivationsDropped;
   }
   return v1::DaemonMessage::KIND_NOT_SET;
 }
@@ -41,6 +44,9 @@ const char* RequestName(RequestKind kind) {
     case RequestKind::kWriteState: return "WriteState";
     case RequestKind::kSetUpdateCount: return "SetUpdateCount";
     case RequestKind::kCommitImport: return "CommitImport";
+    case RequestKind::kSpillActivation: return "SpillActivation";
+    case RequestKind::kRecallActivation: return "RecallActivation";
+    case RequestKind::kDropActivations: return "DropActivations";
   }
   return "an unknown request";
 }

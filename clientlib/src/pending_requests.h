@@ -42,6 +42,9 @@ enum class RequestKind {
   kWriteState,      // -> StateWritten
   kSetUpdateCount,  // -> UpdateCountSet
   kCommitImport,    // -> ImportCommitted
+  kSpillActivation,   // -> ActivationSpilled
+  kRecallActivation,  // -> ActivationRecalled
+  kDropActivations,   // -> ActivationsDropped
 };
 
 // The message name of the request kind ("GradReady", ...).

@@ -141,6 +141,13 @@ absl::Status Session::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
 absl::StatusOr<uint32_t> Session::WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout) {
   return impl_->WaitWeights(chunk_id, timeout);
 }
+absl::Status Session::SpillActivation(uint64_t key, std::span<const std::byte> bytes) {
+  return impl_->SpillActivation(key, bytes);
+}
+absl::Status Session::RecallActivation(uint64_t key, std::span<std::byte> out) {
+  return impl_->RecallActivation(key, out);
+}
+absl::Status Session::DropActivations() { return impl_->DropActivations(); }
 absl::StatusOr<StepResult> Session::EndStep(int64_t step) { return impl_->EndStep(step); }
 absl::Status Session::AbortStep(int64_t step, AbortReason reason) { return impl_->AbortStep(step, reason); }
 absl::StatusOr<int64_t> Session::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,

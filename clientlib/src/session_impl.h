@@ -86,6 +86,9 @@ class Session::Impl {
   void ReleaseSlot(uint32_t slot);
   absl::Status SendFetchWeights(uint32_t chunk_id, uint32_t slot);
   absl::StatusOr<uint32_t> WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout);
+  absl::Status SpillActivation(uint64_t key, std::span<const std::byte> bytes);
+  absl::Status RecallActivation(uint64_t key, std::span<std::byte> out);
+  absl::Status DropActivations();
   absl::StatusOr<StepResult> EndStep(int64_t step);
   absl::Status AbortStep(int64_t step, AbortReason reason);
   absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
@@ -174,6 +177,15 @@ class Session::Impl {
   absl::Status protocol_error_;  // the daemon broke the protocol: later messages are ignored
   absl::Status session_error_;   // refusal nobody waited for; reported once
   std::map<uint32_t, ChunkSpec> chunks_;
+  // Activations spilled in this session (SpillActivation): the bytes of each,
+  // or nullopt for one whose spill failed part-way (its pieces stay at the
+  // daemon until the drop, so the key cannot be spilled again before).
+  std::map<uint64_t, std::optional<uint64_t>> activations_;
+  // One spill/recall piece through a held slot: sends `message` (kind `kind`)
+  // and waits for its answer. The caller releases the slot after an answer; on
+  // an error this releases it, unless it timed out (the daemon may still use it).
+  absl::StatusOr<v1::DaemonMessage> ActivationCall(internal::RequestKind kind, uint32_t slot,
+                                                   v1::ClientMessage& message, const std::string& what);
   std::map<uint32_t, JournalStats> journal_stats_;  // of each chunk's latest update that used a journal
   internal::PendingRequests requests_;              // every request waiting for its answer
 

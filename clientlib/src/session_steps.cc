@@ -130,6 +130,12 @@ absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort, Abo
   }
   absl::StatusOr<v1::DaemonMessage> answer =
       Call(id, message, fmt::format("{} of step {}", RequestName(kind), step), client_.rpc_timeout);
+  {
+    // The daemon drops the session's spilled activations with the step (a
+    // request refused as out of order keeps them there; keys are not reused).
+    std::lock_guard lock(mu_);
+    activations_.clear();
+  }
   if (!answer.ok()) return answer.status();
   if (abort) return StepResult{step, 0};
   const v1::StepCommitted& committed = answer->step_committed();

@@ -87,6 +87,11 @@ class FakeOffload final : public v1::Offload::Service {
     std::lock_guard lock(mu_);
     store_[chunk_id] = StoredChunk{std::move(weights), updates, std::move(segment_updates)};
   }
+  // Activations the fake holds (SpillActivation pieces, by daemon key).
+  size_t ActivationsHeld() {
+    std::lock_guard lock(mu_);
+    return activations_.size();
+  }
   // What the client sent last, as the daemon received it.
   v1::ChunkSpec LastSpec() {
     std::lock_guard lock(mu_);
@@ -284,6 +289,36 @@ class FakeOffload final : public v1::Offload::Service {
           answer->set_num_elements(read.num_elements());
           answer->set_update_count(stored->second.updates);
         }
+      } else if (in.has_spill_activation()) {
+        // As fuyoud: the slot's gradient region's first `bytes` under the key.
+        const v1::SpillActivation& spill = in.spill_activation();
+        std::lock_guard lock(mu_);
+        const auto* from = reinterpret_cast<const char*>(Grad(spill.slot()));
+        if (!activations_.emplace(spill.key(), std::string(from, spill.bytes())).second) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+          out.mutable_error()->set_message(fmt::format("activation {} is already spilled (fake)", spill.key()));
+        } else {
+          out.mutable_activation_spilled()->set_key(spill.key());
+          out.mutable_activation_spilled()->set_bytes(spill.bytes());
+        }
+      } else if (in.has_recall_activation()) {
+        const v1::RecallActivation& recall = in.recall_activation();
+        std::lock_guard lock(mu_);
+        auto found = activations_.find(recall.key());
+        if (found == activations_.end()) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::NOT_FOUND));
+          out.mutable_error()->set_message(fmt::format("activation {} is not spilled (fake)", recall.key()));
+        } else {
+          std::memcpy(Grad(recall.slot()), found->second.data(), found->second.size());
+          out.mutable_activation_recalled()->set_key(recall.key());
+          out.mutable_activation_recalled()->set_slot(recall.slot());
+          out.mutable_activation_recalled()->set_bytes(found->second.size());
+          activations_.erase(found);
+        }
+      } else if (in.has_drop_activations()) {
+        std::lock_guard lock(mu_);
+        out.mutable_activations_dropped()->set_activations(static_cast<uint32_t>(activations_.size()));
+        activations_.clear();
       } else {
         continue;
       }
@@ -358,6 +393,7 @@ class FakeOffload final : public v1::Offload::Service {
   std::map<uint32_t, StoredChunk> store_;
   std::map<uint32_t, uint64_t> registered_;  // chunk -> elements, this session
   std::set<uint32_t> stores_weights_;        // chunks registered with store_weights
+  std::map<uint64_t, std::string> activations_;  // SpillActivation's bytes by daemon key
   v1::ChunkSpec last_spec_;
   v1::GradReady last_grad_ready_;
   v1::AbortStep last_abort_;

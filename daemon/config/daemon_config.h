@@ -63,6 +63,9 @@ struct DaemonConfig {
   // Gradient journals (GradReady.journal) of one uid's live sessions, in DRAM and
   // spilled to storage together; a KEEP beyond it is RESOURCE_EXHAUSTED.
   uint64_t max_journal_bytes_per_user = uint64_t{256} << 30;
+  // Activation scratch (SpillActivation) of one uid's live sessions, in whole
+  // blocks; a spill beyond it is RESOURCE_EXHAUSTED.
+  uint64_t max_activation_bytes_per_user = uint64_t{256} << 30;
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
   uint32_t max_jobs_per_user = 64;                           // jobs of one uid on the storage tier; 0 = unlimited
   // Bytes reserved on storage by all of one uid's jobs (CopyJob's copies

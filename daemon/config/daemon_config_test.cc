@@ -255,6 +255,7 @@ const std::map<std::string, Example>& Examples() {
       {"limits.max_sessions_per_user", {"2", {"2"}}},
       {"limits.max_segment_bytes_per_user", {"\"2GiB\"", {"2GiB"}}},
       {"limits.max_journal_bytes_per_user", {"\"3GiB\"", {"3GiB"}}},
+      {"limits.max_activation_bytes_per_user", {"\"5GiB\"", {"5GiB"}}},
       {"limits.max_client_info_bytes", {"\"2KiB\"", {"2KiB"}}},
       {"limits.idle_session_timeout", {"60", {"60"}}},
       {"limits.max_jobs_per_user", {"0", {"0"}}},

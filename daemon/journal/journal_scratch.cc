@@ -7,8 +7,6 @@
 namespace fuyou {
 namespace {
 
-constexpr char kJournalDir[] = "journal";
-
 // A session id as a file name: the id itself when it is plain, else its hash.
 std::string FileNameFor(const std::string& session_id) {
   bool plain = !session_id.empty() && session_id.size() <= 64;
@@ -24,19 +22,20 @@ std::string FileNameFor(const std::string& session_id) {
 
 absl::StatusOr<std::unique_ptr<JournalScratch>> JournalScratch::Create(const std::vector<std::filesystem::path>& roots,
                                                                        storage::IoEngine& io,
-                                                                       std::vector<storage::IoCounters*> counters) {
+                                                                       std::vector<storage::IoCounters*> counters,
+                                                                       std::string_view dir_name) {
   std::vector<storage::DirFd> dirs;
   for (const std::filesystem::path& root : roots) {
     FUYOU_ASSIGN_OR_RETURN(storage::DirFd root_dir, storage::DirFd::OpenRoot(root));
-    FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, root_dir.OpenOrCreateDir(kJournalDir, 0700));
+    FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, root_dir.OpenOrCreateDir(std::string(dir_name), 0700));
     // What an earlier daemon left: journals of sessions that no longer exist.
     FUYOU_ASSIGN_OR_RETURN(std::vector<std::string> names, dir.List());
     for (const std::string& name : names) {
       if (absl::Status removed = dir.Unlink(name); !removed.ok()) {
-        log::Warn("cannot remove the leftover gradient journal {}: {}", (dir.path() / name).string(),
+        log::Warn("cannot remove the leftover scratch file {}: {}", (dir.path() / name).string(),
                   removed.message());
       } else {
-        log::Info("removed the leftover gradient journal {}", (dir.path() / name).string());
+        log::Info("removed the leftover scratch file {}", (dir.path() / name).string());
       }
     }
     dirs.push_back(std::move(dir));

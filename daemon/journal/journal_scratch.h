@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,9 +33,15 @@ class JournalScratch {
   // Makes <root>/journal (0700) under every root and empties it. `counters`
   // (one per root, may be empty; not owned) receive the scratch traffic.
   // FAILED_PRECONDITION when a root is not a writable directory.
+  // `dir_name` is the folder under each root: "journal" for gradient journals,
+  // "activations" for the activation scratch (activation_spill.h), which uses
+  // the same files the same way.
   static absl::StatusOr<std::unique_ptr<JournalScratch>> Create(const std::vector<std::filesystem::path>& roots,
                                                                 storage::IoEngine& io,
-                                                                std::vector<storage::IoCounters*> counters = {});
+                                                                std::vector<storage::IoCounters*> counters = {},
+                                                                std::string_view dir_name = kJournalDirName);
+  static constexpr std::string_view kJournalDirName = "journal";
+  static constexpr std::string_view kActivationDirName = "activations";
 
   // The scratch files of session `session_id`, none created yet. Must not
   // outlive this JournalScratch.

@@ -54,6 +54,8 @@ v1::GetStatsResponse KnownStats() {
   stats.set_journal_spilled_bytes_total(4096);
   stats.set_journal_replays_total(6);
   stats.set_journal_replay_seconds_total(0.5);
+  stats.set_activation_spilled_bytes_total(12288);
+  stats.set_activation_recalled_bytes_total(8192);
   return stats;
 }
 
@@ -102,6 +104,9 @@ TEST(MetricsTextTest, RendersEveryFigureOfGetStatsWithItsTypeAndHelp) {
            "fuyou_journal_spilled_bytes_total 4096",
            "fuyou_journal_replays_total 6",
            "fuyou_journal_replay_seconds_total 0.5",
+           "# TYPE fuyou_activation_spilled_bytes_total counter",
+           "fuyou_activation_spilled_bytes_total 12288",
+           "fuyou_activation_recalled_bytes_total 8192",
            "# TYPE fuyou_chunk_update_seconds histogram",
            "fuyou_chunk_update_seconds_bucket{le=\"0.001\"} 1",
            "fuyou_chunk_update_seconds_bucket{le=\"0.01\"} 2",
@@ -137,7 +142,7 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
-  EXPECT_EQ(families, 25);
+  EXPECT_EQ(families, 27);
 }
 
 TEST(MetricsTextTest, RendersEveryTickerWithAMetricFromItsField) {
@@ -169,7 +174,7 @@ TEST(MetricsTextTest, RendersEveryTickerWithAMetricFromItsField) {
     }
     ++samples;
   }
-  EXPECT_EQ(samples, 17);  // every ticker but the two the storage paths' families show
+  EXPECT_EQ(samples, 19);  // every ticker but the two the storage paths' families show
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

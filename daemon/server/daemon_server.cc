@@ -208,6 +208,7 @@ class DaemonServer::Impl {
   std::unique_ptr<StateCache> cache;
   std::unique_ptr<JobRegistry> jobs;
   std::unique_ptr<JournalScratch> journal_scratch;  // gradient journals beyond DRAM
+  std::unique_ptr<JournalScratch> activation_scratch;  // SpillActivation (activation offload's ssd tier)
   std::unique_ptr<SessionRegistry> sessions;
   std::unique_ptr<OffloadService> offload;
   std::unique_ptr<StatsReport> report;  // GetStats' daemon-wide figures, for admin and metrics
@@ -287,8 +288,14 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   auto journal_scratch = JournalScratch::Create(config.storage_paths, *impl->io, path_counters);
   if (!journal_scratch.ok()) return journal_scratch.status();
   impl->journal_scratch = std::move(*journal_scratch);
+  // Spilled activations go to <root>/activations, emptied the same way.
+  auto activation_scratch =
+      JournalScratch::Create(config.storage_paths, *impl->io, path_counters, JournalScratch::kActivationDirName);
+  if (!activation_scratch.ok()) return activation_scratch.status();
+  impl->activation_scratch = std::move(*activation_scratch);
   SessionServices services{*impl->jobs, *impl->cache, *impl->kernel, *impl->stats};
   services.journal_scratch = impl->journal_scratch.get();
+  services.activation_scratch = impl->activation_scratch.get();
   services.job_quota_bytes = impl->config.job_quota_bytes;
   services.storage_budget = &impl->jobs->storage_budget();
   services.durability = DurabilityInterval{.every_steps = config.commit_every_steps,
@@ -299,6 +306,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
   limits.max_segment_bytes_per_user = config.max_segment_bytes_per_user;
   limits.max_client_info_bytes = config.max_client_info_bytes;
   limits.max_journal_bytes_per_user = config.max_journal_bytes_per_user;
+  limits.max_activation_bytes_per_user = config.max_activation_bytes_per_user;
   impl->sessions = std::make_unique<SessionRegistry>(services, config.max_segment_bytes, limits);
   impl->report = std::make_unique<StatsReport>(*impl->stats, *impl->sessions, *impl->cache, direct_io);
   // The Prometheus endpoint, when configured, on a thread of its own; it reads

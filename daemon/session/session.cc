@@ -43,6 +43,16 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
   journal_ = std::make_unique<GradJournal>(
       services.cache, "journal:" + id_,
       services.journal_scratch != nullptr ? services.journal_scratch->ForSession(id_) : nullptr, std::move(quota));
+  JournalQuotaHooks activation_quota;
+  if (services.quota != nullptr) {
+    SessionQuota* limits = services.quota;
+    const uid_t uid = client.uid;
+    activation_quota.take = [limits, uid](uint64_t bytes) { return limits->TakeActivations(uid, bytes); };
+    activation_quota.give = [limits, uid](uint64_t bytes) { limits->GiveActivations(uid, bytes); };
+  }
+  activations_ = std::make_unique<ActivationSpill>(
+      services.activation_scratch != nullptr ? services.activation_scratch->ForSession(id_) : nullptr,
+      std::move(activation_quota));
 }
 
 Session::~Session() { Close(); }
@@ -107,6 +117,7 @@ int64_t Session::Close() {
   store_->Close();  // waits for its I/O, rolls back, drops the import
   store_.reset();
   journal_.reset();  // the step's journals: DRAM and quota given back, scratch files unlinked
+  activations_.reset();  // spilled activations: quota given back, scratch files unlinked
   segment_.reset();
   services_.jobs.Release(*job_);
   job_.reset();
@@ -196,6 +207,9 @@ v1::DaemonMessage Session::Dispatch(const v1::ClientMessage& message) {
     case v1::ClientMessage::kSetUpdateCount: return OnSetUpdateCount(message.set_update_count());
     case v1::ClientMessage::kCommitImport: return OnCommitImport();
     case v1::ClientMessage::kFetchWeights: return OnFetchWeights(message.fetch_weights());
+    case v1::ClientMessage::kSpillActivation: return OnSpillActivation(message.spill_activation());
+    case v1::ClientMessage::kRecallActivation: return OnRecallActivation(message.recall_activation());
+    case v1::ClientMessage::kDropActivations: return OnDropActivations();
     case v1::ClientMessage::kAttach:
       return ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {});
     default:
@@ -341,6 +355,7 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   FUYOU_CRASH_POINT("end_step_received");
   const int64_t end_step_start = trace::NowUs();
   journal_->Clear();  // the step's journals end with it, whether it commits or not
+  activations_->Drop();  // and so do its spilled activations
   if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
     store_->RollBackStep();
     failed_redo_ = absl::OkStatus();
@@ -382,6 +397,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   const uint64_t rolled_back = store_->staged_count();
   store_->RollBackStep();  // waits for the step's write-backs first
   journal_->Clear();
+  activations_->Drop();
   failed_redo_ = absl::OkStatus();
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.

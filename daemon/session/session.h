@@ -41,6 +41,7 @@
 #include "fuyou/v1/admin.pb.h"
 #include "fuyou/v1/offload.pb.h"
 #include "jobs/job.h"
+#include "journal/activation_spill.h"
 #include "journal/grad_journal.h"
 #include "session/session_segment.h"
 #include "state/chunk_store.h"
@@ -84,6 +85,9 @@ struct SessionServices {
   // Where gradient journals beyond the DRAM budget are spilled; null: nowhere
   // (a journal that DRAM cannot hold is refused).
   JournalScratch* journal_scratch = nullptr;
+  // Where SpillActivation writes (<root>/activations); null: nowhere (a spill
+  // is refused with FAILED_PRECONDITION).
+  JournalScratch* activation_scratch = nullptr;
   // The per-user limits the journals are charged to (SessionRegistry sets it);
   // null: no per-user journal limit.
   SessionQuota* quota = nullptr;
@@ -204,6 +208,10 @@ class Session {
   v1::DaemonMessage OnCommitImport();
   // Streaming weights (session_weights.cc).
   v1::DaemonMessage OnFetchWeights(const v1::FetchWeights& request);
+  // Activation offload's storage tier (session_activations.cc).
+  v1::DaemonMessage OnSpillActivation(const v1::SpillActivation& request);
+  v1::DaemonMessage OnRecallActivation(const v1::RecallActivation& request);
+  v1::DaemonMessage OnDropActivations();
   // Returns `status`; an ABORTED one (a commit happened, durability unknown)
   // breaks the session: every later request gets that error.
   absl::Status NoteCommitResult(absl::Status status);
@@ -228,6 +236,7 @@ class Session {
   std::unique_ptr<ChunkStore> store_;   // the job's states; null after Close
   std::unique_ptr<SessionSegment> segment_;  // null until AdoptSegment, and after Close
   std::unique_ptr<GradJournal> journal_;     // the step's gradient journals; null after Close
+  std::unique_ptr<ActivationSpill> activations_;  // the step's spilled activations; null after Close
   std::atomic<bool> has_segment_{false};
   bool attached_ = false;
   bool closed_ = false;

@@ -93,6 +93,37 @@ uint64_t SessionQuota::JournalBytesOf(uid_t uid) const {
   return found == journal_bytes_.end() ? 0 : found->second;
 }
 
+absl::Status SessionQuota::TakeActivations(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const auto found = activation_bytes_.find(uid);
+  const uint64_t used = found == activation_bytes_.end() ? 0 : found->second;
+  const uint64_t limit = limits_.max_activation_bytes_per_user;
+  if (bytes > limit || used > limit - bytes) {
+    return absl::ResourceExhaustedError(fmt::format(
+        "spilling an activation of {} scratch bytes would bring uid {}'s activation scratch over [limits] "
+        "max_activation_bytes_per_user = {} bytes ({} bytes are spilled by its live sessions); give the host tier "
+        "more (host_budget), recompute more, or have the operator raise max_activation_bytes_per_user in "
+        "fuyoud.toml (--max-activation-bytes-per-user)",
+        bytes, uid, limit, used));
+  }
+  activation_bytes_[uid] = used + bytes;
+  return absl::OkStatus();
+}
+
+void SessionQuota::GiveActivations(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto found = activation_bytes_.find(uid);
+  if (found == activation_bytes_.end()) return;
+  found->second -= std::min(found->second, bytes);
+  if (found->second == 0) activation_bytes_.erase(found);
+}
+
+uint64_t SessionQuota::ActivationBytesOf(uid_t uid) const {
+  std::lock_guard lock(mutex_);
+  const auto found = activation_bytes_.find(uid);
+  return found == activation_bytes_.end() ? 0 : found->second;
+}
+
 void SessionQuota::Give(uid_t uid, uint64_t segment_bytes) {
   std::lock_guard lock(mutex_);
   auto found = users_.find(uid);

@@ -26,6 +26,7 @@ struct SessionLimits {
   uint64_t max_segment_bytes_per_user = uint64_t{16} << 30;  // segment bytes of one uid's live sessions
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
   uint64_t max_journal_bytes_per_user = uint64_t{256} << 30; // gradient journals of one uid's live sessions
+  uint64_t max_activation_bytes_per_user = uint64_t{256} << 30;  // activation scratch of one uid's live sessions
 };
 
 class SessionQuota {
@@ -68,6 +69,11 @@ class SessionQuota {
   absl::Status TakeJournal(uid_t uid, uint64_t bytes);
   void GiveJournal(uid_t uid, uint64_t bytes);
   uint64_t JournalBytesOf(uid_t uid) const;
+  // Activation scratch bytes (SpillActivation) of `uid`'s sessions, the same
+  // way against max_activation_bytes_per_user.
+  absl::Status TakeActivations(uid_t uid, uint64_t bytes);
+  void GiveActivations(uid_t uid, uint64_t bytes);
+  uint64_t ActivationBytesOf(uid_t uid) const;
 
   // RESOURCE_EXHAUSTED when a client_info of `bytes` is over max_client_info_bytes.
   absl::Status CheckClientInfo(uint64_t bytes) const;
@@ -83,6 +89,7 @@ class SessionQuota {
   mutable std::mutex mutex_;
   std::map<uid_t, Usage> users_;  // only users with a live session
   std::map<uid_t, uint64_t> journal_bytes_;  // only users with journal bytes
+  std::map<uid_t, uint64_t> activation_bytes_;  // only users with activation scratch
   uint32_t total_sessions_ = 0;
 };
 

@@ -115,5 +115,24 @@ TEST(SessionQuotaTest, JournalBytesAreBoundedPerUser) {
   EXPECT_TRUE(quota.TakeJournal(7, 1000).ok());
 }
 
+TEST(SessionQuotaTest, ActivationScratchIsBoundedPerUserApartFromJournals) {
+  SessionLimits limits = SmallLimits();
+  limits.max_activation_bytes_per_user = 8192;
+  limits.max_journal_bytes_per_user = 1000;
+  SessionQuota quota(limits);
+  EXPECT_TRUE(quota.TakeActivations(7, 4096).ok());
+  absl::Status refused = quota.TakeActivations(7, 8192);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("max_activation_bytes_per_user = 8192"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("4096 bytes are spilled"), std::string::npos) << refused.message();
+  EXPECT_EQ(quota.TakeActivations(7, UINT64_MAX).code(), absl::StatusCode::kResourceExhausted);  // no overflow
+  EXPECT_TRUE(quota.TakeJournal(7, 1000).ok());  // journals are counted apart
+  EXPECT_TRUE(quota.TakeActivations(8, 8192).ok());  // another user has a budget of its own
+  EXPECT_TRUE(quota.TakeActivations(7, 4096).ok());
+  EXPECT_EQ(quota.ActivationBytesOf(7), 8192u);
+  quota.GiveActivations(7, 8192);
+  EXPECT_EQ(quota.ActivationBytesOf(7), 0u);
+}
+
 }  // namespace
 }  // namespace fuyou

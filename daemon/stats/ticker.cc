@@ -99,6 +99,16 @@ constexpr std::array<TickerInfo, kTickerCount> kTickers{{
      .unit = kNanoseconds,
      .metric = "fuyou_journal_replay_seconds_total",
      .help = "Seconds spent on updates from a gradient journal (journal read, ops and add, kernel)."},
+    {.ticker = kActivationSpilledBytes,
+     .proto_field = "activation_spilled_bytes_total",
+     .unit = kAsCounted,
+     .metric = "fuyou_activation_spilled_bytes_total",
+     .help = "Bytes of activations spilled to the storage tier's scratch files (SpillActivation)."},
+    {.ticker = kActivationRecalledBytes,
+     .proto_field = "activation_recalled_bytes_total",
+     .unit = kAsCounted,
+     .metric = "fuyou_activation_recalled_bytes_total",
+     .help = "Bytes of spilled activations read back and checked (RecallActivation)."},
 }};
 
 constexpr bool InEnumOrder() {

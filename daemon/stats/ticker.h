@@ -41,6 +41,8 @@ enum class Ticker : uint8_t {
   kJournalSpilledBytes,
   kJournalReplays,
   kJournalReplayNanoseconds,
+  kActivationSpilledBytes,
+  kActivationRecalledBytes,
   kCount,  // not a ticker: how many there are
 };
 

@@ -19,6 +19,16 @@ On the CPU the "device" is the CPU: a copy out is a synchronous memcpy into a
 separate host tensor and the original is let go at once, so the accounting is
 the same as on CUDA; a host copy is returned as it is at unpack.
 
+The SSD tier (``.offload(t, layer, ssd=True)``, with an :class:`SsdTier`
+given): the host copy is made as above, then spilled to the daemon by the
+tier's worker and let go once written (``ssd_bytes`` counts what is spilled
+now, ``bytes_spilled`` / ``bytes_recalled`` the traffic). In backward the
+prefetch queues recalls (into host memory) one layer ahead like the copies
+back of the host tier; unpack waits for its recall (or makes one on demand)
+and then brings the host copy back as the host tier does. When no spilled
+activation is alive any more the store queues a drop, so the daemon frees
+the scratch at once (it would anyway at the step's end).
+
 Host copies keep the source's sizes and strides (``empty_strided``), so
 backward sees the same layout and gives bit-identical gradients. A tensor
 whose memory overlaps itself (an expanded tensor) is kept, never copied.
@@ -35,7 +45,7 @@ import torch
 
 __all__ = ["ActivationStore", "SavedActivation", "footprint_bytes"]
 
-DEVICE, IN_FLIGHT, HOST = "device", "in_flight", "host"
+DEVICE, IN_FLIGHT, HOST, SPILLED = "device", "in_flight", "host", "ssd"
 
 
 def footprint_bytes(t: torch.Tensor) -> int:
@@ -59,7 +69,7 @@ class SavedActivation:
     (device, in_flight, host)."""
 
     __slots__ = ("store", "layer", "nbytes", "tier", "device_tensor", "host_tensor", "done",
-                 "back", "order", "source", "__weakref__")
+                 "back", "order", "source", "key", "spill", "recall", "layout", "__weakref__")
 
     def __init__(self, store: "ActivationStore", layer: Optional[int], t: torch.Tensor):
         self.store = store
@@ -72,6 +82,10 @@ class SavedActivation:
         self.back = None   # CUDA event: copy back (prefetch) complete
         self.order = -1    # position in the store's pack order of moved tensors
         self.source = None  # weakref to the packed tensor (dedupe)
+        self.key = None     # SSD tier: the key it was spilled under (None: not spilled)
+        self.spill = None   # SSD tier: the spill's future
+        self.recall = None  # SSD tier: the recall's future (its result: the host copy)
+        self.layout = None  # SSD tier: (shape, stride, dtype) of the host copy
 
     def __del__(self):
         store = self.store
@@ -88,7 +102,7 @@ class ActivationStore:
     for the layer being unpacked and this many layers before it."""
 
     def __init__(self, device: torch.device, device_limit: Optional[int] = None,
-                 prefetch_layers: int = 1):
+                 prefetch_layers: int = 1, ssd=None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.device_limit = device_limit
@@ -99,6 +113,10 @@ class ActivationStore:
         self.bytes_moved_out = self.bytes_moved_back = 0
         self.prefetches = 0
         self.on_demand = 0  # unpacks whose copy back had not been started
+        self.ssd = ssd  # an SsdTier, or None: no SSD tier
+        self.ssd_bytes = self.peak_ssd_bytes = 0
+        self._ssd_alive = 0  # spilled activations autograd still holds, not yet recalled
+        self._written: Deque[weakref.ref] = collections.deque()  # spills done (appended by the worker)
         self._pending: Deque[SavedActivation] = collections.deque()  # copies out in flight
         self._moved: List[weakref.ref] = []  # moved tensors in pack order (this forward)
         self._recent: Dict[int, weakref.ref] = {}  # id(tensor) -> SavedActivation (dedupe)
@@ -129,8 +147,29 @@ class ActivationStore:
                 self.device_bytes -= saved.nbytes
             if saved.host_tensor is not None:
                 self.host_bytes -= saved.nbytes
+            if saved.key is not None and saved.recall is None:
+                self._ssd_released(saved)
             saved.device_tensor = saved.host_tensor = None
             saved.store = None
+
+    def _ssd_released(self, saved: SavedActivation) -> None:
+        """`saved`'s spilled copy is no longer wanted (recalled or freed)."""
+        self.ssd_bytes -= saved.nbytes
+        self._ssd_alive -= 1
+        if self._ssd_alive == 0 and self.ssd is not None:
+            self.ssd.drop()
+
+    def _reap_spills(self) -> None:
+        """The activations whose spill is written (the tier's worker queued
+        them in ``_written``, taking no lock: a thread waiting for a recall
+        may hold it) let go of their host copy, unless backward uses it."""
+        while self._written:
+            saved = self._written.popleft()()
+            if saved is None or saved.store is None or saved.host_tensor is None:
+                continue
+            if saved.recall is None and saved.device_tensor is not saved.host_tensor:
+                saved.host_tensor = None
+                self.host_bytes -= saved.nbytes
 
     def new_forward(self) -> None:
         """Called at the start of each forward: a new pack order."""
@@ -164,9 +203,11 @@ class ActivationStore:
             self._remember(t, saved)
             return saved
 
-    def offload(self, t: torch.Tensor, layer: Optional[int]) -> SavedActivation:
+    def offload(self, t: torch.Tensor, layer: Optional[int], ssd: bool = False) -> SavedActivation:
         """A host copy of `t`; the device tensor is let go once the copy is
-        complete. Falls back to :meth:`keep` for self-overlapping tensors."""
+        complete. With `ssd` (the store has an SSD tier) the host copy is then
+        spilled to the daemon and let go once written. Falls back to
+        :meth:`keep` for self-overlapping tensors."""
         with self._lock:
             saved = self._dedupe(t)
             if saved is not None:
@@ -176,6 +217,7 @@ class ActivationStore:
             saved = SavedActivation(self, layer, t)
             self._add_device(saved.nbytes)
             self._reap()
+            self._reap_spills()
             self._make_room(saved.nbytes)
             host = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu",
                                        pin_memory=self.cuda)
@@ -200,7 +242,27 @@ class ActivationStore:
             saved.order = len(self._moved)
             self._moved.append(weakref.ref(saved))
             self._remember(t, saved)
+            if ssd and self.ssd is not None and saved.nbytes > 0:
+                self._start_spill(saved, host)
             return saved
+
+    def _start_spill(self, saved: SavedActivation, host: torch.Tensor) -> None:
+        saved.layout = (host.shape, host.stride(), host.dtype)
+        saved.key, saved.spill = self.ssd.spill(host, saved.nbytes, saved.done)
+        self.ssd_bytes += saved.nbytes
+        self.peak_ssd_bytes = max(self.peak_ssd_bytes, self.ssd_bytes)
+        self._ssd_alive += 1
+        ref, written, tier = weakref.ref(saved), self._written, self.ssd
+
+        def done(future):
+            if future.exception() is None:
+                written.append(ref)
+            else:  # the host copy stays: the activation is on the host tier now
+                tier.spill_failed(future.exception())
+
+        saved.spill.add_done_callback(done)
+        if saved.tier == HOST:
+            saved.tier = SPILLED
 
     def _reap(self) -> None:
         """Lets go of the device tensors whose copy out has completed."""
@@ -211,7 +273,7 @@ class ActivationStore:
         if saved.tier == IN_FLIGHT and saved.device_tensor is not None:
             saved.device_tensor = None
             self.device_bytes -= saved.nbytes
-        saved.tier = HOST
+        saved.tier = SPILLED if saved.key is not None else HOST
 
     def _make_room(self, nbytes: int) -> None:
         limit = self.device_limit
@@ -226,10 +288,12 @@ class ActivationStore:
         with self._lock:
             if self.cuda:
                 self._reap()
+            self._reap_spills()
 
     # ------------------------------------------------------------ unpack
     def unpack(self, saved: SavedActivation) -> torch.Tensor:
         with self._lock:
+            self._reap_spills()
             if saved.device_tensor is not None:
                 if saved.back is not None:
                     torch.cuda.current_stream(self.device).wait_event(saved.back)
@@ -237,14 +301,31 @@ class ActivationStore:
                     saved.back = None
                 t = saved.device_tensor
             else:
+                ahead = saved.recall is not None  # a prefetch started its recall
+                if saved.host_tensor is None and saved.key is not None:
+                    self._take_recall(saved)
                 if saved.host_tensor is None:
                     raise RuntimeError("a saved activation was unpacked after it was released")
-                self.on_demand += 1
+                if not ahead:
+                    self.on_demand += 1
                 self._bring_back(saved, wait=True)
                 t = saved.device_tensor
             if saved.order >= 0:
                 self.prefetch_before(saved.order)
             return t
+
+    def _start_recall(self, saved: SavedActivation) -> None:
+        shape, stride, dtype = saved.layout
+        saved.recall = self.ssd.recall(saved.key, shape, stride, dtype, saved.nbytes, self.cuda)
+        self._ssd_released(saved)
+
+    def _take_recall(self, saved: SavedActivation) -> None:
+        """Waits for `saved`'s recall (started now when none is): its host copy."""
+        if saved.recall is None:
+            self._start_recall(saved)
+        host = saved.recall.result()  # a failed recall (DATA_LOSS, ...) raises here
+        saved.host_tensor = host
+        self._add_host(saved.nbytes)
 
     def _bring_back(self, saved: SavedActivation, wait: bool) -> None:
         host = saved.host_tensor
@@ -284,12 +365,17 @@ class ActivationStore:
         while k >= 0:
             saved = self._moved[k]()
             k -= 1
-            if saved is None or saved.host_tensor is None:
+            if saved is None or (saved.host_tensor is None and saved.key is None):
                 continue
             if saved.layer is None or saved.layer < lowest:
                 break
             if saved.device_tensor is not None:
                 continue  # still there (copy out in flight) or back already
+            if saved.host_tensor is None:  # spilled: read it back into host memory ahead
+                if saved.recall is None:
+                    self.prefetches += 1
+                    self._start_recall(saved)
+                continue
             if self.device_limit is not None and \
                     self.device_bytes + saved.nbytes > self.device_limit:
                 break

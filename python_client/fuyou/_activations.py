@@ -25,10 +25,15 @@ kept, its times and bytes measured (_activation_profile.py), then the planner
 picks the plan for the steps after it, printed as a table (``verbose``) and
 kept as ``handle.plan``.
 
-The SSD tier needs daemon support (a chunk kind that is never committed) that
-this release does not have: the automatic planner plans without it (where host
-memory is short it picks recomputation instead), and ``apply`` of a plan that
-chooses ``ssd`` for some layer raises FailedPrecondition naming them. Budgets
+The SSD tier (``ssd=``: a daemon address or a fuyou.AdamW, for a session of
+its own at that daemon, or a session; _activation_ssd.py): an ``ssd``
+layer's activations are copied to host memory as for ``host``, then spilled
+to the daemon's storage tier (scratch files striped over its storage paths,
+never committed, dropped at the step's end, the session's end, or as soon as
+none is alive) and recalled one layer ahead in backward. Without ``ssd=`` the
+automatic planner plans without it (where host memory is short it picks
+recomputation instead), and ``apply`` of a plan that chooses ``ssd`` for
+some layer raises FailedPrecondition naming them. Budgets
 are never exceeded silently: a step whose measured device peak exceeds the
 budget logs a warning.
 """
@@ -56,9 +61,13 @@ log = logging.getLogger("fuyou")
 
 
 def ssd_tier_available() -> bool:
-    """Whether spilled activations can go to the daemon's storage tier (not
-    in this release: the daemon has no uncommitted activation chunks yet)."""
-    return False
+    """Whether this client can spill activations to a daemon's storage tier
+    (the binding has SpillActivation); a handle uses it only with ``ssd=``."""
+    try:
+        from . import _native
+        return hasattr(_native.module().Session, "spill_activation")
+    except Exception:
+        return False
 
 
 def _default_host_budget() -> int:
@@ -83,7 +92,8 @@ def offload_activations(model: torch.nn.Module, device_budget: Union[int, str, N
                         plan: Union[None, str, Sequence[str], Plan] = None,
                         layers: Optional[Sequence[torch.nn.Module]] = None,
                         ssd_bandwidth: Optional[float] = None, parameter_stream=None,
-                        prefetch_layers: int = 1, verbose: bool = True) -> "ActivationOffload":
+                        prefetch_layers: int = 1, verbose: bool = True,
+                        ssd=None) -> "ActivationOffload":
     """Installs activation offload on `model` and returns its handle (also a
     context manager; ``remove()`` uninstalls).
 
@@ -101,13 +111,17 @@ def offload_activations(model: torch.nn.Module, device_budget: Union[int, str, N
     on this model (found by itself when not given), whose saved weights stay
     its own. ``prefetch_layers``: backward brings a layer's offloaded tensors
     back while this many later layers still run their backward (the cost
-    model assumes 1).
+    model assumes 1). ``ssd``: where the SSD tier's activations go: a daemon
+    address or a fuyou.AdamW (a session of the handle's own at that daemon,
+    on a job of its own, closed and the job deleted by ``remove()``), or a
+    fuyou._fuyou.Session used as it is (it must leave the tier a slot); None:
+    no SSD tier.
     """
     if getattr(model, "_fuyou_activation_offload", None) is not None:
         raise InvalidArgument("offload_activations is already installed on this model: "
                               "call remove() on its handle first")
     return ActivationOffload(model, device_budget, host_budget, min_bytes, plan, layers,
-                             ssd_bandwidth, parameter_stream, prefetch_layers, verbose)
+                             ssd_bandwidth, parameter_stream, prefetch_layers, verbose, ssd)
 
 
 class _Weight:
@@ -131,7 +145,7 @@ class ActivationOffload:
     offloaded). :meth:`profile` re-profiles at the next step."""
 
     def __init__(self, model, device_budget, host_budget, min_bytes, plan, layers,
-                 ssd_bandwidth, parameter_stream, prefetch_layers, verbose):
+                 ssd_bandwidth, parameter_stream, prefetch_layers, verbose, ssd=None):
         self.model = model
         self.layers = list(layers) if layers is not None else find_layers(model)
         if not self.layers:
@@ -149,7 +163,11 @@ class ActivationOffload:
         self.device = _model_device(model)
         if not isinstance(prefetch_layers, int) or prefetch_layers < 0:
             raise ValueError(f"prefetch_layers must be an int >= 0, got {prefetch_layers!r}")
-        self.store = ActivationStore(self.device, self.device_budget, prefetch_layers)
+        tier = None
+        if ssd is not None:
+            from ._activation_ssd import open_ssd_tier
+            tier = open_ssd_tier(ssd)
+        self.store = ActivationStore(self.device, self.device_budget, prefetch_layers, ssd=tier)
         self.plan: Optional[Plan] = None
         self.choices: List[str] = [KEEP] * len(self.layers)
         self.last_profile = None
@@ -197,6 +215,8 @@ class ActivationOffload:
         self._saved_forwards = []
         if getattr(self.model, "_fuyou_activation_offload", None) is self:
             del self.model._fuyou_activation_offload
+        if self.store.ssd is not None:
+            self.store.ssd.close()
 
     def __enter__(self) -> "ActivationOffload":
         return self
@@ -218,11 +238,12 @@ class ActivationOffload:
             raise InvalidArgument(f"a plan is one of {CHOICES} per layer ({len(self.layers)} "
                                   f"layers), got {choices!r}")
         ssd = [n for n, c in zip(self.names, choices) if c == SSD]
-        if ssd and not ssd_tier_available():
+        if ssd and self.store.ssd is None:
             raise FailedPrecondition(
-                f"the activation plan puts layers {ssd} on the SSD tier, which needs daemon "
-                "support this release does not have; plan with a larger host_budget, or let "
-                "the planner choose (it recomputes where host memory is short)")
+                f"the activation plan puts layers {ssd} on the SSD tier, which needs a daemon "
+                "session: pass ssd= (a fuyou.AdamW, a session or the daemon's address) to "
+                "offload_activations, plan with a larger host_budget, or let the planner choose "
+                "(it recomputes where host memory is short)")
         self.choices = choices
         self.plan = plan if isinstance(plan, Plan) else None
         self._profile_next = False
@@ -234,7 +255,7 @@ class ActivationOffload:
     def plan_from(self, profile) -> Plan:
         """The plan for `profile` within this handle's budgets."""
         budget = self.device_budget if self.device_budget is not None else 1 << 62
-        allowed = CHOICES if ssd_tier_available() else (KEEP, HOST, RECOMPUTE)
+        allowed = CHOICES if self.store.ssd is not None else (KEEP, HOST, RECOMPUTE)
         return plan_activations(profile, budget, self.host_budget, allowed=allowed)
 
     def _end_of_backward(self) -> None:
@@ -244,7 +265,7 @@ class ActivationOffload:
     def _finish_profile(self) -> None:
         recorder, self._pending = self._pending, None
         d2h, h2d = measure_link_bandwidth(self.device)
-        ssd = self.ssd_bandwidth if ssd_tier_available() else None
+        ssd = self.ssd_bandwidth if self.store.ssd is not None else None
         profile = recorder.profile(d2h, h2d, ssd, ssd)
         self.last_profile = profile
         self._profile_next = False
@@ -338,8 +359,8 @@ class ActivationOffload:
         if self._recorder is not None:
             self._recorder.saved(layer, footprint_bytes(t))
         choice = KEEP if layer is None else self.choices[layer]
-        if choice == HOST and footprint_bytes(t) >= self.min_bytes:
-            saved = self.store.offload(t, layer)
+        if choice in (HOST, SSD) and footprint_bytes(t) >= self.min_bytes:
+            saved = self.store.offload(t, layer, ssd=choice == SSD)
         else:
             saved = self.store.keep(t, layer)
         self._check_budget()

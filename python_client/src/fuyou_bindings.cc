@@ -396,6 +396,35 @@ PYBIND11_MODULE(_fuyou, m) {
           },
           py::arg("chunk_id"), py::arg("weights"))
       .def(
+          "spill_activation",
+          [](PySession& s, uint64_t key, const py::buffer& data) {
+            py::buffer_info keep;
+            std::span<std::byte> bytes = BytesOf(data, /*writable=*/false, keep);
+            Session& session = s.get();
+            BlockingStatus([&] { return session.SpillActivation(key, bytes); });
+          },
+          py::arg("key"), py::arg("data"),
+          "Copies the buffer's bytes to the daemon's activation scratch under `key` (below 2**40, "
+          "not spilled yet); returns once written. The GIL is released meanwhile.")
+      .def(
+          "recall_activation",
+          [](PySession& s, uint64_t key, const py::buffer& out) {
+            py::buffer_info keep;
+            std::span<std::byte> bytes = BytesOf(out, /*writable=*/true, keep);
+            Session& session = s.get();
+            BlockingStatus([&] { return session.RecallActivation(key, bytes); });
+          },
+          py::arg("key"), py::arg("out"),
+          "Copies activation `key` back into the writable buffer `out` (exactly its size) and "
+          "forgets it; DATA_LOSS when the daemon's copy fails its checksum.")
+      .def(
+          "drop_activations",
+          [](PySession& s) {
+            Session& session = s.get();
+            BlockingStatus([&] { return session.DropActivations(); });
+          },
+          "Forgets every spilled activation of the session and frees its scratch.")
+      .def(
           "acquire_slot",
           [](PySession& s, double timeout) {
             Session& session = s.get();

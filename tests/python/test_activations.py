@@ -252,6 +252,165 @@ def test_planner_raises_when_nothing_fits():
         plan_activations(synthetic(4), device_budget=1 << 20, host_budget=0)
 
 
+# ------------------------------------------------------------ the SSD tier
+def _native():
+    from fuyou import _native as native
+    return native.module()
+
+
+def _activation_files(d):
+    """The daemon's activation scratch files (name -> bytes), over its storage paths."""
+    return {str(f): f.stat().st_size for f in Path(d.data_dir).rglob("activations/*") if f.is_file()}
+
+
+def test_ssd_tier_beyond_the_host_budget_is_bit_identical(daemon):
+    ref = train(small_gpt())
+    model = small_gpt()
+    with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                   ssd=daemon.address, verbose=False) as h:
+        got = train(model)
+        store = h.store
+        assert store.peak_ssd_bytes > 0 and store.ssd_bytes == 0
+    assert_identical(ref, got)
+    assert store.ssd.bytes_spilled > 0  # all spills are written by remove()'s close
+    assert store.ssd.drops >= 3  # one per step at least: nothing alive after each backward
+    stats = _native().AdminClient.connect(address=daemon.address).get_stats()
+    assert stats["activation_spilled_bytes_total"] >= store.ssd.bytes_spilled
+    assert stats["activation_recalled_bytes_total"] == store.ssd.bytes_recalled
+    assert not any(_activation_files(daemon).values()), _activation_files(daemon)
+
+
+def test_planner_ssd_choice_runs_beside_the_optimizer(daemon):
+    # The planner's choice without host memory and with a fast SSD (as in
+    # test_planner_without_host_memory_uses_a_fast_ssd_else_recomputes), run
+    # at the optimizer's daemon, through a session of the tier's own.
+    plan = plan_activations(synthetic(4, ssd=1e12), device_budget=int(2.5 * (100 << 20)),
+                            host_budget=0)
+    assert SSD in plan.choices, plan.choices
+    model = small_gpt()
+    session_opt = fuyou.AdamW([torch.zeros(8, requires_grad=True)], job=f"actssd-{os.getpid()}",
+                              address=daemon.address, timeout=20.0)
+    try:
+        with fuyou.offload_activations(model, plan=plan, host_budget=0, min_bytes=0,
+                                       ssd=session_opt, verbose=False) as h:
+            assert h.choices == list(plan.choices)
+            got = train(model, steps=3)
+            assert h.store.ssd.session is not session_opt.pipeline._session
+            assert h.store.ssd._address == session_opt._address
+            assert h.store.peak_ssd_bytes > 0
+        assert h.store.ssd.bytes_spilled > 0
+        assert_identical(train(small_gpt(), steps=3), got)
+    finally:
+        session_opt.close()
+    assert not _activation_files(daemon)
+    jobs = [j["name"] for j in _native().AdminClient.connect(address=daemon.address).list_jobs()]
+    assert f"actssd-{os.getpid()}" in jobs, jobs  # the listing is the daemon's
+    assert not [j for j in jobs if j.startswith("activations-")], jobs  # the tier's job is deleted
+
+
+def test_ssd_tier_errors_are_clear(daemon):
+    native = _native()
+    mine = native.Session.open(job=f"actssd-a-{os.getpid()}", num_slots=2, slot_bytes=8192,
+                               address=daemon.address)
+    theirs = native.Session.open(job=f"actssd-b-{os.getpid()}", num_slots=2, slot_bytes=8192,
+                                 address=daemon.address)
+    try:
+        data = bytes(range(256)) * 100  # 25600 bytes: four pieces of one slot each
+        mine.spill_activation(7, data)
+        with pytest.raises(fuyou.InvalidArgument, match="already spilled"):
+            mine.spill_activation(7, data)
+        out = bytearray(len(data))
+        with pytest.raises(fuyou.FuyouError, match="not spilled") as info:
+            theirs.recall_activation(7, out)  # another session's key
+        assert info.value.code == "NOT_FOUND"
+        mine.recall_activation(7, out)
+        assert bytes(out) == data
+        with pytest.raises(fuyou.FuyouError, match="not spilled") as info:
+            mine.recall_activation(7, out)  # recalled once
+        assert info.value.code == "NOT_FOUND"
+        mine.spill_activation(8, data)
+        assert any(_activation_files(daemon).values())
+    finally:
+        mine.close()
+        theirs.close()
+    assert not _activation_files(daemon), "a closed session leaves no scratch file"
+
+
+def test_ssd_tier_checksum_mismatch_is_data_loss(daemon):
+    native = _native()
+    s = native.Session.open(job=f"actssd-c-{os.getpid()}", num_slots=2, slot_bytes=8192,
+                            address=daemon.address)
+    try:
+        s.spill_activation(1, b"\x11" * 4096)
+        (path,) = [p for p, n in _activation_files(daemon).items() if n]
+        with open(path, "r+b") as f:
+            f.seek(100)
+            f.write(b"\x22")
+        with pytest.raises(fuyou.FuyouError, match="checksum") as info:
+            s.recall_activation(1, bytearray(4096))
+        assert info.value.code == "DATA_LOSS"
+    finally:
+        s.close()
+
+
+def test_ssd_tier_user_limit_is_refused_clearly(tmp_path):
+    from conftest import require_daemon
+    d = fuyou.EmbeddedDaemon(data_dir=str(tmp_path / "data"), socket_path=str(tmp_path / "d.sock"),
+                             extra_args=["--dram-budget", "64MiB", "--max-activation-bytes-per-user",
+                                         "8KiB"], binary=require_daemon())
+    try:
+        native = _native()
+        s = native.Session.open(job="limit", num_slots=2, slot_bytes=8192, address=d.address)
+        s.spill_activation(1, b"x" * 4096)
+        with pytest.raises(fuyou.FuyouError, match="max_activation_bytes_per_user") as info:
+            s.spill_activation(2, b"y" * 4097)  # two more blocks: over the limit
+        assert info.value.code == "RESOURCE_EXHAUSTED"
+        s.spill_activation(3, b"z" * 4096)  # the refusal took nothing
+        s.drop_activations()
+        s.spill_activation(4, b"w" * 8192)  # the drop gave it all back
+        s.close()
+        # A run over the limit: the spills refused keep their host copies (logged),
+        # and the gradients are still bit-identical.
+        ref = train(small_gpt(), steps=2)
+        model = small_gpt()
+        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                       ssd=d.address, verbose=False) as h:
+            got = train(model, steps=2)
+        assert h.store.ssd.failed_spills > 0
+        assert h.store.ssd.last_error.code == "RESOURCE_EXHAUSTED"
+        assert_identical(ref, got)
+    finally:
+        d.stop()
+
+
+def test_killed_client_leaves_no_activation_scratch(daemon):
+    import signal
+    import subprocess
+    import time
+    worker = Path(__file__).with_name("activation_kill_worker.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(worker), daemon.address], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "spilled", line
+        session_id = line[1]
+        assert int(line[2]) > 0
+        assert any(_activation_files(daemon).values())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    admin = _native().AdminClient.connect(address=daemon.address)
+    # The daemon reaps the session when it sees the stream end, then closes it
+    # (which unlinks the files): wait for both, bounded only against a hang.
+    deadline = time.monotonic() + 60
+    while (any(s["session_id"] == session_id for s in admin.list_sessions())
+           or _activation_files(daemon)):
+        assert time.monotonic() < deadline, \
+            f"the killed client's session or scratch was never removed: {_activation_files(daemon)}"
+        time.sleep(0.05)
+
+
 def test_ssd_plan_without_an_ssd_tier_raises():
     model = small_gpt()
     with fuyou.offload_activations(model, plan=KEEP, verbose=False) as h:
@@ -395,3 +554,24 @@ def test_cuda_host_offload_is_bit_identical_and_frees_device_memory():
     for a, b in zip(ref_grads, grads):
         assert torch.equal(a, b)
     assert held < ref_held  # measured by the allocator, not by the hooks
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: pinned host staging before the spill")
+def test_cuda_ssd_tier_is_bit_identical(daemon):
+    base = small_gpt().cuda()
+    idx, tgt = (t.cuda() for t in batch(0, seq=16, b=64))
+
+    def run(model):
+        _, loss = model(idx, tgt)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ref = run(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                   ssd=daemon.address, verbose=False) as h:
+        grads = run(model)
+    assert h.store.ssd.bytes_spilled > 0 and h.store.ssd.failed_spills == 0
+    for a, b in zip(ref, grads):
+        assert torch.equal(a, b)

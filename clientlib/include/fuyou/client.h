@@ -262,6 +262,26 @@ class Session {
   // fetch in flight.
   absl::StatusOr<uint32_t> WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout);
 
+  // --- activation offload's storage tier (SpillActivation, RecallActivation) --
+  // Copies `bytes` to the daemon's activation scratch under `key` (the caller's
+  // name, below kMaxActivationKey, not spilled yet in this session) and returns
+  // once the daemon has written it. More than slot_bytes() goes in pieces, one
+  // slot each (every piece is one daemon-side activation). Thread-safe, allowed
+  // at any time, a step in flight included; each piece holds one slot for its
+  // round trip. The daemon drops every spilled activation at EndStep, AbortStep,
+  // DropActivations and the session's end. INVALID_ARGUMENT: an empty `bytes`,
+  // a key too large or already spilled; RESOURCE_EXHAUSTED: the daemon's
+  // per-user limit (max_activation_bytes_per_user); a daemon error unchanged.
+  static constexpr uint64_t kMaxActivationKey = uint64_t{1} << 40;
+  absl::Status SpillActivation(uint64_t key, std::span<const std::byte> bytes);
+  // Copies `key`'s bytes back into `out`, which must be exactly as long as
+  // what was spilled, and forgets the key (client and daemon). NOT_FOUND: not
+  // spilled (or already recalled or dropped); DATA_LOSS: the daemon's copy
+  // failed its checksum.
+  absl::Status RecallActivation(uint64_t key, std::span<std::byte> out);
+  // Forgets every activation this session spilled and frees their scratch.
+  absl::Status DropActivations();
+
   // --- step boundaries --------------------------------------------------------
   // Commits `step` (waits for the daemon's StepCommitted): after this the job
   // resumes after `step` even if the daemon crashes.

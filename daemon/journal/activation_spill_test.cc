@@ -1,0 +1,173 @@
+#include "journal/activation_spill.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "test_support/temp_dir.h"
+
+namespace fuyou {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::byte> Pattern(size_t bytes, uint8_t seed) {
+  std::vector<std::byte> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>(seed + i * 13);
+  return out;
+}
+
+class ActivationSpillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto io = storage::IoEngine::Create({});
+    ASSERT_TRUE(io.ok()) << io.status();
+    io_ = std::move(*io);
+    auto scratch = JournalScratch::Create({root_a_, root_b_}, *io_, {}, JournalScratch::kActivationDirName);
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    scratch_ = std::move(*scratch);
+  }
+
+  // A spill charged to `taken` against a limit of `limit` bytes.
+  std::unique_ptr<ActivationSpill> MakeSpill(const std::string& session, uint64_t limit = UINT64_MAX) {
+    JournalQuotaHooks quota;
+    quota.take = [this, limit](uint64_t bytes) {
+      if (bytes > limit - taken_) return absl::ResourceExhaustedError("over max_activation_bytes_per_user");
+      taken_ += bytes;
+      return absl::OkStatus();
+    };
+    quota.give = [this](uint64_t bytes) { taken_ -= bytes; };
+    return std::make_unique<ActivationSpill>(scratch_->ForSession(session), std::move(quota));
+  }
+
+  size_t FilesIn(const fs::path& root) const {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& entry : fs::directory_iterator(root / "activations")) ++n;
+    return n;
+  }
+
+  const TempDir temp_dir_{"fuyou-activation-test"};
+  const fs::path root_a_ = [this] { fs::create_directories(temp_dir_.path() / "a"); return temp_dir_.path() / "a"; }();
+  const fs::path root_b_ = [this] { fs::create_directories(temp_dir_.path() / "b"); return temp_dir_.path() / "b"; }();
+  std::unique_ptr<storage::IoEngine> io_;
+  std::unique_ptr<JournalScratch> scratch_;
+  uint64_t taken_ = 0;
+};
+
+TEST_F(ActivationSpillTest, RecallGivesBackTheSameBytesStripedOverThePaths) {
+  auto spill = MakeSpill("s1");
+  const auto first = Pattern(5000, 1);  // not whole blocks
+  const auto second = Pattern(4096, 2);
+  ASSERT_TRUE(spill->Spill(7, first).ok());
+  ASSERT_TRUE(spill->Spill(8, second).ok());
+  EXPECT_EQ(spill->spilled(), 2u);
+  EXPECT_EQ(spill->scratch_bytes(), 8192u + 4096u);
+  EXPECT_EQ(taken_, 8192u + 4096u);
+  // One activation per storage path in turn.
+  EXPECT_EQ(spill->Locate(7)->file.parent_path().parent_path(), root_a_);
+  EXPECT_EQ(spill->Locate(8)->file.parent_path().parent_path(), root_b_);
+
+  std::vector<std::byte> out(8192, std::byte{0xEE});
+  auto recalled = spill->Recall(8, out);
+  ASSERT_TRUE(recalled.ok()) << recalled.status();
+  EXPECT_EQ(*recalled, 4096u);
+  EXPECT_TRUE(std::equal(second.begin(), second.end(), out.begin()));
+  recalled = spill->Recall(7, out);
+  ASSERT_TRUE(recalled.ok()) << recalled.status();
+  EXPECT_EQ(*recalled, 5000u);
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), out.begin()));
+  EXPECT_EQ(spill->spilled(), 0u);
+}
+
+TEST_F(ActivationSpillTest, RecallOfAnUnknownOrRecalledKeyIsNotFound) {
+  auto spill = MakeSpill("s1");
+  std::vector<std::byte> out(4096);
+  auto unknown = spill->Recall(42, out);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("activation 42 is not spilled"), std::string::npos)
+      << unknown.status();
+  ASSERT_TRUE(spill->Spill(42, Pattern(100, 3)).ok());
+  ASSERT_TRUE(spill->Recall(42, out).ok());
+  EXPECT_EQ(spill->Recall(42, out).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ActivationSpillTest, AKeySpilledTwiceOrAShortRecallIsRefused) {
+  auto spill = MakeSpill("s1");
+  ASSERT_TRUE(spill->Spill(1, Pattern(6000, 3)).ok());
+  EXPECT_EQ(spill->Spill(1, Pattern(10, 3)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spill->Spill(2, {}).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::byte> small(4096);
+  EXPECT_EQ(spill->Recall(1, small).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::byte> out(6000);
+  EXPECT_TRUE(spill->Recall(1, out).ok());  // the short recall did not forget it
+}
+
+TEST_F(ActivationSpillTest, ACorruptedActivationIsDataLoss) {
+  auto spill = MakeSpill("s1");
+  ASSERT_TRUE(spill->Spill(5, Pattern(4096, 9)).ok());
+  auto where = spill->Locate(5);
+  ASSERT_TRUE(where.ok());
+  const int fd = ::open(where->file.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const char flipped = 0x5A;
+  ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(where->offset + 100)), 1);
+  ::close(fd);
+  std::vector<std::byte> out(4096);
+  auto recalled = spill->Recall(5, out);
+  EXPECT_EQ(recalled.status().code(), absl::StatusCode::kDataLoss) << recalled.status();
+  EXPECT_NE(recalled.status().message().find(where->file.string()), std::string::npos) << recalled.status();
+}
+
+TEST_F(ActivationSpillTest, TheUserLimitRefusesASpillAndChangesNothing) {
+  auto spill = MakeSpill("s1", /*limit=*/8192);
+  ASSERT_TRUE(spill->Spill(1, Pattern(4096, 1)).ok());
+  const absl::Status refused = spill->Spill(2, Pattern(4097, 1));  // two blocks: over
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(spill->spilled(), 1u);
+  EXPECT_EQ(taken_, 4096u);
+  EXPECT_TRUE(spill->Spill(3, Pattern(4096, 1)).ok());
+}
+
+TEST_F(ActivationSpillTest, DropFreesEverythingAndTheEndRemovesTheFiles) {
+  auto spill = MakeSpill("s1");
+  ASSERT_TRUE(spill->Spill(1, Pattern(4096, 1)).ok());
+  ASSERT_TRUE(spill->Spill(2, Pattern(4096, 1)).ok());
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(spill->Recall(1, out).ok());
+  const ActivationSpill::Dropped dropped = spill->Drop();
+  EXPECT_EQ(dropped.activations, 1u);
+  EXPECT_EQ(dropped.scratch_bytes, 8192u);
+  EXPECT_EQ(taken_, 0u);
+  EXPECT_EQ(spill->Recall(2, out).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fs::file_size(root_a_ / "activations" / "s1.spill"), 0u);  // truncated
+  ASSERT_TRUE(spill->Spill(3, Pattern(4096, 4)).ok());
+  EXPECT_EQ(FilesIn(root_a_), 1u);
+  spill.reset();  // the session's end
+  EXPECT_EQ(FilesIn(root_a_), 0u);
+  EXPECT_EQ(FilesIn(root_b_), 0u);
+  EXPECT_EQ(taken_, 0u);
+}
+
+TEST_F(ActivationSpillTest, SessionsDoNotSeeEachOthersActivations) {
+  auto mine = MakeSpill("s1");
+  auto theirs = MakeSpill("s2");
+  ASSERT_TRUE(mine->Spill(1, Pattern(4096, 1)).ok());
+  std::vector<std::byte> out(4096);
+  EXPECT_EQ(theirs->Recall(1, out).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(mine->Recall(1, out).ok());
+}
+
+TEST_F(ActivationSpillTest, ARestartEmptiesTheScratch) {
+  auto spill = MakeSpill("s1");
+  ASSERT_TRUE(spill->Spill(1, Pattern(4096, 1)).ok());
+  EXPECT_EQ(FilesIn(root_a_), 1u);
+  auto again = JournalScratch::Create({root_a_}, *io_, {}, JournalScratch::kActivationDirName);  // a new daemon
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(FilesIn(root_a_), 0u);
+}
+
+}  // namespace
+}  // namespace fuyou

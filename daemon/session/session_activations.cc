@@ -1,0 +1,87 @@
+// Session: activation offload's storage tier (issue 23).
+//
+// SpillActivation copies the first `bytes` bytes of a slot's gradient region
+// to the session's activation scratch (journal/activation_spill.h: striped over
+// the storage paths, checksummed, never committed) and answers when they are
+// written; RecallActivation copies them back into a slot's gradient region
+// after checking their checksum and forgets them; DropActivations (and EndStep,
+// AbortStep, the session's end) frees them all. None of them touches the job or
+// the step: they are served at any time while the session is attached.
+#include <optional>
+
+#include "common/status_util.h"  // fmt formats absl::string_view (Status::message)
+#include "fmt/format.h"
+#include "session/session.h"
+#include "session/stream_replies.h"
+#include "stats/daemon_stats.h"
+
+namespace fuyou {
+namespace {
+
+// INVALID_ARGUMENT unless `slot` exists in `layout` (and, when `bytes` is
+// given, 1 <= bytes <= slot_bytes).
+absl::Status CheckActivationSlot(const SegmentLayout& layout, const char* verb, uint64_t key, uint32_t slot,
+                                 std::optional<uint64_t> bytes) {
+  if (slot >= layout.num_slots) {
+    return absl::InvalidArgumentError(fmt::format("{} of activation {}: slot {} does not exist (the session has {} slots)",
+                                                  verb, key, slot, layout.num_slots));
+  }
+  if (bytes && (*bytes == 0 || *bytes > layout.slot_bytes)) {
+    return absl::InvalidArgumentError(
+        fmt::format("{} of activation {}: {} bytes is not in 1..{} (the session's slot size)", verb, key, *bytes,
+                    layout.slot_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::DaemonMessage Session::OnSpillActivation(const v1::SpillActivation& request) {
+  const uint64_t key = request.key();
+  if (absl::Status bad = CheckActivationSlot(layout_, "SpillActivation", key, request.slot(), request.bytes());
+      !bad.ok()) {
+    return ErrorReply(bad);
+  }
+  const std::span<const std::byte> bytes = segment_->GradRegion(request.slot()).first(request.bytes());
+  if (absl::Status spilled = activations_->Spill(key, bytes); !spilled.ok()) {
+    return ErrorReply(absl::Status(spilled.code(), fmt::format("SpillActivation (session {}, job '{}'): {}", id_,
+                                                               job_name_, spilled.message())));
+  }
+  counters_.Bump(Ticker::kActivationSpilledBytes, request.bytes());
+  v1::DaemonMessage reply;
+  v1::ActivationSpilled* done = reply.mutable_activation_spilled();
+  done->set_key(key);
+  done->set_bytes(request.bytes());
+  done->set_session_scratch_bytes(activations_->scratch_bytes());
+  return reply;
+}
+
+v1::DaemonMessage Session::OnRecallActivation(const v1::RecallActivation& request) {
+  const uint64_t key = request.key();
+  if (absl::Status bad = CheckActivationSlot(layout_, "RecallActivation", key, request.slot(), std::nullopt);
+      !bad.ok()) {
+    return ErrorReply(bad);
+  }
+  absl::StatusOr<uint64_t> recalled = activations_->Recall(key, segment_->GradRegion(request.slot()));
+  if (!recalled.ok()) {
+    return ErrorReply(absl::Status(recalled.status().code(), fmt::format("RecallActivation (session {}, job '{}'): {}",
+                                                                         id_, job_name_, recalled.status().message())));
+  }
+  counters_.Bump(Ticker::kActivationRecalledBytes, *recalled);
+  v1::DaemonMessage reply;
+  v1::ActivationRecalled* done = reply.mutable_activation_recalled();
+  done->set_key(key);
+  done->set_slot(request.slot());
+  done->set_bytes(*recalled);
+  return reply;
+}
+
+v1::DaemonMessage Session::OnDropActivations() {
+  const ActivationSpill::Dropped dropped = activations_->Drop();
+  v1::DaemonMessage reply;
+  reply.mutable_activations_dropped()->set_activations(dropped.activations);
+  reply.mutable_activations_dropped()->set_scratch_bytes(dropped.scratch_bytes);
+  return reply;
+}
+
+}  // namespace fuyou

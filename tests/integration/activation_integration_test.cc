@@ -1,0 +1,210 @@
+// Spilled activations (issue 23, activation offload's SSD tier) over the raw
+// protocol against a real fuyoud: SpillActivation then RecallActivation give
+// back the same bytes, from <data>/activations; hostile fields are refused
+// with a clear error and the session keeps serving; EndStep, AbortStep and
+// DropActivations drop them; the per-user limit; a closed session leaves no
+// file; the GetStats counters.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "daemon_process.h"
+#include "fuyou/admin_client.h"
+#include "raw_session.h"
+#include "test_values.h"
+
+namespace fuyou::testing {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr uint32_t kSlots = 2;
+constexpr uint64_t kSlotBytes = 64 * 1024;
+
+v1::ClientMessage Spill(uint64_t key, uint32_t slot, uint64_t bytes) {
+  v1::ClientMessage message;
+  message.mutable_spill_activation()->set_key(key);
+  message.mutable_spill_activation()->set_slot(slot);
+  message.mutable_spill_activation()->set_bytes(bytes);
+  return message;
+}
+
+v1::ClientMessage Recall(uint64_t key, uint32_t slot) {
+  v1::ClientMessage message;
+  message.mutable_recall_activation()->set_key(key);
+  message.mutable_recall_activation()->set_slot(slot);
+  return message;
+}
+
+v1::ClientMessage Drop() {
+  v1::ClientMessage message;
+  message.mutable_drop_activations();
+  return message;
+}
+
+std::string Describe(const v1::DaemonMessage& reply) { return reply.ShortDebugString(); }
+
+void Fill(RawSession& session, uint32_t slot, uint8_t seed) {
+  std::span<std::byte> region = session.GradRegion(slot);
+  for (size_t i = 0; i < region.size(); ++i) region[i] = static_cast<std::byte>(seed + i * 7);
+}
+
+bool Holds(RawSession& session, uint32_t slot, uint8_t seed, size_t bytes) {
+  std::span<std::byte> region = session.GradRegion(slot);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (region[i] != static_cast<std::byte>(seed + i * 7)) return false;
+  }
+  return true;
+}
+
+class ActivationTest : public ::testing::Test {
+ protected:
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"--dram-budget", "64MiB", "--threads", "2"});
+    daemon_ = std::make_unique<DaemonProcess>(dir_.path(), extra);
+    absl::Status started = daemon_->Start();
+    ASSERT_TRUE(started.ok()) << Text(started);
+  }
+
+  std::unique_ptr<RawSession> Open(const std::string& job) {
+    auto session = RawSession::Open(daemon_->client_options(), job, kSlots, kSlotBytes);
+    EXPECT_TRUE(session.ok()) << Text(session.status());
+    return session.ok() ? std::move(*session) : nullptr;
+  }
+
+  // The activation scratch files under the data dir, and their sizes.
+  std::vector<std::pair<fs::path, uintmax_t>> ScratchFiles() {
+    std::vector<std::pair<fs::path, uintmax_t>> out;
+    for (const auto& entry : fs::recursive_directory_iterator(daemon_->data_dir())) {
+      if (entry.is_regular_file() && entry.path().parent_path().filename() == "activations") {
+        out.emplace_back(entry.path(), entry.file_size());
+      }
+    }
+    return out;
+  }
+
+  v1::GetStatsResponse Stats() {
+    auto admin = AdminClient::Connect(daemon_->client_options());
+    EXPECT_TRUE(admin.ok());
+    auto stats = (*admin)->GetStats();
+    EXPECT_TRUE(stats.ok()) << Text(stats.status());
+    return stats.ok() ? *stats : v1::GetStatsResponse{};
+  }
+
+  TempDir dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(ActivationTest, SpillThenRecallGivesBackTheSameBytes) {
+  StartDaemon();
+  auto session = Open("act");
+  ASSERT_NE(session, nullptr);
+  Fill(*session, 0, 1);
+  v1::DaemonMessage reply = session->Exchange(Spill(10, 0, 5000));
+  ASSERT_TRUE(reply.has_activation_spilled()) << Describe(reply);
+  EXPECT_EQ(reply.activation_spilled().bytes(), 5000u);
+  EXPECT_EQ(reply.activation_spilled().session_scratch_bytes(), 8192u);  // whole blocks
+  Fill(*session, 0, 2);
+  reply = session->Exchange(Spill(11, 0, kSlotBytes));
+  ASSERT_TRUE(reply.has_activation_spilled()) << Describe(reply);
+  auto files = ScratchFiles();
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_GE(files[0].second, 8192u + kSlotBytes);
+
+  std::fill(session->GradRegion(1).begin(), session->GradRegion(1).end(), std::byte{0});
+  reply = session->Exchange(Recall(10, 1));
+  ASSERT_TRUE(reply.has_activation_recalled()) << Describe(reply);
+  EXPECT_EQ(reply.activation_recalled().bytes(), 5000u);
+  EXPECT_TRUE(Holds(*session, 1, 1, 5000));
+  reply = session->Exchange(Recall(11, 0));
+  ASSERT_TRUE(reply.has_activation_recalled()) << Describe(reply);
+  EXPECT_TRUE(Holds(*session, 0, 2, kSlotBytes));
+
+  v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.activation_spilled_bytes_total(), 5000u + kSlotBytes);
+  EXPECT_EQ(stats.activation_recalled_bytes_total(), 5000u + kSlotBytes);
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_TRUE(ScratchFiles().empty()) << "a closed session leaves no scratch file";
+}
+
+TEST_F(ActivationTest, HostileFieldsAreRefusedClearlyAndTheSessionGoesOn) {
+  StartDaemon();
+  auto session = Open("hostile");
+  ASSERT_NE(session, nullptr);
+  struct Case {
+    v1::ClientMessage message;
+    int code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {Spill(1, kSlots, 100), 3, "slot 2 does not exist"},
+      {Spill(1, 0, 0), 3, "not in 1.."},
+      {Spill(1, 0, kSlotBytes + 1), 3, "not in 1.."},
+      {Spill(1, 0, UINT64_MAX), 3, "not in 1.."},
+      {Recall(1, UINT32_MAX), 3, "does not exist"},
+      {Recall(99, 0), 5, "activation 99 is not spilled"},
+  };
+  for (const Case& c : cases) {
+    v1::DaemonMessage reply = session->Exchange(c.message);
+    ASSERT_TRUE(reply.has_error()) << c.message.ShortDebugString() << " -> " << Describe(reply);
+    EXPECT_EQ(reply.error().code(), c.code) << Describe(reply);
+    EXPECT_NE(reply.error().message().find(c.says), std::string::npos) << Describe(reply);
+  }
+  ASSERT_TRUE(session->Exchange(Spill(1, 0, 100)).has_activation_spilled());
+  v1::DaemonMessage again = session->Exchange(Spill(1, 0, 100));
+  ASSERT_TRUE(again.has_error());
+  EXPECT_EQ(again.error().code(), 3);
+  EXPECT_NE(again.error().message().find("already spilled"), std::string::npos) << Describe(again);
+  // Another session (any user's) cannot name this one's keys.
+  auto other = Open("other");
+  ASSERT_NE(other, nullptr);
+  v1::DaemonMessage theirs = other->Exchange(Recall(1, 0));
+  ASSERT_TRUE(theirs.has_error()) << Describe(theirs);
+  EXPECT_EQ(theirs.error().code(), 5);
+  EXPECT_TRUE(session->Exchange(Recall(1, 0)).has_activation_recalled());
+}
+
+TEST_F(ActivationTest, TheStepsEndAndDropForgetThem) {
+  StartDaemon();
+  auto session = Open("ends");
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Exchange(Spill(1, 0, 4096)).has_activation_spilled());
+  ASSERT_TRUE(session->EndStep(1).has_step_committed());
+  EXPECT_EQ(session->Exchange(Recall(1, 0)).error().code(), 5);
+  ASSERT_TRUE(session->Exchange(Spill(2, 0, 4096)).has_activation_spilled());
+  ASSERT_TRUE(session->AbortStep(2, v1::ABORT_REASON_UNSPECIFIED).has_step_aborted());
+  EXPECT_EQ(session->Exchange(Recall(2, 0)).error().code(), 5);
+  ASSERT_TRUE(session->Exchange(Spill(3, 0, 4096)).has_activation_spilled());
+  ASSERT_TRUE(session->Exchange(Spill(4, 0, 4096)).has_activation_spilled());
+  ASSERT_TRUE(session->Exchange(Recall(3, 0)).has_activation_recalled());
+  v1::DaemonMessage dropped = session->Exchange(Drop());
+  ASSERT_TRUE(dropped.has_activations_dropped()) << Describe(dropped);
+  EXPECT_EQ(dropped.activations_dropped().activations(), 1u);
+  EXPECT_EQ(dropped.activations_dropped().scratch_bytes(), 8192u);
+  EXPECT_EQ(session->Exchange(Recall(4, 0)).error().code(), 5);
+  for (const auto& [path, size] : ScratchFiles()) EXPECT_EQ(size, 0u) << path;
+}
+
+TEST_F(ActivationTest, ThePerUserLimitRefusesASpillAndTakesNothing) {
+  StartDaemon({"--max-activation-bytes-per-user", "12KiB"});
+  auto a = Open("limit-a");
+  auto b = Open("limit-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->Exchange(Spill(1, 0, 8192)).has_activation_spilled());
+  v1::DaemonMessage refused = b->Exchange(Spill(1, 0, 4097));  // the same user's other session
+  ASSERT_TRUE(refused.has_error()) << Describe(refused);
+  EXPECT_EQ(refused.error().code(), 8);  // RESOURCE_EXHAUSTED
+  EXPECT_NE(refused.error().message().find("max_activation_bytes_per_user = 12288"), std::string::npos)
+      << Describe(refused);
+  ASSERT_TRUE(b->Exchange(Spill(2, 0, 4096)).has_activation_spilled());  // the refusal took nothing
+  ASSERT_TRUE(a->Close().ok());  // gives its 8 KiB back
+  ASSERT_TRUE(b->Exchange(Spill(3, 0, 8192)).has_activation_spilled());
+}
+
+}  // namespace
+}  // namespace fuyou::testing
