@@ -30,6 +30,12 @@ struct DurabilityInterval {
   double every_seconds = 0;   // > 0: also once this long passed since the last durable step
 };
 
+// The default most chunks a read-ahead takes after the one in use: deeper
+// than any DRAM budget holds in practice (4096 chunks of 16 MiB are 64 GiB),
+// so that ReadAheadBytes, not a count, bounds it. Deep costs no residency:
+// StateCache lets a prefetch evict only what is needed after it.
+inline constexpr unsigned kDeepestPrefetchWindow = 4096;
+
 struct StoreContext {
   StoreContext(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
       : job(job), cache(cache, job.key()), counters(counters), prefetch_window(prefetch_window),
