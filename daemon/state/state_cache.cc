@@ -172,7 +172,6 @@ void StateCache::Unpin(Entry& entry) {
     if (!entry.discarded) {
       entries_.erase({entry.job, entry.chunk_id});
       entry.discarded = true;
-      EntryRemovedLocked(entry.job, entry.chunk_id);
     }
     bytes_in_use_ -= entry.buffer.size();
     entry.buffer = storage::AlignedBuffer();
@@ -186,7 +185,6 @@ void StateCache::DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it) 
   std::shared_ptr<Entry> entry = it->second;
   entries_.erase(it);
   entry->discarded = true;
-  EntryRemovedLocked(entry->job, entry->chunk_id);
   UnlistLocked(*entry);
   if (entry->pins == 0) {
     bytes_in_use_ -= entry->buffer.size();
@@ -226,13 +224,6 @@ const uint32_t* StateCache::RankLocked(const std::string& job, uint32_t chunk_id
 uint64_t StateCache::StepOfLocked(const std::string& job) const {
   auto order = orders_.find(job);
   return order == orders_.end() ? 0 : order->second.step;
-}
-
-void StateCache::EntryRemovedLocked(const std::string& job, uint32_t chunk_id) {
-  auto order = orders_.find(job);
-  if (order == orders_.end()) return;
-  auto rank = order->second.rank.find(chunk_id);
-  if (rank != order->second.rank.end() && rank->second < order->second.prefix) order->second.prefix = rank->second;
 }
 
 bool StateCache::EvictOneLocked(const Reader* prefetch) {

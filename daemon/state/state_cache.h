@@ -15,9 +15,9 @@
 // starts there), and streams the rest through what the budget leaves (the
 // optimal policy for a cyclic scan keeps a fixed subset and streams the
 // others; the chunks needed first in the next step are that subset, and the
-// read-ahead at a step's end fills it as far as the budget allows). The prefix
-// shrinks when one of its entries goes (a use that needs the room), and is
-// taken anew each step. Unpinned entries are evicted in
+// read-ahead at a step's end fills it as far as the budget allows). When a use
+// needs the room of one of its entries (the others pinned by write-backs),
+// the rest stay protected; the prefix is taken anew each step. Unpinned entries are evicted in
 // this order (ties: the greater rank, the later next use, first):
 //   1. entries of jobs that no session has open (Demote), oldest first;
 //   2. used entries not in a prediction (another space, an unknown chunk),
@@ -193,6 +193,7 @@ class StateCache {
     std::unordered_map<uint32_t, uint32_t> rank;  // chunk -> position in `chunks`
     std::vector<uint32_t> chunks;
     size_t prefix = 0;   // the resident prefix: chunks[0, prefix) all had an entry at the step's first use
+                         // (those still there are protected until the next SetOrder)
     bool prefix_pending = true;  // SetOrder came, the step's first use not yet
     uint64_t step = 1;   // bumped by each SetOrder; an entry used in it has used_step == step
   };
@@ -208,8 +209,6 @@ class StateCache {
   const uint32_t* RankLocked(const std::string& job, uint32_t chunk_id) const;
   // The first use of `job`'s entries since SetOrder: takes the resident prefix.
   void StepStartsLocked(const std::string& job);
-  // Shrinks Order::prefix when one of its entries goes.
-  void EntryRemovedLocked(const std::string& job, uint32_t chunk_id);
   // The step count an entry's use is stamped with (Entry::used_step).
   uint64_t StepOfLocked(const std::string& job) const;
   void UnlistLocked(Entry& entry);

@@ -134,7 +134,7 @@ TEST(StateCache, APrefetchNeverEvictsAnEntryNeededBeforeItNorTheResidentPrefix) 
   EXPECT_FALSE(cache.Contains("job", 0));
   EXPECT_TRUE(cache.Contains("job", 3));
   EXPECT_TRUE(cache.Contains("job", 5));
-  EXPECT_EQ(cache.resident_prefix("job"), 0u);
+  EXPECT_EQ(cache.resident_prefix("job"), 1u);  // taken for the step: the rest of it stays protected
   needed->Reset();
   EXPECT_LE(cache.bytes_in_use(), cache.budget_bytes());
 }

@@ -58,7 +58,8 @@ struct StoreContext {
   // buffers stay pinned until they complete). A read-ahead walks the predicted
   // chunks in order and stops at the first beyond this window, at the first
   // that gets no budget without waiting, or after `prefetch_window` chunks; it
-  // never waits for budget and never evicts a pinned entry or an unused one
+  // never waits for budget and evicts only entries needed after the chunk it
+  // reads, never a pinned one, an unused one or the resident prefix
   // (StateCache::Create with wait=false, loading=true).
   uint64_t ReadAheadBytes(uint64_t writing_bytes) const {
     const StateCache& dram = cache.cache();
