@@ -102,7 +102,7 @@ absl::StatusOr<uint32_t> ChunkStore::EndStep(int64_t step, bool background) {
   PublishOrder();
   if (!committed.ok()) return committed;
   Prefetch(step_.order().First(context_.prefetch_window));
-  weights_.ReadAhead(weights_.order().First(context_.prefetch_window));  // the next step's first fetches
+  weights_.ReadAhead(weights_.order().First(context_.weights_window()));  // the next step's first fetches
   return committed;
 }
 

@@ -36,6 +36,12 @@ struct DurabilityInterval {
 // StateCache lets a prefetch evict only what is needed after it.
 inline constexpr unsigned kDeepestPrefetchWindow = 4096;
 
+// The most chunks the weights read-ahead (WeightsReader) takes: its entries
+// are not ranked by a learned order in the cache (StateCache::SetOrder ranks
+// the states only), so a deeper one evicts weights needed again in the same
+// step (weights_integration_test reads them more than twice a step).
+inline constexpr unsigned kWeightsReadAheadWindow = 2;
+
 struct StoreContext {
   StoreContext(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
       : job(job), cache(cache, job.key()), counters(counters), prefetch_window(prefetch_window),
@@ -70,6 +76,8 @@ struct StoreContext {
   Job& job;
   const JobCache cache;
   const StoreCounters counters;
+  // The weights read-ahead's cap: prefetch_window, at most kWeightsReadAheadWindow.
+  unsigned weights_window() const { return prefetch_window < kWeightsReadAheadWindow ? prefetch_window : kWeightsReadAheadWindow; }
   const unsigned prefetch_window;  // most chunks read ahead after the one in use (ReadAheadBytes decides within it)
   v1::JobManifest acknowledged;
 };
