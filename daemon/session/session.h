@@ -72,10 +72,10 @@ struct SessionServices {
   // At most how many chunks ahead of the one being updated are read in
   // advance; within it, as many as the DRAM window holds (the budget less the
   // holds and the store's write-backs in flight: StoreContext::ReadAheadBytes).
-  // Deeper costs residency when the states exceed the budget (4 chunks: 52
-  // instead of 43 MiB read a step in dram_tier_integration_test's 96 MiB under
-  // 64 MiB), and overlap_bench showed no gain from it (benchmarks/RESULTS.md).
-  unsigned prefetch_window = 2;
+  // The default is deeper than any budget holds, so DRAM decides: a deep
+  // window no longer costs residency, since a prefetch evicts only what is
+  // needed after it and never the resident prefix (StateCache, SetOrder).
+  unsigned prefetch_window = kDeepestPrefetchWindow;
   // Most bytes one job may reserve on storage; 0 = unlimited.
   uint64_t job_quota_bytes = 0;
   // The per-user storage limit and the free space kept (JobRegistry's); null: none.

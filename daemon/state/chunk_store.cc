@@ -22,7 +22,11 @@ ChunkStore::ChunkStore(Job& job, StateCache& cache, StoreCounters counters, unsi
       step_(context_, durability_, LearnedOrder(RegistrationOrder(job))),
       reader_(context_),
       weights_(context_, step_, durability_),
-      import_(context_, reader_, durability_) {}
+      import_(context_, reader_, durability_) {
+  PublishOrder();
+}
+
+void ChunkStore::PublishOrder() { context_.cache.SetStatesOrder(step_.order().predicted()); }
 
 ChunkStore::~ChunkStore() { Close(); }
 
@@ -43,7 +47,9 @@ absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::sp
   FUYOU_RETURN_IF_ERROR(CheckResumable(context_, chunks));
   FUYOU_RETURN_IF_ERROR(MakeDurable());  // the edit starts from the durable manifest
   durability_.ReleaseHold();  // the job's size may change: the next non-durable step holds anew
-  return RegisterChunks(context_, reader_, step_.order(), chunks, job_quota_bytes, budget);
+  auto registered = RegisterChunks(context_, reader_, step_.order(), chunks, job_quota_bytes, budget);
+  PublishOrder();
+  return registered;
 }
 
 absl::StatusOr<StagedUpdate> ChunkStore::BeginUpdate(uint32_t chunk_id) {
@@ -93,9 +99,10 @@ absl::StatusOr<uint32_t> ChunkStore::EndStep(int64_t step, bool background) {
   WaitForReads();
   absl::StatusOr<uint32_t> committed = step_.Commit(step, background);
   weights_.StepEnded();  // a skipped step fetched in the order of any other
+  PublishOrder();
   if (!committed.ok()) return committed;
   Prefetch(step_.order().First(context_.prefetch_window));
-  weights_.ReadAhead(weights_.order().First(context_.prefetch_window));  // the next step's first fetches
+  weights_.ReadAhead(weights_.order().First(context_.weights_window()));  // the next step's first fetches
   return committed;
 }
 
@@ -103,6 +110,7 @@ void ChunkStore::RollBackStep() {
   WaitForReads();
   step_.RollBack();
   weights_.StepEnded();
+  PublishOrder();  // the step runs again: what it used is needed again
 }
 
 absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64_t first,
@@ -133,6 +141,7 @@ void ChunkStore::Close() {
   durability_.Clear();
   import_.Drop();
   context_.cache.Demote();
+  context_.cache.SetStatesOrder({});  // no more steps: the ranks go with the store
   // Weights-only entries are valid only while this store drops them at each
   // commit: none outlives it.
   context_.cache.DropAll(CacheSpace::kWeights);

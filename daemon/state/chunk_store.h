@@ -192,6 +192,9 @@ class ChunkStore {
   // Prefetches the committed states of `chunk_ids` not staged in this step,
   // as far as the DRAM window allows (StoreContext::ReadAheadBytes).
   void Prefetch(const std::vector<uint32_t>& chunk_ids);
+  // Tells the cache the learned order (StateCache::SetOrder) after it may have
+  // changed: at the start, after a registration, a step's end or roll-back.
+  void PublishOrder();
 
   StoreContext context_;
   DurabilityPolicy durability_;

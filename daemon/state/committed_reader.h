@@ -59,8 +59,10 @@ class CommittedReader {
   absl::StatusOr<StatePin> Acquire(const v1::ChunkRecord& record, bool pending, bool states_only = false);
   // Reads the committed states of `chunk_ids` (the predicted order) ahead for
   // their updates (the states region only for chunks that store weights), into
-  // entries made without waiting for budget and without evicting a pinned or
-  // an unused prefetched entry; each is verified when its read completes.
+  // entries made without waiting for budget, evicting only what StateCache's
+  // prefetch rule allows (never a pinned entry, an unused prefetch, the
+  // resident prefix or an entry needed before the chunk read); each is
+  // verified when its read completes.
   // Skips unknown chunks, chunks `skip` says, and chunks already in DRAM. The
   // chunks taken, in order, have at most `window_bytes` of states together
   // (those already in DRAM or skipped count too: they are ahead of the update

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "state/state_test_env.h"
 
 namespace fuyou {
@@ -85,6 +89,66 @@ TEST(CommittedReaderTest, APrefetchTakesThePredictedChunksThatFitInItsWindowInOr
   reader.Prefetch({1, 0}, none, kExtentBytes - 1);
   reader.WaitForReads();
   EXPECT_FALSE(env.cache().Contains(env.job().key(), 1));
+}
+
+// One step as ChunkStore runs it, without the write-backs: each chunk of
+// `order` is acquired for its update and, while still pinned (the update and
+// its write-back hold it), the chunks after it are read ahead as deep as the
+// budget allows; at the step's end the order is published again and the read
+// ahead starts from its first chunks. Every read-ahead is waited for before
+// the next chunk, so nothing depends on timing. Checks on the way that no
+// prefetch evicts a chunk needed before one it read, that the pinned chunk
+// stays and that the budget holds. Returns the bytes read from storage.
+uint64_t RunCyclicStep(StateTestEnv& env, CommittedReader& reader, const std::vector<uint32_t>& order) {
+  const std::string& job = env.job().key();
+  const auto none = [](uint32_t) { return false; };
+  // Prefetches `ahead`; `used`: the chunks of `order` used so far this step.
+  const auto prefetch = [&](const std::vector<uint32_t>& ahead, size_t used) {
+    std::vector<bool> before(order.size());
+    for (size_t i = 0; i < order.size(); ++i) before[i] = env.cache().Contains(job, order[i]);
+    reader.Prefetch(ahead, none, env.context().ReadAheadBytes(/*writing_bytes=*/0));
+    reader.WaitForReads();
+    size_t last_read = 0;  // one past the position of the last chunk read ahead
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (!before[i] && env.cache().Contains(job, order[i])) last_read = i + 1;
+    }
+    for (size_t i = used; i < order.size(); ++i) {  // not used yet this step: needed this step at i
+      const bool evicted = before[i] && !env.cache().Contains(job, order[i]);
+      EXPECT_FALSE(evicted && i < last_read) << "chunk " << order[i] << " was evicted for one needed after it";
+    }
+    EXPECT_LE(env.cache().bytes_in_use(), env.cache().budget_bytes());
+  };
+  const uint64_t read_before = env.user().Get(Ticker::kBytesRead);
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto pin = reader.Acquire(*env.context().Find(order[i]), /*pending=*/false, /*states_only=*/true);
+    EXPECT_TRUE(pin.ok()) << pin.status();
+    prefetch(std::vector<uint32_t>(order.begin() + static_cast<std::ptrdiff_t>(i) + 1, order.end()), i + 1);
+    EXPECT_TRUE(env.cache().Contains(job, order[i])) << "the pinned chunk " << order[i] << " was evicted";
+  }
+  env.context().cache.SetStatesOrder(order);  // the step committed: the next one starts
+  prefetch(order, 0);
+  return env.user().Get(Ticker::kBytesRead) - read_before;
+}
+
+TEST(CommittedReaderTest, ADeepReadAheadOverACyclicOrderReadsOnlyWhatDoesNotFit) {
+  // Eight chunks every step in the same order, room for five: one slot streams
+  // the chunk being updated, so four stay resident and four are read a step
+  // (the optimum for a fixed order). LRU, or a read-ahead that evicts what
+  // the next step needs first, reads all eight.
+  constexpr uint32_t kChunks = 8;
+  StateTestEnv env(5 * kExtentBytes);
+  CommittedReader reader(env.context());
+  env.Register(reader, kChunks);
+  env.cache().DropJob(env.job().key());  // cold
+  const std::vector<uint32_t> order = {3, 1, 4, 0, 5, 2, 7, 6};
+  env.context().cache.SetStatesOrder(order);
+  EXPECT_GE(RunCyclicStep(env, reader, order), kChunks * kExtentBytes);  // cold: all of them
+  for (int step = 2; step <= 5; ++step) {
+    const uint64_t read = RunCyclicStep(env, reader, order);
+    std::printf("[figures] step %d: %llu of %u chunks read\n", step,
+                static_cast<unsigned long long>(read / kExtentBytes), kChunks);
+    EXPECT_EQ(read, 4 * kExtentBytes) << "step " << step;
+  }
 }
 
 TEST(CommittedReaderTest, APrefetchUnderASmallBudgetStopsWithoutEvictingPinnedOrUnusedEntriesOrWaiting) {

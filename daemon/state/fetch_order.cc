@@ -1,6 +1,7 @@
 #include "state/fetch_order.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace fuyou {
 
@@ -29,11 +30,12 @@ std::vector<uint32_t> FetchOrder::First(size_t count) const { return Window(0, c
 
 std::vector<uint32_t> FetchOrder::Window(size_t from, size_t count, const uint32_t* except) const {
   std::vector<uint32_t> chunks;
+  std::unordered_set<uint32_t> taken;  // linear in `count`: the window may be thousands deep
   const size_t size = predicted_.size();
   for (size_t i = 0; i < std::min(count, size); ++i) {
     const uint32_t chunk_id = predicted_[(from + i) % size];
     if (except != nullptr && chunk_id == *except) continue;
-    if (std::find(chunks.begin(), chunks.end(), chunk_id) == chunks.end()) chunks.push_back(chunk_id);
+    if (taken.insert(chunk_id).second) chunks.push_back(chunk_id);
   }
   return chunks;
 }

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "state/state_cache.h"
@@ -48,6 +49,11 @@ class JobCache {
   void DropAll(CacheSpace space) const { cache_.DropJob(Name(space)); }
   // The job's states go first when the cache evicts (no session has it open).
   void Demote() const { cache_.Demote(Name(CacheSpace::kStates)); }
+  // The predicted order of the states' next uses (StateCache::SetOrder): a new
+  // step starts for the cache's eviction ranks.
+  void SetStatesOrder(const std::vector<uint32_t>& order) const {
+    cache_.SetOrder(Name(CacheSpace::kStates), order);
+  }
 
   // The cache itself: pins' contents, loads, holds.
   StateCache& cache() const { return cache_; }

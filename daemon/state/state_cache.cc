@@ -23,6 +23,7 @@ struct StatePin::Entry {
   // True once the entry has been used (pinned by a reader, or created with its
   // contents); false for a prefetch not yet used.
   bool used = true;
+  uint64_t used_step = 0;  // the Order::step of its last use (0: none known)
   std::list<std::pair<std::string, uint32_t>>* eviction_list = nullptr;  // null while pinned
   std::list<std::pair<std::string, uint32_t>>::iterator eviction_position;
 };
@@ -83,7 +84,11 @@ StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id, bool use) {
   std::shared_ptr<Entry> entry = it->second;
   UnlistLocked(*entry);
   const bool first_use_of_prefetch = use && !entry->used;
-  if (use) entry->used = true;
+  if (use) {
+    StepStartsLocked(job);
+    entry->used = true;
+    entry->used_step = StepOfLocked(job);
+  }
   ++entry->pins;
   changed_.wait(lock, [&] { return !entry->loading; });
   StatePin pin(this, std::move(entry));
@@ -100,11 +105,14 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   }
   std::unique_lock lock(mutex_);
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
+  if (!loading) StepStartsLocked(job);
+  const Reader prefetch{.job = &job, .chunk_id = chunk_id};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (bytes_in_use_ + bytes > budget_bytes_) {
-    // A prefetch never evicts another prefetch not used yet: that one was read
-    // for a use that comes sooner, and evicting it only reads it twice.
-    if (EvictOneLocked(/*prefetched_too=*/!loading)) continue;
+    // A prefetch evicts only entries needed after it (never another prefetch
+    // not used yet: that one was read for a use that comes sooner, and
+    // evicting it only reads it twice) and never the resident prefix.
+    if (EvictOneLocked(loading ? &prefetch : nullptr)) continue;
     if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return absl::DeadlineExceededError(fmt::format(
@@ -127,6 +135,7 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   entry->pins = 1;
   entry->loading = loading;
   entry->used = !loading;
+  if (entry->used) entry->used_step = StepOfLocked(job);
   // Account for the rounded size the buffer really takes.
   bytes_in_use_ += entry->buffer.size() - bytes;
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
@@ -197,19 +206,99 @@ void StateCache::ListLocked(Entry& entry, std::list<Key>& list) {
   entry.eviction_position = std::prev(list.end());
 }
 
-bool StateCache::EvictOneLocked(bool prefetched_too) {
-  const Key* victim = nullptr;
+namespace {
+
+// How readily an unpinned used entry goes (the classes 2-5 of the header's
+// eviction order): the greater, the sooner.
+enum class Standing { kPrefix = 1, kStreamedLater = 2, kStreamedDone = 3, kUnpredicted = 4 };
+
+}  // namespace
+
+const uint32_t* StateCache::RankLocked(const std::string& job, uint32_t chunk_id) const {
+  auto order = orders_.find(job);
+  if (order == orders_.end()) return nullptr;
+  auto rank = order->second.rank.find(chunk_id);
+  return rank == order->second.rank.end() ? nullptr : &rank->second;
+}
+
+uint64_t StateCache::StepOfLocked(const std::string& job) const {
+  auto order = orders_.find(job);
+  return order == orders_.end() ? 0 : order->second.step;
+}
+
+bool StateCache::EvictOneLocked(const Reader* prefetch) {
   if (!cold_.empty()) {
-    victim = &cold_.front();
-  } else if (!used_.empty()) {
-    victim = &used_.back();
-  } else if (prefetched_too && !prefetched_.empty()) {
-    victim = &prefetched_.front();
-  } else {
-    return false;
+    DropLocked(entries_.find(cold_.front()));
+    return true;
   }
+  const uint32_t* prefetch_rank = prefetch == nullptr ? nullptr : RankLocked(*prefetch->job, prefetch->chunk_id);
+  // The best victim so far: its standing, then its rank (or, unpredicted, its
+  // place in used_: the most recently released wins).
+  const Key* victim = nullptr;
+  std::pair<int, uint64_t> best{0, 0};
+  uint64_t place = 0;
+  for (const Key& key : used_) {
+    ++place;
+    const Entry& entry = *entries_.find(key)->second;
+    const uint32_t* rank = RankLocked(key.first, key.second);
+    Standing standing;
+    if (rank == nullptr) {
+      standing = Standing::kUnpredicted;
+    } else if (*rank < orders_.find(key.first)->second.prefix) {
+      standing = Standing::kPrefix;
+    } else if (entry.used_step == StepOfLocked(key.first)) {
+      standing = Standing::kStreamedDone;
+    } else {
+      standing = Standing::kStreamedLater;
+    }
+    if (prefetch != nullptr) {
+      // Belady's rule with the known order: only what is needed after the
+      // chunk being read (and never the resident prefix).
+      if (standing == Standing::kPrefix) continue;
+      if (standing == Standing::kStreamedLater &&
+          (prefetch_rank == nullptr || key.first != *prefetch->job || *rank <= *prefetch_rank)) {
+        continue;
+      }
+    }
+    const std::pair<int, uint64_t> score{static_cast<int>(standing), rank == nullptr ? place : *rank};
+    if (score > best) {
+      best = score;
+      victim = &key;
+    }
+  }
+  if (victim == nullptr && prefetch == nullptr && !prefetched_.empty()) victim = &prefetched_.front();
+  if (victim == nullptr) return false;
   DropLocked(entries_.find(*victim));
   return true;
+}
+
+void StateCache::SetOrder(const std::string& job, const std::vector<uint32_t>& order) {
+  std::lock_guard lock(mutex_);
+  if (order.empty()) {
+    orders_.erase(job);
+    return;
+  }
+  Order& o = orders_[job];
+  ++o.step;
+  o.chunks = order;
+  o.rank.clear();
+  for (uint32_t i = 0; i < order.size(); ++i) o.rank.emplace(order[i], i);  // a repeated chunk keeps its first
+  o.prefix = 0;  // taken at the step's first use (StepStartsLocked)
+  o.prefix_pending = true;
+}
+
+void StateCache::StepStartsLocked(const std::string& job) {
+  auto order = orders_.find(job);
+  if (order == orders_.end() || !order->second.prefix_pending) return;
+  Order& o = order->second;
+  o.prefix_pending = false;
+  while (o.prefix < o.chunks.size() && entries_.count({job, o.chunks[o.prefix]}) != 0) ++o.prefix;
+}
+
+size_t StateCache::resident_prefix(const std::string& job) const {
+  std::lock_guard lock(mutex_);
+  auto order = orders_.find(job);
+  return order == orders_.end() ? 0 : order->second.prefix;
 }
 
 void StateCache::Demote(const std::string& job) {

@@ -7,13 +7,35 @@
 // (job, chunk); an entry records which extent version its bytes equal.
 //
 // Eviction follows the access pattern of training, where every chunk is used
-// once a step in (nearly) the same order, a cyclic scan that defeats LRU:
-//   1. first, entries of jobs that no session has open (Demote), oldest first;
-//   2. then used entries, most recently released first: in a cyclic scan the
-//      chunk just updated is the one needed furthest in the future, so the
-//      chunks that fit in the budget beyond the pipeline window stay resident
-//      step after step instead of being flushed by the scan;
-//   3. last, prefetched entries not used yet, oldest first.
+// once a step in (nearly) the same order, a cyclic scan that defeats LRU. A
+// store tells the cache the predicted order of a name's chunks (SetOrder, each
+// step: LearnedOrder's prediction); the cache then keeps the **resident
+// prefix**, the longest run of the order's first chunks that all have an entry
+// when the step's first use comes (after SetOrder and the read-ahead the store
+// starts there), and streams the rest through what the budget leaves (the
+// optimal policy for a cyclic scan keeps a fixed subset and streams the
+// others; the chunks needed first in the next step are that subset, and the
+// read-ahead at a step's end fills it as far as the budget allows). When a use
+// needs the room of one of its entries (the others pinned by write-backs),
+// the rest stay protected; the prefix is taken anew each step. Unpinned entries are evicted in
+// this order (ties: the greater rank, the later next use, first):
+//   1. entries of jobs that no session has open (Demote), oldest first;
+//   2. used entries not in a prediction (another space, an unknown chunk),
+//      most recently released first;
+//   3. used entries beyond the resident prefix used this step (since the last
+//      SetOrder): their next use is in the next step;
+//   4. used entries beyond the resident prefix not used yet this step;
+//   5. the resident prefix, its last chunk first;
+//   6. last, prefetched entries not used yet, oldest first.
+// A prefetch (`loading` Create) evicts less (Belady's rule with the known
+// order: an entry needed sooner is never evicted for one needed later): only
+// from 1-3, and from 4 an entry of its own name ranked after the chunk it
+// reads; never the resident prefix and never a prefetch not used yet. So a
+// read-ahead as deep as the budget allows takes only free budget and what is
+// being streamed, and what stays resident from step to step does not shrink.
+// Write-back completion order does not matter: victims go by rank, not by
+// when they were released. Finding a victim walks the unpinned used entries
+// (linear in the entries, as the cache is at most a few thousand chunks).
 //
 // Callers hold entries only through StatePin (RAII, move-only); the entry's
 // bookkeeping (pins, eviction lists, the dropped flag) is private to the cache.
@@ -30,7 +52,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -101,8 +125,9 @@ class StateCache {
 
   // A new pinned entry of `bytes` for (job, chunk), replacing an unpinned one;
   // it holds version 0, committed, until SetContents. Evicts unpinned entries to
-  // make room (a `loading` entry, a prefetch, never evicts another prefetch
-  // not used yet). When `wait`, waits (up to `timeout_ms`) for pinned entries to be
+  // make room (a `loading` entry, a prefetch, evicts only what the prefetch
+  // rule above allows: never the resident prefix, an entry needed before it,
+  // or another prefetch not used yet). When `wait`, waits (up to `timeout_ms`) for pinned entries to be
   // released; otherwise returns UNAVAILABLE at once. RESOURCE_EXHAUSTED when
   // `bytes` exceeds the budget. `loading` marks the entry as being filled by
   // this pin's holder (see FinishLoad); a loading entry counts as a prefetch.
@@ -132,6 +157,15 @@ class StateCache {
   void DropJob(const std::string& job);
   // The job has no session any more: its entries are evicted before any other.
   void Demote(const std::string& job);
+  // The order in which `job`'s chunks are predicted to be used next (the step
+  // that starts now, then again each step): ranks the entries for eviction
+  // (see above) and starts a new step for "used this step"; the step's first
+  // use (Pin with `use`, or a Create not `loading`) takes the resident prefix. Chunks not in it are not
+  // predicted; an empty order forgets the name's (its store closed).
+  void SetOrder(const std::string& job, const std::vector<uint32_t>& order);
+  // The length of the resident prefix of `job`'s order (0 without one). For
+  // tests and figures.
+  size_t resident_prefix(const std::string& job) const;
 
   uint64_t bytes_in_use() const;
   uint64_t budget_bytes() const { return budget_bytes_; }
@@ -154,9 +188,29 @@ class StateCache {
   // Releases one pin. Unpinned entries become evictable.
   void Unpin(Entry& entry);
   void DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it);
-  // Evicts one unpinned entry (the order above); prefetched entries not used
-  // yet only when `prefetched_too`. False when nothing could be evicted.
-  bool EvictOneLocked(bool prefetched_too);
+  // One name's predicted order (SetOrder).
+  struct Order {
+    std::unordered_map<uint32_t, uint32_t> rank;  // chunk -> position in `chunks`
+    std::vector<uint32_t> chunks;
+    size_t prefix = 0;   // the resident prefix: chunks[0, prefix) all had an entry at the step's first use
+                         // (those still there are protected until the next SetOrder)
+    bool prefix_pending = true;  // SetOrder came, the step's first use not yet
+    uint64_t step = 1;   // bumped by each SetOrder; an entry used in it has used_step == step
+  };
+  // What a Create evicts for: a prefetch of (job, chunk), or a use (null).
+  struct Reader {
+    const std::string* job = nullptr;
+    uint32_t chunk_id = 0;
+  };
+  // Evicts one unpinned entry (the order above); for a prefetch (`prefetch` non-null)
+  // only what its rule allows. False when nothing could be evicted.
+  bool EvictOneLocked(const Reader* prefetch);
+  // The rank of (job, chunk) in its name's order, or null when not predicted.
+  const uint32_t* RankLocked(const std::string& job, uint32_t chunk_id) const;
+  // The first use of `job`'s entries since SetOrder: takes the resident prefix.
+  void StepStartsLocked(const std::string& job);
+  // The step count an entry's use is stamped with (Entry::used_step).
+  uint64_t StepOfLocked(const std::string& job) const;
   void UnlistLocked(Entry& entry);
   void ListLocked(Entry& entry, std::list<Key>& list);
 
@@ -164,6 +218,7 @@ class StateCache {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<Key, std::shared_ptr<Entry>> entries_;
+  std::map<std::string, Order> orders_;
   // Unpinned entries, in the order they were released (see eviction above).
   std::list<Key> cold_;
   std::list<Key> used_;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 namespace fuyou {
 namespace {
@@ -90,6 +91,73 @@ TEST(StateCache, ACyclicScanKeepsWhatFitsResidentInsteadOfThrashing) {
     EXPECT_LE(reads, 5) << "step " << step;
   }
   EXPECT_LE(cache.bytes_in_use(), 12 * kMiB);
+}
+
+TEST(StateCache, APrefetchNeverEvictsAnEntryNeededBeforeItNorTheResidentPrefix) {
+  StateCache cache(3 * kMiB);
+  const std::vector<uint32_t> order = {0, 1, 2, 3, 4, 5};
+  cache.SetOrder("job", order);
+  for (uint32_t chunk : {0u, 2u, 4u}) {
+    auto used = cache.Create("job", chunk, kMiB, /*wait=*/true);
+    ASSERT_TRUE(used.ok());
+  }
+  cache.SetOrder("job", order);  // the next step: 0 is its resident prefix (1 is missing)
+  StatePin updating = cache.Pin("job", 0);  // the step's first use takes the prefix
+  ASSERT_TRUE(updating);
+  EXPECT_EQ(cache.resident_prefix("job"), 1u);
+  // Reading 3 ahead may take 4 (needed after it), not 2 (needed before it).
+  auto three = cache.Create("job", 3, kMiB, /*wait=*/false, /*loading=*/true);
+  ASSERT_TRUE(three.ok()) << three.status();
+  cache.FinishLoad(*three, absl::OkStatus());
+  three->Reset();
+  EXPECT_TRUE(cache.Contains("job", 2));
+  EXPECT_FALSE(cache.Contains("job", 4));
+  // Reading 5 ahead: 2 and 3 are needed before it, 0 is pinned: refused at
+  // once, nothing evicted.
+  EXPECT_EQ(cache.Create("job", 5, kMiB, /*wait=*/false, /*loading=*/true).status().code(),
+            absl::StatusCode::kUnavailable);
+  updating.Reset();  // 0 updated: used this step, but the resident prefix
+  EXPECT_EQ(cache.Create("job", 5, kMiB, /*wait=*/false, /*loading=*/true).status().code(),
+            absl::StatusCode::kUnavailable);
+  for (uint32_t chunk : {0u, 2u, 3u}) EXPECT_TRUE(cache.Contains("job", chunk)) << chunk;
+  // Once 2 is used this step its next use is in the next step, after 5.
+  cache.Pin("job", 2).Reset();
+  auto five = cache.Create("job", 5, kMiB, /*wait=*/false, /*loading=*/true);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_FALSE(cache.Contains("job", 2));
+  cache.FinishLoad(*five, absl::OkStatus());
+  five->Reset();
+  // A use that needs the room now takes the prefix's last chunk before a
+  // prefetch not used yet (those are needed this step).
+  auto needed = cache.Create("job", 1, kMiB, /*wait=*/false);
+  ASSERT_TRUE(needed.ok()) << needed.status();
+  EXPECT_FALSE(cache.Contains("job", 0));
+  EXPECT_TRUE(cache.Contains("job", 3));
+  EXPECT_TRUE(cache.Contains("job", 5));
+  EXPECT_EQ(cache.resident_prefix("job"), 1u);  // taken for the step: the rest of it stays protected
+  needed->Reset();
+  EXPECT_LE(cache.bytes_in_use(), cache.budget_bytes());
+}
+
+TEST(StateCache, AUseEvictsTheLatestInTheOrderWhateverTheReleaseOrder) {
+  // Write-backs complete in any order: the victim goes by rank, not release.
+  StateCache cache(3 * kMiB);
+  const std::vector<uint32_t> order = {0, 1, 2, 3};
+  cache.SetOrder("job", order);
+  std::vector<StatePin> pins;
+  for (uint32_t chunk : {0u, 1u, 2u}) {
+    auto used = cache.Create("job", chunk, kMiB, /*wait=*/true);
+    ASSERT_TRUE(used.ok());
+    pins.push_back(std::move(*used));
+  }
+  pins[2].Reset();  // 2's write-back completes first, 0's last
+  pins[1].Reset();
+  pins[0].Reset();
+  auto three = cache.Create("job", 3, kMiB, /*wait=*/true);
+  ASSERT_TRUE(three.ok());
+  EXPECT_FALSE(cache.Contains("job", 2));
+  EXPECT_TRUE(cache.Contains("job", 0));
+  EXPECT_TRUE(cache.Contains("job", 1));
 }
 
 TEST(StateCache, PrefetchedEntriesOutliveUsedOnesAndClosedJobsGoFirst) {

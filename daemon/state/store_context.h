@@ -30,6 +30,18 @@ struct DurabilityInterval {
   double every_seconds = 0;   // > 0: also once this long passed since the last durable step
 };
 
+// The default most chunks a read-ahead takes after the one in use: deeper
+// than any DRAM budget holds in practice (4096 chunks of 16 MiB are 64 GiB),
+// so that ReadAheadBytes, not a count, bounds it. Deep costs no residency:
+// StateCache lets a prefetch evict only what is needed after it.
+inline constexpr unsigned kDeepestPrefetchWindow = 4096;
+
+// The most chunks the weights read-ahead (WeightsReader) takes: its entries
+// are not ranked by a learned order in the cache (StateCache::SetOrder ranks
+// the states only), so a deeper one evicts weights needed again in the same
+// step (weights_integration_test reads them more than twice a step).
+inline constexpr unsigned kWeightsReadAheadWindow = 2;
+
 struct StoreContext {
   StoreContext(Job& job, StateCache& cache, StoreCounters counters, unsigned prefetch_window)
       : job(job), cache(cache, job.key()), counters(counters), prefetch_window(prefetch_window),
@@ -52,7 +64,8 @@ struct StoreContext {
   // buffers stay pinned until they complete). A read-ahead walks the predicted
   // chunks in order and stops at the first beyond this window, at the first
   // that gets no budget without waiting, or after `prefetch_window` chunks; it
-  // never waits for budget and never evicts a pinned entry or an unused one
+  // never waits for budget and evicts only entries needed after the chunk it
+  // reads, never a pinned one, an unused one or the resident prefix
   // (StateCache::Create with wait=false, loading=true).
   uint64_t ReadAheadBytes(uint64_t writing_bytes) const {
     const StateCache& dram = cache.cache();
@@ -63,6 +76,8 @@ struct StoreContext {
   Job& job;
   const JobCache cache;
   const StoreCounters counters;
+  // The weights read-ahead's cap: prefetch_window, at most kWeightsReadAheadWindow.
+  unsigned weights_window() const { return prefetch_window < kWeightsReadAheadWindow ? prefetch_window : kWeightsReadAheadWindow; }
   const unsigned prefetch_window;  // most chunks read ahead after the one in use (ReadAheadBytes decides within it)
   v1::JobManifest acknowledged;
 };

@@ -157,7 +157,7 @@ absl::StatusOr<FetchSource> WeightsReader::Fetch(uint32_t chunk_id, std::span<st
         job.name(), chunk_id, weights_bytes, record->num_elements(),
         DTypeName(static_cast<DType>(record->param_dtype())), out.size()));
   }
-  const std::vector<uint32_t> ahead = order_.Fetched(chunk_id, context_.prefetch_window);
+  const std::vector<uint32_t> ahead = order_.Fetched(chunk_id, context_.weights_window());
   FetchSource source;
   if (CopyFromDram(*record, out)) {
     source.from_dram = true;
