@@ -13,6 +13,7 @@
 
 #include "optimizer/adamw_kernel.h"
 #include "optimizer/adamw_kernel_internal.h"
+#include "optimizer/kernel_test_support.h"
 #include "optimizer/segmented_update.h"
 
 namespace fuyou::optimizer {
@@ -26,28 +27,9 @@ using internal::FloatToBFloat16Stochastic;
 using internal::FloatToHalf;
 using internal::RoundingNoise;
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ull + 1) {}
-  uint64_t Next() {
-    s_ ^= s_ << 13;
-    s_ ^= s_ >> 7;
-    s_ ^= s_ << 17;
-    return s_;
-  }
-  float Uniform() { return static_cast<float>(static_cast<int64_t>(Next() >> 40) - (1 << 23)) * 0x1p-23f; }
+using kernel_testing::Rng;
 
- private:
-  uint64_t s_;
-};
-
-std::vector<Isa> AllIsas() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (IsaSupported(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<Isa> AllIsas() { return kernel_testing::SupportedIsas(/*with_scalar=*/true); }
 
 // One chunk's states with bf16 moments, and its gradient and output.
 struct Bf16State {

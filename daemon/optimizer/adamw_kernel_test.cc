@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "optimizer/adamw_kernel_internal.h"
+#include "optimizer/kernel_test_support.h"
 #include "optimizer/dtype_convert.h"
 
 namespace fuyou::optimizer {
@@ -25,30 +26,9 @@ using internal::FloatToBFloat16;
 using internal::FloatToHalf;
 using internal::HalfToFloat;
 
-// Deterministic, fast pseudo-random numbers (the 20M-element cases must stay quick).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ull + 1) {}
-  uint64_t Next() {
-    s_ ^= s_ << 13;
-    s_ ^= s_ >> 7;
-    s_ ^= s_ << 17;
-    return s_;
-  }
-  // Uniform in [-1, 1).
-  float Uniform() { return static_cast<float>(static_cast<int64_t>(Next() >> 40) - (1 << 23)) * 0x1p-23f; }
+using kernel_testing::Rng;
 
- private:
-  uint64_t s_;
-};
-
-std::vector<Isa> SimdIsas() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (IsaSupported(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<Isa> SimdIsas() { return kernel_testing::SupportedIsas(/*with_scalar=*/false); }
 
 const DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
