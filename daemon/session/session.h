@@ -72,10 +72,12 @@ struct SessionServices {
   // At most how many chunks ahead of the one being updated are read in
   // advance; within it, as many as the DRAM window holds (the budget less the
   // holds and the store's write-backs in flight: StoreContext::ReadAheadBytes).
-  // The default is deeper than any budget holds, so DRAM decides: a deep
-  // window no longer costs residency, since a prefetch evicts only what is
-  // needed after it and never the resident prefix (StateCache, SetOrder).
-  unsigned prefetch_window = kDeepestPrefetchWindow;
+  // kDeepestPrefetchWindow lets DRAM decide: a prefetch evicts only what is
+  // needed after it and never the resident prefix (StateCache, SetOrder). The
+  // default stays kDefaultPrefetchWindow: in the first step, before an order is
+  // learned, a deep window read some chunks' states twice under ASan's timing
+  // (weights_integration_test, step 1: 141 MiB read against 133).
+  unsigned prefetch_window = kDefaultPrefetchWindow;
   // Most bytes one job may reserve on storage; 0 = unlimited.
   uint64_t job_quota_bytes = 0;
   // The per-user storage limit and the free space kept (JobRegistry's); null: none.

@@ -35,6 +35,8 @@ struct DurabilityInterval {
 // so that ReadAheadBytes, not a count, bounds it. Deep costs no residency:
 // StateCache lets a prefetch evict only what is needed after it.
 inline constexpr unsigned kDeepestPrefetchWindow = 4096;
+// The daemon's default (SessionServices::prefetch_window): 2 chunks.
+inline constexpr unsigned kDefaultPrefetchWindow = 2;
 
 // The most chunks the weights read-ahead (WeightsReader) takes: its entries
 // are not ranked by a learned order in the cache (StateCache::SetOrder ranks
