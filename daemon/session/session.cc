@@ -19,6 +19,23 @@
 
 namespace fuyou {
 
+namespace {
+
+// Hooks that take and give back `uid`'s bytes of one per-user limit of
+// `limits` (none without limits: nothing is counted).
+JournalQuotaHooks UserQuotaHooks(SessionQuota* limits, uid_t uid,
+                                 absl::Status (SessionQuota::*take)(uid_t, uint64_t),
+                                 void (SessionQuota::*give)(uid_t, uint64_t)) {
+  JournalQuotaHooks hooks;
+  if (limits != nullptr) {
+    hooks.take = [limits, uid, take](uint64_t bytes) { return (limits->*take)(uid, bytes); };
+    hooks.give = [limits, uid, give](uint64_t bytes) { (limits->*give)(uid, bytes); };
+  }
+  return hooks;
+}
+
+}  // namespace
+
 Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job, SegmentLayout layout,
                  ClientIdentity client, std::string client_info)
     : services_(services),
@@ -33,26 +50,13 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       store_(std::make_unique<ChunkStore>(*job_, services.cache, counters_,
                                           services.prefetch_window, services.durability)) {
   step_ = store_->committed_step() + 1;
-  JournalQuotaHooks quota;
-  if (services.quota != nullptr) {
-    SessionQuota* limits = services.quota;
-    const uid_t uid = client.uid;
-    quota.take = [limits, uid](uint64_t bytes) { return limits->TakeJournal(uid, bytes); };
-    quota.give = [limits, uid](uint64_t bytes) { limits->GiveJournal(uid, bytes); };
-  }
   journal_ = std::make_unique<GradJournal>(
       services.cache, "journal:" + id_,
-      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(id_) : nullptr, std::move(quota));
-  JournalQuotaHooks activation_quota;
-  if (services.quota != nullptr) {
-    SessionQuota* limits = services.quota;
-    const uid_t uid = client.uid;
-    activation_quota.take = [limits, uid](uint64_t bytes) { return limits->TakeActivations(uid, bytes); };
-    activation_quota.give = [limits, uid](uint64_t bytes) { limits->GiveActivations(uid, bytes); };
-  }
+      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(id_) : nullptr,
+      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeJournal, &SessionQuota::GiveJournal));
   activations_ = std::make_unique<ActivationSpill>(
       services.activation_scratch != nullptr ? services.activation_scratch->ForSession(id_) : nullptr,
-      std::move(activation_quota));
+      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations));
 }
 
 Session::~Session() { Close(); }
