@@ -1,12 +1,13 @@
-// Session::Impl: the state of one client session, shared by the files that
-// implement it, one idea each. Private to clientlib.
+// Session::Impl: one client session, over parts that each hold one idea; its
+// methods are spread over files, one idea each. Private to clientlib.
 //   session.cc                 Session (the public API) over Impl; Open and Close
 //   session_open.cc            OpenSession, the segment's creation and handover
-//   session_stream.cc          the Stream: writes, the reader thread, routing
-//                              answers by request id, waiting for one
+//   session_stream.cc          requests written with their ids, routing answers
+//                              by request id (on the reader thread), waiting for one
 //   session_chunks.cc          registration, slots and their regions
 //   session_steps.cc           GradReady/ParamsReady, EndStep and AbortStep
 //   session_weights.cc         FetchWeights/WeightsFetched
+//   session_activations.cc     SpillActivation, RecallActivation, DropActivations
 //   session_state_transfer.cc  ReadState, WriteState, SetUpdateCount, CommitImport
 // The parts, one idea each (their headers say more):
 //   OffloadConnection   the stub, the Stream and its reader thread, rpc_timeout
