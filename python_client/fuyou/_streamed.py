@@ -33,6 +33,7 @@ class StreamedMode(StepMode):
     """The streamed mode of one optimizer (see the module doc)."""
 
     EXTRA_SLOTS = FETCH_SLOTS  # session slots beyond num_slots
+    INSTALL_WEIGHTS = False  # the daemon keeps them; the next forward fetches them
 
     @staticmethod
     def plan(param_groups, chunk_bytes: int, num_slots: int, init_from):
