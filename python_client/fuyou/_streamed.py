@@ -57,7 +57,7 @@ class StreamedMode(StepMode):
         super().__init__(pipeline)
         self.hooks = BackwardHooks(pipeline.params, pipeline.lock, self)
         pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
-        self.offload = OffloadedParams(opt, pipeline, self.hooks, opt.chunk_bytes, opt.timeout)
+        self.offload = OffloadedParams(opt, pipeline, self.hooks)
         self._gradients = self.offload.gradients
 
     def start(self) -> None:
