@@ -180,6 +180,11 @@ class AdamW(torch.optim.Optimizer):
         return self._connection.address
 
     @property
+    def _address(self) -> Optional[str]:
+        """``address`` as the activation SSD tier reads it (_activation_ssd.py)."""
+        return self._connection.address
+
+    @property
     def embedded_daemon(self) -> Optional[EmbeddedDaemon]:
         return self._connection.daemon
 
