@@ -45,10 +45,11 @@ SET_TO_NONE_DEFAULT = _torch_set_to_none_default()
 
 
 def _mode_class(offload_params: bool, data_parallel) -> type:
-    """The step mode for the constructor's arguments: the one place that chooses."""
-    if offload_params:
-        return StreamedMode
-    return ResidentMode if data_parallel is None else ShardedResidentMode
+    """The step mode for the constructor's arguments: the one place that chooses
+    (for_optimizer refuses offload_params in a data-parallel group)."""
+    if data_parallel is not None:
+        return ShardedResidentMode
+    return StreamedMode if offload_params else ResidentMode
 
 
 class AdamW(torch.optim.Optimizer):
