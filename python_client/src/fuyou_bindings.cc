@@ -301,20 +301,20 @@ PYBIND11_MODULE(_fuyou, m) {
 
   m.def(
       "sum_and_squares",
-      [](const std::vector<std::pair<uintptr_t, size_t>>& pieces) {
+      [](const std::vector<std::pair<uintptr_t, size_t>>& pieces, bool portable) {
         SumAndSquares total;
         {
           py::gil_scoped_release release;
           for (const auto& [address, count] : pieces) {
-            AccumulateSumAndSquares({reinterpret_cast<const float*>(address), count}, total);
+            AccumulateSumAndSquares({reinterpret_cast<const float*>(address), count}, total, portable);
           }
         }
         return std::pair(total.sum, total.squares);
       },
-      py::arg("pieces"),
+      py::arg("pieces"), py::arg("portable") = false,
       "(sum, sum of squares) in double of float32 pieces given as (data_ptr, numel) of "
       "contiguous CPU tensors the caller keeps alive, read once in a fixed order "
-      "(grad_fingerprint.h); the GIL is released meanwhile.");
+      "(grad_fingerprint.h); the GIL is released meanwhile. `portable`: without AVX2 (tests).");
 
   m.def("default_address", &DefaultAddress,
         "gRPC target clientlib uses when no address is given.");

@@ -54,8 +54,8 @@ const bool kHasAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("
 
 }  // namespace
 
-void AccumulateSumAndSquares(std::span<const float> values, SumAndSquares& total) {
-  const SumAndSquares piece = kHasAvx2 ? Avx2(values.data(), values.size()) : Portable(values.data(), values.size());
+void AccumulateSumAndSquares(std::span<const float> values, SumAndSquares& total, bool portable) {
+  const SumAndSquares piece = kHasAvx2 && !portable ? Avx2(values.data(), values.size()) : Portable(values.data(), values.size());
   total.sum += piece.sum;
   total.squares += piece.squares;
 }

@@ -18,7 +18,8 @@ struct SumAndSquares {
   double squares = 0;
 };
 
-// Adds `values` to `total` (a chunk's pieces in order).
-void AccumulateSumAndSquares(std::span<const float> values, SumAndSquares& total);
+// Adds `values` to `total` (a chunk's pieces in order). AVX2 when the CPU has
+// it; `portable` forces the other path (for tests of both on one machine).
+void AccumulateSumAndSquares(std::span<const float> values, SumAndSquares& total, bool portable = false);
 
 }  // namespace fuyou::python

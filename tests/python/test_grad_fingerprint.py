@@ -24,16 +24,19 @@ def _model_with_grads(dtype=torch.float32, seed=0):
     return params
 
 
-def test_sum_and_squares_is_the_double_sum_read_once():
+@pytest.mark.parametrize("portable", [False, True], ids=["avx2-if-present", "portable"])
+def test_sum_and_squares_is_the_double_sum_read_once(portable):
     values = torch.randn(100_003, dtype=torch.float32)
-    total, squares = _native.module().sum_and_squares([(values.data_ptr(), values.numel())])
+    total, squares = _native.module().sum_and_squares([(values.data_ptr(), values.numel())], portable)
+    assert (total, squares) == _native.module().sum_and_squares([(values.data_ptr(), values.numel())], portable)
     as_double = values.double()
     assert total == pytest.approx(as_double.sum().item(), rel=1e-12, abs=1e-9)
     assert squares == pytest.approx(as_double.square().sum().item(), rel=1e-12)
     # Pieces add up in order: two halves give the same as the whole to rounding.
     half = 50_000
     a, b = values[:half], values[half:]
-    total2, squares2 = _native.module().sum_and_squares([(a.data_ptr(), a.numel()), (b.data_ptr(), b.numel())])
+    total2, squares2 = _native.module().sum_and_squares([(a.data_ptr(), a.numel()), (b.data_ptr(), b.numel())],
+                                                        portable)
     assert total2 == pytest.approx(total, rel=1e-12, abs=1e-9)
     assert squares2 == pytest.approx(squares, rel=1e-12)
 
