@@ -36,6 +36,7 @@ import dataclasses
 import importlib
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -248,6 +249,7 @@ def start_embedded_daemon(args):
         extra += ["--threads", str(args.daemon_threads)]
     daemon = fuyou.EmbeddedDaemon(extra_args=extra)
     args.daemon_address = daemon.address
+    args.daemon_pid = daemon.pid
     return daemon
 
 
@@ -304,6 +306,19 @@ class StatsPoller:
 
 # --- training -----------------------------------------------------------------
 
+def process_cpu_seconds(pid: Optional[int]) -> Optional[float]:
+    """User + system CPU seconds of process `pid` so far (all its threads), from
+    /proc; None without a pid or a /proc entry."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
           desc: str, seed: int, grad_clip: float, poller: Optional[StatsPoller] = None,
           eval_data: Optional[TextDataset] = None, serial: int = 0,
@@ -322,7 +337,8 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
     tokens_per_step = args.batch_size * args.seq_len
     history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [],
                "fb_s": [], "opt_s": [], "step_s": [], "serial": [], "read_gbps": [],
-               "write_gbps": []}
+               "write_gbps": [], "client_cpu_s": [], "daemon_cpu_s": []}
+    daemon_pid = getattr(args, "daemon_pid", None) if hasattr(opt, "overlap") else None
     serial_steps = set(range(1, 1 + serial)) if hasattr(opt, "overlap") else set()
     cuda = args.device == "cuda"
     bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True,
@@ -330,6 +346,7 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
     t0 = time.perf_counter()
     for i in bar:
         t_start = time.perf_counter()
+        cpu_start = (time.process_time(), process_cpu_seconds(daemon_pid))
         if serial_steps:
             opt.overlap = not args.no_overlap and i not in serial_steps
         lr = lr_at(i, total_steps or steps, peak_lr, args.warmup)
@@ -354,6 +371,10 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
         history["opt_s"].append(t_end - t_opt)
         history["step_s"].append(t_end - t_start)
         history["serial"].append(i in serial_steps)
+        history["client_cpu_s"].append(time.process_time() - cpu_start[0])
+        daemon_cpu = process_cpu_seconds(daemon_pid)
+        history["daemon_cpu_s"].append(None if daemon_cpu is None or cpu_start[1] is None
+                                       else daemon_cpu - cpu_start[1])
 
         history["step"].append(i + 1)
         history["loss"].append(loss.item())
@@ -471,6 +492,7 @@ def run_torch_comparison(model: GPT, start_weights: dict, data: TextDataset, arg
     tokens = args.batch_size * args.seq_len
     return {"ran": True, "steps": steps, "state_bytes": need,
             "tokens_per_second": tokens * len(steady) / sum(steady),
+            "client_cpu_s": _mean(hist["client_cpu_s"][1:] or hist["client_cpu_s"]),
             "loss_at_last_step": hist["loss"][-1]}
 
 
@@ -503,6 +525,11 @@ def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
     hits = stats.get("cache_hits", 0) - base.get("cache_hits", 0)
     misses = stats.get("cache_misses", 0) - base.get("cache_misses", 0)
     steady_s = [hist["step_s"][i] for i in overlapped_idx]
+    cpu = {}
+    for side in ("client", "daemon"):
+        for name, idx in (("serial", serial_idx), ("overlapped", overlapped_idx)):
+            values = [hist[f"{side}_cpu_s"][i] for i in idx]
+            cpu[f"{side}_cpu_s_{name}"] = None if not values or None in values else _mean(values)
     return {
         "device": args.device, "parameters": model.num_parameters(),
         # fp32 master weights, m, v (bf16 m and v with --state-dtype bf16)
@@ -520,6 +547,7 @@ def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
         "t_fb_s": t_fb, "t_opt_s": t_opt, "t_step_overlapped_s": t_step,
         "overlap": overlap, "optimizer_time_hidden": hidden,
         "loop_stats": metrics.get("loop_stats"),
+        "cpu_per_step": cpu, "cpu_cores": os.cpu_count(),
     }
 
 
@@ -561,6 +589,14 @@ def format_summary(s: dict) -> str:
                      "-"))
     else:
         rows.append(("overlap (fb+opt)/step", "n/a (no serial steps)", "-"))
+    cpu = s.get("cpu_per_step") or {}
+    if cpu.get("client_cpu_s_overlapped") is not None and cpu.get("daemon_cpu_s_overlapped") is not None:
+        rows.append(("CPU a step (overlapped)",
+                     f"client {1e3 * cpu['client_cpu_s_overlapped']:.0f} + fuyoud "
+                     f"{1e3 * cpu['daemon_cpu_s_overlapped']:.0f} ms on {s['cpu_cores']} cores "
+                     f"(overlap off: {1e3 * (cpu['client_cpu_s_serial'] or 0):.0f} + "
+                     f"{1e3 * (cpu['daemon_cpu_s_serial'] or 0):.0f})",
+                     f"{1e3 * t['client_cpu_s']:.0f} ms" if t.get("ran") and t.get("client_cpu_s") else "-"))
     loop = s.get("loop_stats") or {}
     if loop:
         rows.append(("redo (loop_stats)",
