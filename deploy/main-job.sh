@@ -38,6 +38,14 @@ if [[ ! -x $FUYOU_DAEMON && " $* " != *" --optimizer torch "* ]]; then
   echo "main-job: warning: no fuyoud at $FUYOU_DAEMON (set FUYOU_DAEMON)" >&2
 fi
 
+# A CPU budget for the two sides when they share cores (a CPU-only machine):
+# OpenBLAS's idle threads spin on sched_yield for about 2^28 cycles before they
+# sleep, taking the cores fuyoud's optimizer and I/O threads need during
+# backward (perf: a fifth of all CPU time in sched_yield with the default; 4%
+# with 4). It must be set before torch loads OpenBLAS; the torch comparison
+# runs under the same setting.
+export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
+
 start=$(date +%s)
 # --base-lr 3e-4: at 1e-3 and above the base run's loss jumps (3 -> 6-12) around its
 # 10th step before it recovers; 3e-4 trains without a spike to a lower held-out loss.
