@@ -51,19 +51,6 @@ absl::Status ErrnoToIoStatus(int err, const std::string& what) {
   return absl::Status(ErrnoCode(err), fmt::format("{} failed: {} (errno {})", what, std::strerror(err), err));
 }
 
-void Transfer::RequestDone(absl::Status status) {
-  std::function<void(absl::Status)> finish;
-  absl::Status final_status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!status.ok() && status_.ok()) status_ = std::move(status);
-    if (--outstanding_ > 0) return;
-    finish = std::move(finish_);
-    final_status = std::move(status_);
-  }
-  if (finish) finish(std::move(final_status));
-}
-
 UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name)
     : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)) {}
 

@@ -3,8 +3,8 @@
 //
 // Requests go to the ring while fewer than `depth` are in it; the rest wait in a
 // FIFO and enter as earlier ones complete. Short transfers are resubmitted for the
-// remainder. Each request ends in one Status handed to its Transfer, which calls
-// its `finish` once every request of the transfer has ended.
+// remainder. Each request ends in one Status handed to its Transfer, whose
+// done() future is set once every request of the transfer has ended.
 #pragma once
 
 #include <liburing.h>
@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/future.h"
 #include "storage/io_engine.h"
 
 namespace fuyou::storage::internal {
@@ -37,29 +37,27 @@ struct IoTarget {
   std::filesystem::path path;
 };
 
-// One caller-visible transfer (a ReadAsync or WriteAsync call), split into requests.
+// One caller-visible transfer (a ReadAsync or WriteAsync call), split into
+// `requests` requests. done() is ready once every request has ended, with the
+// first error seen (or OK); it is set on the thread that ends the last request.
 class Transfer {
  public:
-  Transfer(FaultInjector::Op op, uint64_t offset, uint64_t length, uint32_t requests,
-           std::function<void(absl::Status)> finish)
-      : op_(op), offset_(offset), length_(length), outstanding_(requests), finish_(std::move(finish)) {}
+  Transfer(FaultInjector::Op op, uint64_t offset, uint64_t length, uint32_t requests)
+      : op_(op), offset_(offset), length_(length), requests_(requests) {}
 
   FaultInjector::Op op() const { return op_; }
   uint64_t offset() const { return offset_; }
   uint64_t length() const { return length_; }
 
-  // Records the end of one request; the last one runs `finish` with the first
-  // error seen (or OK).
-  void RequestDone(absl::Status status);
+  // Records the end of one request: exactly `requests` calls in all.
+  void RequestDone(absl::Status status) { requests_.Arrive(std::move(status)); }
+  Future<void> done() const { return requests_.future(); }
 
  private:
   const FaultInjector::Op op_;
   const uint64_t offset_;
   const uint64_t length_;
-  std::mutex mu_;
-  uint32_t outstanding_;  // guarded by mu_
-  absl::Status status_;   // guarded by mu_
-  std::function<void(absl::Status)> finish_;
+  Countdown requests_;
 };
 
 // One read, write, data sync (fdatasync of the whole file) or no-op in the ring. A no-op carries a Status decided at
