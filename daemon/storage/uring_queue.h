@@ -7,8 +7,6 @@
 // done() future is set once every request of the transfer has ended.
 #pragma once
 
-#include <liburing.h>
-
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,11 +21,9 @@
 #include "absl/status/statusor.h"
 #include "common/future.h"
 #include "storage/io_engine.h"
+#include "storage/uring_ring.h"
 
 namespace fuyou::storage::internal {
-
-// Maps an errno to the Status code the engine reports (see io_engine.h).
-absl::Status ErrnoToIoStatus(int err, const std::string& what);
 
 // What a request needs to know about its file. Owned by the StateFile, which
 // outlives every request on it.
@@ -95,28 +91,36 @@ class UringQueue {
   void Shutdown();
 
  private:
-  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name);
+  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring);
 
   void ReapLoop();
   // Applies one completion to its request. Returns true when the remainder must
   // be submitted again; otherwise sets `status` to the request's final Status.
   bool Evaluate(Request& request, int64_t result, absl::Status* status);
   void FillRingLocked();
-  void SubmitRingLocked();
+
+  // Requests on their way into the ring; guarded by mu_.
+  struct Backlog {
+    std::deque<std::unique_ptr<Request>> waiting;  // not yet in the ring
+    unsigned in_ring = 0;                          // SQEs submitted, CQE not yet reaped
+  };
+  // Whether the queue still takes requests, and how many have not yet ended
+  // (Shutdown waits for none); guarded by mu_.
+  struct Lifetime {
+    uint64_t live = 0;  // requests not yet ended (incl. callback)
+    bool stopping = false;
+    bool joined = false;
+  };
 
   const unsigned depth_;
   FaultInjector* const fault_injector_;
   const std::string name_;
-  io_uring ring_{};
-  bool ring_ready_ = false;
+  const std::unique_ptr<UringRing> ring_;
 
   std::mutex mu_;
-  std::condition_variable idle_;
-  std::deque<std::unique_ptr<Request>> waiting_;  // not yet in the ring
-  unsigned in_ring_ = 0;                          // SQEs submitted, CQE not yet reaped
-  uint64_t live_ = 0;                             // requests not yet ended (incl. callback)
-  bool stopping_ = false;
-  bool joined_ = false;
+  std::condition_variable idle_;  // lifetime_.live fell to 0
+  Backlog backlog_;
+  Lifetime lifetime_;
   std::thread reaper_;
 };
 
