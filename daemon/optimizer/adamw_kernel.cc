@@ -269,7 +269,8 @@ class AdamWKernel::Pool {
     Promise<JobRef> after;
     auto job = std::make_shared<Job>(c, buffers, per, shares, after.future());
     const Future<void> done = job->done.future();
-    std::exchange(next_job_, std::move(after)).Set(JobRef(std::move(job)));
+    Promise<JobRef> publish = std::exchange(next_job_, std::move(after));
+    publish.Set(JobRef(std::move(job)));
     RunRange(isa_, c, buffers, 0, std::min(n, per));
     done.Wait();
   }
