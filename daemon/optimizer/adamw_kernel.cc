@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "common/future.h"
-
 #include "optimizer/adamw_kernel_internal.h"
 
 namespace fuyou::optimizer {
@@ -319,8 +318,8 @@ class AdamWKernel::Pool {
   const unsigned threads_;
   const Isa isa_;
   std::vector<std::thread> workers_;
-  std::mutex update_mu_;       // serialises Update calls; guards next_job_
-  Promise<JobRef> next_job_;   // what the workers wait for: the next update's Job
+  std::mutex update_mu_;      // serialises Update calls; guards next_job_
+  Promise<JobRef> next_job_;  // what the workers wait for: the next update's Job
 };
 
 AdamWKernel::AdamWKernel(unsigned threads) : AdamWKernel(threads, DetectIsa()) {}

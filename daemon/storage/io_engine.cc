@@ -160,11 +160,10 @@ class UringStateFile final : public StateFile {
     const absl::Status valid = sync ? absl::OkStatus() : CheckArguments(op, offset, data, length);
     const uint64_t pieces =
         sync || !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
-    auto transfer = std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces));
-    // The returned future is set after the counts and in_flight_ are done with;
-    // nothing of `this` is touched after in_flight_ drops, so a continuation
-    // of the future may destroy this file.
-    IoFuture future = transfer->done().Then([this, op, offset, length, counters = counters_](const absl::Status& status) {
+    // `finish` runs once every request has ended; the returned future is set
+    // after it. Nothing of `this` is touched after in_flight_ drops, so a
+    // continuation of the future may destroy this file.
+    auto finish = [this, op, offset, length, counters = counters_](const absl::Status& status) {
       if (counters != nullptr) {
         if (!status.ok()) {
           counters->errors.fetch_add(1, std::memory_order_relaxed);
@@ -182,7 +181,9 @@ class UringStateFile final : public StateFile {
         if (--in_flight_ == 0) drained_.notify_all();
       }
       return status;
-    });
+    };
+    auto transfer = std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces));
+    IoFuture future = transfer->done().Then(std::move(finish));
 
     std::vector<std::unique_ptr<Request>> requests;
     requests.reserve(pieces);

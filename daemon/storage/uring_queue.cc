@@ -42,8 +42,7 @@ std::string Describe(const Request& r) {
 
 }  // namespace
 
-UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name,
-                       std::unique_ptr<UringRing> ring)
+UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring)
     : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)), ring_(std::move(ring)) {}
 
 absl::StatusOr<std::unique_ptr<UringQueue>> UringQueue::Create(unsigned depth, FaultInjector* fault_injector,

@@ -49,8 +49,7 @@ TEST(UringRingTest, ARingThatCannotBeSetUpIsAnErrorNamingIt) {
   // 0 entries: io_uring_setup refuses with EINVAL.
   absl::StatusOr<std::unique_ptr<UringRing>> ring = UringRing::Create(0, "nvme9");
   ASSERT_FALSE(ring.ok());
-  EXPECT_NE(ring.status().message().find("io_uring_queue_init(0) for nvme9"), std::string::npos)
-      << ring.status();
+  EXPECT_NE(ring.status().message().find("io_uring_queue_init(0) for nvme9"), std::string::npos) << ring.status();
 }
 
 TEST(UringRingTest, ErrnoToIoStatusNamesWhatFailed) {
