@@ -14,7 +14,8 @@
 // work must be finished (a checksum computed, a pin released).
 //
 // AllOf joins futures into one that is ready when all are, with the first
-// error among them (in the order given) or OK. InFlight is a set of futures a
+// error among them (in the order given) or OK; Countdown is the Promise of
+// work split into a known number of parts. InFlight is a set of futures a
 // caller started and must not outlive: Add, then WaitAll.
 //
 // Thread-safe: a Future may be waited on from any thread while its Promise is
@@ -208,43 +209,60 @@ Future<T> MakeReadyFuture(FutureResult<T> result) {
 }
 inline Future<void> MakeReadyFuture() { return MakeReadyFuture<void>(absl::OkStatus()); }
 
+// A Promise<void> shared by `count` parties: each one's end is one Arrive, and
+// the last Arrive sets the future with the first error among them in the order
+// they arrived (OK when none failed). With a count of 0 the future is ready at
+// once. Exactly `count` Arrive calls; thread-safe; the future is set on the
+// thread of the last Arrive (which runs its continuations).
+class Countdown {
+ public:
+  explicit Countdown(size_t count) : remaining_(count) {
+    if (count == 0) promise_.Set(absl::OkStatus());
+  }
+  Countdown(const Countdown&) = delete;
+  Countdown& operator=(const Countdown&) = delete;
+
+  Future<void> future() const { return future_; }
+  void Arrive(absl::Status status = absl::OkStatus()) {
+    absl::Status first;
+    {
+      std::lock_guard lock(mutex_);
+      assert(remaining_ > 0 && "more Arrive calls than the count");
+      if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+      if (--remaining_ > 0) return;
+      first = std::move(first_error_);
+    }
+    promise_.Set(std::move(first));
+  }
+
+ private:
+  std::mutex mutex_;
+  size_t remaining_;          // guarded by mutex_
+  absl::Status first_error_;  // guarded by mutex_
+  Promise<void> promise_;
+  const Future<void> future_ = promise_.future();
+};
+
 // A future ready when every one of `futures` is, with the first error among
 // them in the order given (OK when none failed). Ready at once when empty.
 template <typename T>
 Future<void> AllOf(std::span<const Future<T>> futures) {
-  struct Join {
-    explicit Join(size_t count) : remaining(count), errors(count) {}
-    std::mutex mutex;
-    size_t remaining;
-    std::vector<absl::Status> errors;  // by position: the first error in order wins
-    Promise<void> promise;
-  };
   if (futures.empty()) return MakeReadyFuture();
-  auto join = std::make_shared<Join>(futures.size());
-  Future<void> joined = join->promise.future();
-  for (size_t i = 0; i < futures.size(); ++i) {
-    // Then's own Future is not needed: the join sets its promise itself.
-    futures[i].Then([join, i](const FutureResult<T>& result) {
-      bool last = false;
-      {
-        std::lock_guard lock(join->mutex);
-        join->errors[i] = StatusOf(result);
-        last = --join->remaining == 0;
-      }
-      if (last) {
-        absl::Status first;
-        for (absl::Status& error : join->errors) {
-          if (!error.ok()) {
-            first = std::move(error);
-            break;
-          }
-        }
-        join->promise.Set(std::move(first));
-      }
+  auto arrived = std::make_shared<Countdown>(futures.size());
+  for (const Future<T>& future : futures) {
+    // Then's own Future is not needed: the countdown says when all are set.
+    future.Then([arrived](const FutureResult<T>&) {
+      arrived->Arrive();
       return absl::OkStatus();
     });
   }
-  return joined;
+  // Every one is ready when the countdown is: take the first error by position.
+  return arrived->future().Then([all = std::vector<Future<T>>(futures.begin(), futures.end())](const absl::Status&) {
+    for (const Future<T>& future : all) {
+      if (!StatusOf(future.result()).ok()) return StatusOf(future.result());
+    }
+    return absl::OkStatus();
+  });
 }
 template <typename T>
 Future<void> AllOf(const std::vector<Future<T>>& futures) {

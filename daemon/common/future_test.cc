@@ -79,6 +79,45 @@ TEST(FutureTest, AllOfIsReadyWhenEveryOneIsWithTheFirstErrorInOrder) {
   EXPECT_TRUE(AllOf(std::vector<Future<void>>{}).ready());
 }
 
+TEST(FutureTest, CountdownIsSetByTheLastArriveWithTheFirstErrorInArrivalOrder) {
+  Countdown countdown(3);
+  Future<void> done = countdown.future();
+  countdown.Arrive(absl::DataLossError("first"));
+  EXPECT_FALSE(done.ready());
+  countdown.Arrive();
+  EXPECT_FALSE(done.ready());
+  countdown.Arrive(absl::InternalError("second"));
+  ASSERT_TRUE(done.ready());
+  EXPECT_EQ(done.status().message(), "first");
+}
+
+TEST(FutureTest, CountdownOfZeroIsReadyAtOnce) {
+  Countdown countdown(0);
+  ASSERT_TRUE(countdown.future().ready());
+  EXPECT_TRUE(countdown.future().status().ok());
+}
+
+TEST(FutureTest, CountdownJoinsThreadsAndRunsContinuationsOnTheLast) {
+  constexpr int kThreads = 8;
+  Countdown countdown(kThreads);
+  std::atomic<int> arrived{0};
+  std::atomic<int> seen_at_continuation{-1};
+  Future<void> after = countdown.future().Then([&](const absl::Status& status) {
+    seen_at_continuation = arrived.load();
+    return status;
+  });
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      arrived.fetch_add(1);
+      countdown.Arrive();
+    });
+  }
+  EXPECT_TRUE(after.status().ok());
+  EXPECT_EQ(seen_at_continuation.load(), kThreads);
+  for (std::thread& thread : threads) thread.join();
+}
+
 TEST(FutureTest, WaitAllWaitsForEveryFuture) {
   std::vector<Promise<int>> promises(4);
   std::vector<Future<int>> futures;

@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "common/future.h"
 #include "optimizer/adamw_kernel_internal.h"
 
 namespace fuyou::optimizer {
@@ -229,19 +230,24 @@ void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers
 
 // threads_ - 1 workers plus the calling thread, which takes share 0 of every update.
 // One update at a time: Update holds update_mu_ for its whole duration.
+//
+// Updates reach the workers as a chain of futures: every worker waits on the
+// Future of the next Job, and each Job carries the Future of the one after it.
+// Update publishes a Job by setting the pool's Promise (after making a new one
+// for the Job after), runs share 0 and waits for the Job's Countdown; the pool
+// stops by setting the Promise with CANCELLED. Three small allocations per
+// update that uses workers (the Job, its Countdown's result, the next Job's
+// promise), none per element.
 class AdamWKernel::Pool {
  public:
   Pool(unsigned threads, Isa isa) : threads_(threads == 0 ? DefaultThreads() : threads), isa_(isa) {
     workers_.reserve(threads_ - 1);
-    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+    const Future<JobRef> first = next_job_.future();
+    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this, i, first] { WorkerLoop(i, first); });
   }
 
   ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
+    next_job_.Set(absl::CancelledError("the AdamW kernel pool is stopping"));
     for (std::thread& t : workers_) t.join();
   }
 
@@ -259,67 +265,61 @@ class AdamWKernel::Pool {
     }
     size_t per = (n + shares - 1) / shares;
     per = (per + kAlignElements - 1) / kAlignElements * kAlignElements;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job_constants_ = &c;
-      job_buffers_ = &buffers;
-      job_per_ = per;
-      job_shares_ = shares;
-      pending_ = static_cast<unsigned>(shares - 1);
-      ++generation_;
-    }
-    work_cv_.notify_all();
+    Promise<JobRef> after;
+    auto job = std::make_shared<Job>(c, buffers, per, shares, after.future());
+    const Future<void> done = job->done.future();
+    Promise<JobRef> publish = std::exchange(next_job_, std::move(after));
+    publish.Set(JobRef(std::move(job)));
     RunRange(isa_, c, buffers, 0, std::min(n, per));
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
-    job_constants_ = nullptr;
-    job_buffers_ = nullptr;
+    done.Wait();
   }
 
   unsigned threads() const { return threads_; }
   Isa isa() const { return isa_; }
 
  private:
+  // One update split into `shares` ranges of `per` elements; share 0 is the
+  // caller's, the workers 1..shares-1 Arrive at `done`. The constants and
+  // buffers are the caller's, alive until `done` is set.
+  struct Job;
+  using JobRef = std::shared_ptr<const Job>;
+  struct Job {
+    Job(const StepConstants& c, const AdamWBuffers& b, size_t per, size_t shares, Future<JobRef> next)
+        : constants(c), buffers(b), per(per), shares(shares), done(shares - 1), next(std::move(next)) {}
+    const StepConstants& constants;
+    const AdamWBuffers& buffers;
+    const size_t per;
+    const size_t shares;
+    mutable Countdown done;
+    const Future<JobRef> next;  // the Job after this one, or CANCELLED: the pool stops
+  };
+
   static unsigned DefaultThreads() {
     const unsigned hw = std::thread::hardware_concurrency();
     return hw == 0 ? 1 : hw;
   }
 
-  void WorkerLoop(unsigned index) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
+  void WorkerLoop(unsigned index, Future<JobRef> next) const {
     for (;;) {
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (index >= job_shares_) continue;  // this update needs fewer threads
-      const StepConstants* c = job_constants_;
-      const AdamWBuffers* b = job_buffers_;
-      const size_t begin = std::min(b->n, index * job_per_);
-      const size_t end = std::min(b->n, begin + job_per_);
-      lock.unlock();
-      RunRange(isa_, *c, *b, begin, end);
-      lock.lock();
-      if (--pending_ == 0) done_cv_.notify_one();
+      const absl::StatusOr<JobRef>& published = next.Wait();
+      if (!published.ok()) return;  // the pool is stopping
+      const Job& job = **published;
+      if (index < job.shares) {  // else this update needs fewer threads
+        const size_t n = job.buffers.n;
+        const size_t begin = std::min(n, index * job.per);
+        RunRange(isa_, job.constants, job.buffers, begin, std::min(n, begin + job.per));
+        job.done.Arrive();  // the caller may return now: job.constants and job.buffers end
+      }
+      Future<JobRef> after = job.next;  // `job` stays alive (held by `next`) until here
+      next = std::move(after);
     }
   }
 
   const unsigned threads_;
   const Isa isa_;
   std::vector<std::thread> workers_;
-
-  std::mutex update_mu_;  // serialises Update calls
-
-  std::mutex mu_;  // guards everything below
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  bool stop_ = false;
-  uint64_t generation_ = 0;
-  const StepConstants* job_constants_ = nullptr;
-  const AdamWBuffers* job_buffers_ = nullptr;
-  size_t job_per_ = 0;
-  size_t job_shares_ = 0;
-  unsigned pending_ = 0;
+  std::mutex update_mu_;      // serialises Update calls; guards next_job_
+  Promise<JobRef> next_job_;  // what the workers wait for: the next update's Job
 };
 
 AdamWKernel::AdamWKernel(unsigned threads) : AdamWKernel(threads, DetectIsa()) {}

@@ -39,23 +39,23 @@ JournalQuotaHooks UserQuotaHooks(SessionQuota* limits, uid_t uid,
 Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> job, SegmentLayout layout,
                  ClientIdentity client, std::string client_info)
     : services_(services),
-      id_(std::move(id)),
-      job_name_(job->name()),
-      client_(client),
-      client_info_(std::move(client_info)),
-      opened_(std::chrono::steady_clock::now()),
-      layout_(layout),
-      counters_(services.stats.ScopesOf(client.uid)),
-      job_(std::move(job)),
-      store_(std::make_unique<ChunkStore>(*job_, services.cache, counters_,
-                                          services.prefetch_window, services.durability)) {
-  step_ = store_->committed_step() + 1;
-  journal_ = std::make_unique<GradJournal>(
-      services.cache, "journal:" + id_,
-      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(id_) : nullptr,
+      identity_{.id = std::move(id),
+                .job_name = job->name(),
+                .client = client,
+                .client_info = std::move(client_info),
+                .opened = std::chrono::steady_clock::now(),
+                .layout = layout},
+      counters_(services.stats.ScopesOf(client.uid)) {
+  held_.job = std::move(job);
+  held_.store = std::make_unique<ChunkStore>(*held_.job, services.cache, counters_, services.prefetch_window,
+                                             services.durability);
+  step_.current = held_.store->committed_step() + 1;
+  held_.journal = std::make_unique<GradJournal>(
+      services.cache, "journal:" + identity_.id,
+      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(identity_.id) : nullptr,
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeJournal, &SessionQuota::GiveJournal));
-  activations_ = std::make_unique<ActivationSpill>(
-      services.activation_scratch != nullptr ? services.activation_scratch->ForSession(id_) : nullptr,
+  held_.activations = std::make_unique<ActivationSpill>(
+      services.activation_scratch != nullptr ? services.activation_scratch->ForSession(identity_.id) : nullptr,
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations));
 }
 
@@ -63,94 +63,96 @@ Session::~Session() { Close(); }
 
 int64_t Session::committed_step() const {
   std::lock_guard lock(mutex_);
-  return step_ - 1;
+  return step_.current - 1;
 }
 
 uint32_t Session::existing_chunks() const {
   std::lock_guard lock(mutex_);
-  return store_ ? store_->chunk_count() : 0;
+  return held_.store ? held_.store->chunk_count() : 0;
 }
 
 absl::Status Session::AdoptSegment(std::unique_ptr<SessionSegment> segment) {
   std::lock_guard lock(mutex_);
-  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (segment_) {
+  if (lifecycle_.closed) return absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id));
+  if (held_.segment) {
     return absl::FailedPreconditionError(
-        fmt::format("session {} already has its segment; a segment is handed over once per session", id_));
+        fmt::format("session {} already has its segment; a segment is handed over once per session", identity_.id));
   }
-  if (segment->layout().num_slots != layout_.num_slots || segment->layout().slot_bytes != layout_.slot_bytes) {
-    return absl::InternalError(fmt::format("session {}: the segment's layout is not the session's", id_));
+  if (segment->layout().num_slots != identity_.layout.num_slots ||
+      segment->layout().slot_bytes != identity_.layout.slot_bytes) {
+    return absl::InternalError(fmt::format("session {}: the segment's layout is not the session's", identity_.id));
   }
-  segment_ = std::move(segment);
-  has_segment_.store(true, std::memory_order_release);
+  held_.segment = std::move(segment);
+  lifecycle_.has_segment.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
 absl::Status Session::Attach() {
   std::lock_guard lock(mutex_);
-  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (!segment_) return NoSegmentError();
-  if (attached_) return absl::FailedPreconditionError(fmt::format("session {} already has a stream attached", id_));
-  attached_ = true;
+  if (lifecycle_.closed) return absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id));
+  if (!held_.segment) return NoSegmentError();
+  if (lifecycle_.attached)
+    return absl::FailedPreconditionError(fmt::format("session {} already has a stream attached", identity_.id));
+  lifecycle_.attached = true;
   return absl::OkStatus();
 }
 
 bool Session::attached() const {
   std::lock_guard lock(mutex_);
-  return attached_;
+  return lifecycle_.attached;
 }
 
 bool Session::closed() const {
   std::lock_guard lock(mutex_);
-  return closed_;
+  return lifecycle_.closed;
 }
 
 int64_t Session::Close() {
   std::lock_guard lock(mutex_);
-  if (closed_) return step_ - 1;
-  closed_ = true;
+  if (lifecycle_.closed) return step_.current - 1;
+  lifecycle_.closed = true;
   FUYOU_CRASH_POINT("session_close");
-  if (store_->staged_count() != 0) {
-    log::Info("session {} of job '{}' ended in step {}: {} chunk updates rolled back to step {}", id_, job_name_,
-              step_, store_->staged_count(), step_ - 1);
+  if (held_.store->staged_count() != 0) {
+    log::Info("session {} of job '{}' ended in step {}: {} chunk updates rolled back to step {}", identity_.id,
+              identity_.job_name, step_.current, held_.store->staged_count(), step_.current - 1);
   }
-  if (store_->pending_imports() != 0) {
-    log::Info("session {} of job '{}' ended with an import of {} chunks not committed: dropped", id_, job_name_,
-              store_->pending_imports());
+  if (held_.store->pending_imports() != 0) {
+    log::Info("session {} of job '{}' ended with an import of {} chunks not committed: dropped", identity_.id,
+              identity_.job_name, held_.store->pending_imports());
   }
-  store_->Close();  // waits for its I/O, rolls back, drops the import
-  store_.reset();
-  journal_.reset();  // the step's journals: DRAM and quota given back, scratch files unlinked
-  activations_.reset();  // spilled activations: quota given back, scratch files unlinked
-  segment_.reset();
-  services_.jobs.Release(*job_);
-  job_.reset();
-  return step_ - 1;
+  held_.store->Close();  // waits for its I/O, rolls back, drops the import
+  held_.store.reset();
+  held_.journal.reset();      // the step's journals: DRAM and quota given back, scratch files unlinked
+  held_.activations.reset();  // spilled activations: quota given back, scratch files unlinked
+  held_.segment.reset();
+  services_.jobs.Release(*held_.job);
+  held_.job.reset();
+  return step_.current - 1;
 }
 
 absl::Status Session::NoteCommitResult(absl::Status status) {
   if (absl::IsAborted(status)) {
-    log::Error("session {}: {}", id_, status.message());
-    broken_ = status;
+    log::Error("session {}: {}", identity_.id, status.message());
+    lifecycle_.broken = status;
   }
   NoteCommitFailure();
   return status;
 }
 
 bool Session::NoteCommitFailure() {
-  if (!broken_.ok()) return true;
-  absl::Status failed = store_->PollCommit();
+  if (!lifecycle_.broken.ok()) return true;
+  absl::Status failed = held_.store->PollCommit();
   if (failed.ok()) return false;
-  log::Error("session {}: {}", id_, failed.message());
-  broken_ = std::move(failed);
+  log::Error("session {}: {}", identity_.id, failed.message());
+  lifecycle_.broken = std::move(failed);
   return true;
 }
 
 absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::RegisterChunksRequest& request) {
   std::lock_guard lock(mutex_);
-  if (closed_) return absl::FailedPreconditionError(fmt::format("session {} is closed", id_));
-  if (NoteCommitFailure()) return broken_;
-  if (!segment_) return NoSegmentError();
+  if (lifecycle_.closed) return absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id));
+  if (NoteCommitFailure()) return lifecycle_.broken;
+  if (!held_.segment) return NoSegmentError();
   // Validate everything before changing anything.
   FUYOU_RETURN_IF_ERROR(ValidateRegistrationLocked(request));
   std::vector<ChunkStore::Registration> chunks;
@@ -162,12 +164,12 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
         .grad_dtype = static_cast<DType>(spec.grad_dtype()),
         .layout_fingerprint = spec.layout_fingerprint(),
         .segment_elements = SegmentsToStore(spec),
-        .weights = segment_->ParamRegion(spec.slot()),
+        .weights = held_.segment->ParamRegion(spec.slot()),
         .store_weights = spec.store_weights(),
         .moments_dtype = SpecMomentsDType(spec),
     });
   }
-  auto registered = store_->Register(chunks, services_.job_quota_bytes, services_.storage_budget);
+  auto registered = held_.store->Register(chunks, services_.job_quota_bytes, services_.storage_budget);
   if (!registered.ok()) return NoteCommitResult(registered.status());
   v1::RegisterChunksResponse response;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -191,11 +193,12 @@ v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
 
 v1::DaemonMessage Session::Answer(const v1::ClientMessage& message) {
   std::lock_guard lock(mutex_);
-  if (closed_) return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", id_)), {}, {});
+  if (lifecycle_.closed)
+    return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id)), {}, {});
   // A background commit that failed ends the session at the first request
   // after it is known (at the latest the next GradReady or EndStep, which wait for it).
-  if (NoteCommitFailure()) return ErrorReply(broken_, {}, {});
-  if (!segment_) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
+  if (NoteCommitFailure()) return ErrorReply(lifecycle_.broken, {}, {});
+  if (!held_.segment) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
   v1::DaemonMessage reply = Dispatch(message);
   NoteCommitFailure();
   return reply;
@@ -245,7 +248,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   const auto started = std::chrono::steady_clock::now();
   if (redo) {
     FUYOU_CRASH_POINT("redo_received");
-    if (absl::Status dropped = store_->RollBackChunk(chunk_id); !dropped.ok()) {
+    if (absl::Status dropped = held_.store->RollBackChunk(chunk_id); !dropped.ok()) {
       return ErrorReply(dropped, chunk_id, step);
     }
   } else {
@@ -262,7 +265,7 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   params.grad_scale = hyper.grad_scale() == 0 ? 1.0f : hyper.grad_scale();
   // Each segment at its own t; segments without gradient keep their states and
   // count (validated by CheckGradReady against the chunk's segments).
-  const v1::ChunkRecord& record = *store_->Find(chunk_id);
+  const v1::ChunkRecord& record = *held_.store->Find(chunk_id);
   const std::vector<uint64_t> segments(record.segment_elements().begin(), record.segment_elements().end());
   const std::vector<int64_t> counts = SegmentUpdateCounts(record);
   const std::vector<uint32_t> without(request.segments_without_grad().begin(), request.segments_without_grad().end());
@@ -279,12 +282,12 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.exp_avg_sq = states.exp_avg_sq();
     buffers.moments_dtype = states.layout().moments_dtype;
     // From the journal when the request uses one (REPLAY never reads the slot's gradients).
-    buffers.grad = journal.data() != nullptr ? journal.data() : segment_->GradRegion(request.slot()).data();
+    buffers.grad = journal.data() != nullptr ? journal.data() : held_.segment->GradRegion(request.slot()).data();
     buffers.grad_dtype = registered.grad_dtype;
     // A chunk that stores its working weights gets them in its own states
     // (daemon memory, written back and committed with master, m and v), then
     // copied into the slot; any other chunk's go straight to the slot.
-    std::byte* const slot_weights = segment_->ParamRegion(request.slot()).data();
+    std::byte* const slot_weights = held_.segment->ParamRegion(request.slot()).data();
     buffers.weights_out = states.weights() != nullptr ? states.weights() : slot_weights;
     buffers.weight_dtype = registered.param_dtype;
     buffers.n = n;
@@ -308,21 +311,21 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
   if (!without.empty() || record.segment_update_counts_size() != 0) counts_after = CountsAfterUpdate(update);
   // The store stages the chunk's committed states; the kernel updates them
   // here, then the store writes them back.
-  absl::StatusOr<StagedUpdate> staged = store_->BeginUpdate(chunk_id);
+  absl::StatusOr<StagedUpdate> staged = held_.store->BeginUpdate(chunk_id);
   if (!staged.ok()) {
     const absl::Status& failed = staged.status();
     if (redo) {
       // The chunk's update of the step is gone and no new one was made: the step
       // cannot commit (EndStep rolls it back), and no later GradReady fixes it.
-      failed_redo_ = absl::Status(failed.code(), fmt::format("the redo of chunk {} failed after its update of the "
-                                                             "step was dropped: {}",
-                                                             chunk_id, failed.message()));
-      return ErrorReply(failed_redo_, chunk_id, step);
+      step_.failed_redo = absl::Status(failed.code(), fmt::format("the redo of chunk {} failed after its update of the "
+                                                                  "step was dropped: {}",
+                                                                  chunk_id, failed.message()));
+      return ErrorReply(step_.failed_redo, chunk_id, step);
     }
     return ErrorReply(failed, chunk_id, step);
   }
   run_kernel(staged->states());
-  store_->SubmitUpdate(*std::move(staged), std::move(counts_after));
+  held_.store->SubmitUpdate(*std::move(staged), std::move(counts_after));
   // The session's own figures (SessionInfo, fuyouctl top): the kernel, and the
   // rest of the request (waiting for the states, submitting the write-back).
   const double request_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -358,18 +361,19 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
   const int64_t end_step_start = trace::NowUs();
-  journal_->Clear();  // the step's journals end with it, whether it commits or not
-  activations_->Drop();  // and so do its spilled activations
-  if (absl::Status failed = failed_redo_.ok() ? store_->WaitForWriteBacks() : failed_redo_; !failed.ok()) {
-    store_->RollBackStep();
-    failed_redo_ = absl::OkStatus();
+  held_.journal->Clear();     // the step's journals end with it, whether it commits or not
+  held_.activations->Drop();  // and so do its spilled activations
+  if (absl::Status failed = step_.failed_redo.ok() ? held_.store->WaitForWriteBacks() : step_.failed_redo;
+      !failed.ok()) {
+    held_.store->RollBackStep();
+    step_.failed_redo = absl::OkStatus();
     return ErrorReply(absl::Status(failed.code(), fmt::format("step {} was rolled back to step {}: {}", step, step - 1,
                                                               failed.message())),
                       {}, step);
   }
   // Applied, not yet durable: the manifest's write and the syncs run in the
   // background while the next step's forward runs (ChunkStore::ApplyStep).
-  auto committed = store_->ApplyStep(step);
+  auto committed = held_.store->ApplyStep(step);
   if (!committed.ok()) {
     const absl::Status status = NoteCommitResult(committed.status());
     return ErrorReply(absl::Status(status.code(), fmt::format("step {} could not commit and was rolled back: {}",
@@ -379,16 +383,17 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   counters_.Bump(Ticker::kStepsCommitted);
   // fuyou_step_seconds: from the session's previous commit to this one.
   const auto now = std::chrono::steady_clock::now();
-  if (last_commit_) services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *last_commit_).count());
-  last_commit_ = now;
-  ++step_;
+  if (step_.last_commit)
+    services_.stats.step_seconds.Observe(std::chrono::duration<double>(now - *step_.last_commit).count());
+  step_.last_commit = now;
+  ++step_.current;
   trace::Record("end_step", 0, end_step_start, trace::NowUs());  // received to answered
   v1::DaemonMessage reply;
   reply.mutable_step_committed()->set_step(step);
   reply.mutable_step_committed()->set_chunks_updated(*committed);
   // The durable step before this one's commit, which is still in flight: the
   // next answer (or a SessionOpened after a restart) says whether it made it.
-  reply.mutable_step_committed()->set_durable_step(store_->durable_step());
+  reply.mutable_step_committed()->set_durable_step(held_.store->durable_step());
   return reply;
 }
 
@@ -398,11 +403,11 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
     return ErrorReply(in_order, {}, step);
   }
   FUYOU_CRASH_POINT("abort_step_received");
-  const uint64_t rolled_back = store_->staged_count();
-  store_->RollBackStep();  // waits for the step's write-backs first
-  journal_->Clear();
-  activations_->Drop();
-  failed_redo_ = absl::OkStatus();
+  const uint64_t rolled_back = held_.store->staged_count();
+  held_.store->RollBackStep();  // waits for the step's write-backs first
+  held_.journal->Clear();
+  held_.activations->Drop();
+  step_.failed_redo = absl::OkStatus();
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.
   if (request.reason() == v1::ABORT_REASON_SKIPPED_STEP || request.reason() == v1::ABORT_REASON_OVERFLOW) {
@@ -417,15 +422,15 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
 v1::SessionInfo Session::Info() const {
   std::lock_guard lock(mutex_);
   v1::SessionInfo info;
-  info.set_session_id(id_);
-  info.set_job(job_name_);
-  info.set_uid(client_.uid);
-  info.set_pid(client_.pid);
-  info.set_client_info(client_info_);
+  info.set_session_id(identity_.id);
+  info.set_job(identity_.job_name);
+  info.set_uid(identity_.client.uid);
+  info.set_pid(identity_.client.pid);
+  info.set_client_info(identity_.client_info);
   info.set_chunks(static_cast<uint32_t>(registered_.size()));
-  info.set_committed_step(step_ - 1);
-  info.set_segment_bytes(layout_.TotalBytes());
-  info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
+  info.set_committed_step(step_.current - 1);
+  info.set_segment_bytes(identity_.layout.TotalBytes());
+  info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - identity_.opened).count());
   info.set_chunk_updates(activity_.chunk_updates);
   info.set_update_seconds(activity_.update_seconds);
   info.set_state_wait_seconds(activity_.state_wait_seconds);

@@ -108,13 +108,13 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  const std::string& id() const { return id_; }
-  const std::string& job_name() const { return job_name_; }
-  uid_t uid() const { return client_.uid; }
+  const std::string& id() const { return identity_.id; }
+  const std::string& job_name() const { return identity_.job_name; }
+  uid_t uid() const { return identity_.client.uid; }
   // The segment the client must create: fixed at OpenSession.
-  const SegmentLayout& layout() const { return layout_; }
+  const SegmentLayout& layout() const { return identity_.layout; }
   // True once AdoptSegment has succeeded (also after Close). Lock-free.
-  bool has_segment() const { return has_segment_.load(std::memory_order_acquire); }
+  bool has_segment() const { return lifecycle_.has_segment.load(std::memory_order_acquire); }
   int64_t committed_step() const;
   // Chunks the job has on the storage tier (registered in any session).
   uint32_t existing_chunks() const;
@@ -224,31 +224,40 @@ class Session {
   // Handle's switch over the message kinds.
   v1::DaemonMessage Dispatch(const v1::ClientMessage& message);
 
-  SessionServices services_;
-  const std::string id_;
-  const std::string job_name_;
-  const ClientIdentity client_;
-  const std::string client_info_;
-  const std::chrono::steady_clock::time_point opened_;
-  const SegmentLayout layout_;
-  const StatsScopes counters_;  // the daemon's and the client's own counts
-
-  mutable std::mutex mutex_;
-  std::shared_ptr<Job> job_;            // released at Close
-  std::unique_ptr<ChunkStore> store_;   // the job's states; null after Close
-  std::unique_ptr<SessionSegment> segment_;  // null until AdoptSegment, and after Close
-  std::unique_ptr<GradJournal> journal_;     // the step's gradient journals; null after Close
-  std::unique_ptr<ActivationSpill> activations_;  // the step's spilled activations; null after Close
-  std::atomic<bool> has_segment_{false};
-  bool attached_ = false;
-  bool closed_ = false;
-  absl::Status broken_;  // set when the job can no longer be used safely
-  std::map<uint32_t, RegisteredChunk> registered_;
-  int64_t step_ = 1;  // the step being accumulated: committed + 1
-  // Set when a redo failed after it dropped the chunk's update of the step: the
-  // step has lost an update, so it cannot commit (EndStep rolls it back and
-  // returns this error); cleared when the step ends.
-  absl::Status failed_redo_;
+  // What the session is, fixed at OpenSession.
+  struct Identity {
+    std::string id;
+    std::string job_name;
+    ClientIdentity client;
+    std::string client_info;
+    std::chrono::steady_clock::time_point opened;
+    SegmentLayout layout;  // the segment the client must hand over
+  };
+  // What the session holds until Close releases it (the store first, after its
+  // I/O; the hold on the job last): each is null after Close.
+  struct Held {
+    std::shared_ptr<Job> job;                     // the session's hold on the job (JobRegistry::Release)
+    std::unique_ptr<ChunkStore> store;            // the job's states
+    std::unique_ptr<SessionSegment> segment;      // null until AdoptSegment
+    std::unique_ptr<GradJournal> journal;         // the step's gradient journals
+    std::unique_ptr<ActivationSpill> activations;  // the step's spilled activations
+  };
+  // Where the session is in its life: the gates a request passes.
+  struct Lifecycle {
+    std::atomic<bool> has_segment{false};  // read without the lock (has_segment())
+    bool attached = false;
+    bool closed = false;
+    absl::Status broken;  // set when the job can no longer be used safely
+  };
+  // The step being accumulated.
+  struct StepState {
+    int64_t current = 1;  // committed + 1
+    // Set when a redo failed after it dropped the chunk's update of the step: the
+    // step has lost an update, so it cannot commit (EndStep rolls it back and
+    // returns this error); cleared when the step ends.
+    absl::Status failed_redo;
+    std::optional<std::chrono::steady_clock::time_point> last_commit;  // for DaemonStats::step_seconds
+  };
   // What this session did (SessionInfo fields 10-15).
   struct Activity {
     uint64_t chunk_updates = 0;
@@ -257,8 +266,18 @@ class Session {
     uint64_t chunks_speculative = 0;
     uint64_t chunks_redone = 0;
     uint64_t chunks_rolled_back = 0;  // by AbortStep of a skipped step
-  } activity_;
-  std::optional<std::chrono::steady_clock::time_point> last_commit_;  // for DaemonStats::step_seconds
+  };
+
+  SessionServices services_;
+  const Identity identity_;
+  const StatsScopes counters_;  // the daemon's and the client's own counts
+
+  mutable std::mutex mutex_;  // guards everything below (lifecycle_.has_segment is also read without it)
+  Held held_;
+  Lifecycle lifecycle_;
+  std::map<uint32_t, RegisteredChunk> registered_;
+  StepState step_;
+  Activity activity_;
 };
 
 }  // namespace fuyou

@@ -38,34 +38,35 @@ absl::Status CheckActivationSlot(const SegmentLayout& layout, const char* verb, 
 
 v1::DaemonMessage Session::OnSpillActivation(const v1::SpillActivation& request) {
   const uint64_t key = request.key();
-  if (absl::Status bad = CheckActivationSlot(layout_, "SpillActivation", key, request.slot(), request.bytes());
+  if (absl::Status bad = CheckActivationSlot(identity_.layout, "SpillActivation", key, request.slot(), request.bytes());
       !bad.ok()) {
     return ErrorReply(bad);
   }
-  const std::span<const std::byte> bytes = segment_->GradRegion(request.slot()).first(request.bytes());
-  if (absl::Status spilled = activations_->Spill(key, bytes); !spilled.ok()) {
-    return ErrorReply(absl::Status(spilled.code(), fmt::format("SpillActivation (session {}, job '{}'): {}", id_,
-                                                               job_name_, spilled.message())));
+  const std::span<const std::byte> bytes = held_.segment->GradRegion(request.slot()).first(request.bytes());
+  if (absl::Status spilled = held_.activations->Spill(key, bytes); !spilled.ok()) {
+    return ErrorReply(absl::Status(spilled.code(), fmt::format("SpillActivation (session {}, job '{}'): {}",
+                                                               identity_.id, identity_.job_name, spilled.message())));
   }
   counters_.Bump(Ticker::kActivationSpilledBytes, request.bytes());
   v1::DaemonMessage reply;
   v1::ActivationSpilled* done = reply.mutable_activation_spilled();
   done->set_key(key);
   done->set_bytes(request.bytes());
-  done->set_session_scratch_bytes(activations_->scratch_bytes());
+  done->set_session_scratch_bytes(held_.activations->scratch_bytes());
   return reply;
 }
 
 v1::DaemonMessage Session::OnRecallActivation(const v1::RecallActivation& request) {
   const uint64_t key = request.key();
-  if (absl::Status bad = CheckActivationSlot(layout_, "RecallActivation", key, request.slot(), std::nullopt);
+  if (absl::Status bad = CheckActivationSlot(identity_.layout, "RecallActivation", key, request.slot(), std::nullopt);
       !bad.ok()) {
     return ErrorReply(bad);
   }
-  absl::StatusOr<uint64_t> recalled = activations_->Recall(key, segment_->GradRegion(request.slot()));
+  absl::StatusOr<uint64_t> recalled = held_.activations->Recall(key, held_.segment->GradRegion(request.slot()));
   if (!recalled.ok()) {
-    return ErrorReply(absl::Status(recalled.status().code(), fmt::format("RecallActivation (session {}, job '{}'): {}",
-                                                                         id_, job_name_, recalled.status().message())));
+    return ErrorReply(
+        absl::Status(recalled.status().code(), fmt::format("RecallActivation (session {}, job '{}'): {}", identity_.id,
+                                                           identity_.job_name, recalled.status().message())));
   }
   counters_.Bump(Ticker::kActivationRecalledBytes, *recalled);
   v1::DaemonMessage reply;
@@ -77,7 +78,7 @@ v1::DaemonMessage Session::OnRecallActivation(const v1::RecallActivation& reques
 }
 
 v1::DaemonMessage Session::OnDropActivations() {
-  const ActivationSpill::Dropped dropped = activations_->Drop();
+  const ActivationSpill::Dropped dropped = held_.activations->Drop();
   v1::DaemonMessage reply;
   reply.mutable_activations_dropped()->set_activations(dropped.activations);
   reply.mutable_activations_dropped()->set_scratch_bytes(dropped.scratch_bytes);

@@ -33,7 +33,7 @@ absl::Status Session::NoSegmentError() const {
   return absl::FailedPreconditionError(fmt::format(
       "session {} has no segment yet: send the segment first (a sealed memfd of {} bytes, on the segment socket "
       "that OpenSession named)",
-      id_, layout_.TotalBytes()));
+      identity_.id, identity_.layout.TotalBytes()));
 }
 
 absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
@@ -45,13 +45,13 @@ absl::Status Session::CheckLayoutFingerprint(const v1::ChunkRecord& record, cons
         "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this client sends "
         "no layout fingerprint, so the daemon cannot tell that its parameters (shapes, dtypes, order) are the same; "
         "resume with a client that sends ChunkSpec.layout_fingerprint, or use a new job name",
-        record.chunk_id(), job_name_, stored));
+        record.chunk_id(), identity_.job_name, stored));
   }
   return absl::FailedPreconditionError(fmt::format(
       "chunk {} of job '{}' was created for the parameter layout with fingerprint {:#018x}, but this model registers "
       "fingerprint {:#018x}: the same number of elements, other parameter shapes, dtypes or order, so its states "
       "would land in the wrong parameters; use a new job name or the model the job was created with",
-      record.chunk_id(), job_name_, stored, sent));
+      record.chunk_id(), identity_.job_name, stored, sent));
 }
 
 absl::Status Session::CheckStoreWeights(const v1::ChunkRecord& record, const v1::ChunkSpec& spec) const {
@@ -60,24 +60,24 @@ absl::Status Session::CheckStoreWeights(const v1::ChunkRecord& record, const v1:
       "chunk {} of job '{}' was created {} store_weights, but this registration sends store_weights = {}: whether "
       "the daemon keeps a chunk's working weights is fixed when the chunk is created; register it as it was "
       "created, or use a new job name",
-      record.chunk_id(), job_name_, record.stores_weights() ? "with" : "without", spec.store_weights()));
+      record.chunk_id(), identity_.job_name, record.stores_weights() ? "with" : "without", spec.store_weights()));
 }
 
 absl::Status Session::CheckSlotExists(uint32_t chunk_id, uint32_t slot) const {
-  if (slot < layout_.num_slots) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", chunk_id, slot, layout_.num_slots));
+  if (slot < identity_.layout.num_slots) return absl::OkStatus();
+  return absl::InvalidArgumentError(fmt::format("chunk {}: slot {} does not exist (the session has {} slots)", chunk_id,
+                                                slot, identity_.layout.num_slots));
 }
 
 absl::Status Session::CheckStepInOrder(std::string_view request, int64_t step) const {
-  if (step == step_) return absl::OkStatus();
+  if (step == step_.current) return absl::OkStatus();
   return absl::FailedPreconditionError(
       fmt::format("{} for step {} is out of order: job '{}' is at committed step {}, so the next step is {}", request,
-                  step, job_name_, step_ - 1, step_));
+                  step, identity_.job_name, step_.current - 1, step_.current));
 }
 
 absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const {
-  const SegmentLayout& layout = layout_;
+  const SegmentLayout& layout = identity_.layout;
   if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");
   std::set<uint32_t> ids;
   std::set<uint32_t> slots;
@@ -126,17 +126,17 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
     if (registered_.count(id) != 0) {
       return absl::FailedPreconditionError(fmt::format("chunk {} is already registered in this session", id));
     }
-    if (const v1::ChunkRecord* record = store_->Find(id)) {
+    if (const v1::ChunkRecord* record = held_.store->Find(id)) {
       const uint64_t stored = record->num_elements();
       if (stored != spec.num_elements()) {
         return absl::InvalidArgumentError(fmt::format(
             "chunk {} of job '{}' has {} elements on the daemon but the request says {}; a resumed job must "
             "register the same chunks",
-            id, job_name_, stored, spec.num_elements()));
+            id, identity_.job_name, stored, spec.num_elements()));
       }
       FUYOU_RETURN_IF_ERROR(CheckLayoutFingerprint(*record, spec));
       FUYOU_RETURN_IF_ERROR(CheckStoreWeights(*record, spec));
-      FUYOU_RETURN_IF_ERROR(CheckResumedSegments(job_name_, *record, spec));
+      FUYOU_RETURN_IF_ERROR(CheckResumedSegments(identity_.job_name, *record, spec));
     }
   }
   return absl::OkStatus();
@@ -148,7 +148,7 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
   FUYOU_RETURN_IF_ERROR(CheckStepInOrder("GradReady", step));
   if (registered_.count(chunk_id) == 0) {
     return absl::InvalidArgumentError(
-        fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, job_name_));
+        fmt::format("chunk {} is not registered in this session of job '{}'", chunk_id, identity_.job_name));
   }
   FUYOU_RETURN_IF_ERROR(CheckSlotExists(chunk_id, request.slot()));
   if (!request.has_hyper()) return absl::InvalidArgumentError(fmt::format("chunk {}: hyper is missing", chunk_id));
@@ -164,33 +164,33 @@ absl::Status Session::CheckGradReady(const v1::GradReady& request) const {
   // chunk was already updated.
   FUYOU_RETURN_IF_ERROR(CheckJournalUse(request));
   const bool redo = request.redo() != v1::REDO_REASON_UNSPECIFIED;
-  if (!redo && store_->IsStaged(chunk_id)) {
+  if (!redo && held_.store->IsStaged(chunk_id)) {
     return absl::FailedPreconditionError(fmt::format(
         "chunk {} was already updated in step {}; each chunk is sent once per step (to replace its update, send "
         "it again with GradReady.redo set)",
         chunk_id, step));
   }
-  if (redo && !store_->IsStaged(chunk_id)) {
+  if (redo && !held_.store->IsStaged(chunk_id)) {
     return absl::FailedPreconditionError(fmt::format(
         "chunk {}: a redo ({}) replaces the chunk's update of step {}, but the chunk has not been updated in this "
         "step; send it without redo",
         chunk_id, v1::RedoReason_Name(request.redo()), step));
   }
-  if (store_->pending_imports() != 0) {
-    return absl::FailedPreconditionError(fmt::format(
-        "job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step", job_name_,
-        store_->pending_imports()));
+  if (held_.store->pending_imports() != 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("job '{}' has an import of {} chunks not yet committed; send CommitImport before the next step",
+                    identity_.job_name, held_.store->pending_imports()));
   }
-  if (absl::Status failed = failed_redo_.ok() ? store_->StepError() : failed_redo_; !failed.ok()) {
+  if (absl::Status failed = step_.failed_redo.ok() ? held_.store->StepError() : step_.failed_redo; !failed.ok()) {
     return absl::Status(failed.code(), fmt::format("step {} already failed: {}", step, failed.message()));
   }
   // update_count <= kMaxUpdateCount (SetUpdateCount and ValidateManifest), so t
   // is computed without overflow; a chunk at the maximum takes no more updates.
-  const v1::ChunkRecord& record = *store_->Find(chunk_id);
+  const v1::ChunkRecord& record = *held_.store->Find(chunk_id);
   if (record.update_count() < 0 || record.update_count() >= kMaxUpdateCount) {
-    return absl::FailedPreconditionError(fmt::format(
-        "chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update", chunk_id,
-        job_name_, record.update_count(), kMaxUpdateCount));
+    return absl::FailedPreconditionError(
+        fmt::format("chunk {} of job '{}' has {} updates, the most a chunk may count ({}); it takes no further update",
+                    chunk_id, identity_.job_name, record.update_count(), kMaxUpdateCount));
   }
   return CheckSegmentsWithoutGrad(request, SegmentCount(record));
 }
@@ -201,7 +201,7 @@ absl::Status Session::CheckJournalUse(const v1::GradReady& request) const {
   if (!v1::JournalUse_IsValid(request.journal())) {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of job '{}', step {}: journal {} is not a JournalUse (JOURNAL_USE_KEEP, _ADD, _REPLAY, or unset)",
-        chunk_id, job_name_, step, static_cast<int>(request.journal())));
+        chunk_id, identity_.job_name, step, static_cast<int>(request.journal())));
   }
   const bool from_journal =
       request.journal() == v1::JOURNAL_USE_ADD || request.journal() == v1::JOURNAL_USE_REPLAY;
@@ -209,18 +209,19 @@ absl::Status Session::CheckJournalUse(const v1::GradReady& request) const {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of job '{}', step {}: grad_ops ({}) apply to a journal and are allowed only with "
         "JOURNAL_USE_REPLAY or JOURNAL_USE_ADD, not with {}",
-        chunk_id, job_name_, step, request.grad_ops_size(), v1::JournalUse_Name(request.journal())));
+        chunk_id, identity_.job_name, step, request.grad_ops_size(), v1::JournalUse_Name(request.journal())));
   }
   if (request.grad_ops_size() > kMaxGradOps) {
-    return absl::InvalidArgumentError(fmt::format("chunk {} of job '{}', step {}: {} grad_ops, more than the {} allowed",
-                                                  chunk_id, job_name_, step, request.grad_ops_size(), kMaxGradOps));
+    return absl::InvalidArgumentError(
+        fmt::format("chunk {} of job '{}', step {}: {} grad_ops, more than the {} allowed", chunk_id,
+                    identity_.job_name, step, request.grad_ops_size(), kMaxGradOps));
   }
   for (int i = 0; i < request.grad_ops_size(); ++i) {
     const v1::GradOp& op = request.grad_ops(i);
     if (op.kind() != v1::GradOp::KIND_MUL && op.kind() != v1::GradOp::KIND_DIV) {
       return absl::InvalidArgumentError(
           fmt::format("chunk {} of job '{}', step {}: grad_ops[{}] has kind {}, not KIND_MUL or KIND_DIV", chunk_id,
-                      job_name_, step, i, static_cast<int>(op.kind())));
+                      identity_.job_name, step, i, static_cast<int>(op.kind())));
     }
   }
   if (!from_journal) return absl::OkStatus();
@@ -228,13 +229,13 @@ absl::Status Session::CheckJournalUse(const v1::GradReady& request) const {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of job '{}', step {}: {} updates again from the chunk's journal and must be sent as a redo "
         "(GradReady.redo set)",
-        chunk_id, job_name_, step, v1::JournalUse_Name(request.journal())));
+        chunk_id, identity_.job_name, step, v1::JournalUse_Name(request.journal())));
   }
-  if (!journal_->Has(chunk_id)) {
+  if (!held_.journal->Has(chunk_id)) {
     return absl::FailedPreconditionError(fmt::format(
         "chunk {} of job '{}' has no gradient journal in step {}, so {} has nothing to update from: a journal is "
         "written by a GradReady with JOURNAL_USE_KEEP and kept only until the step ends (EndStep, AbortStep)",
-        chunk_id, job_name_, step, v1::JournalUse_Name(request.journal())));
+        chunk_id, identity_.job_name, step, v1::JournalUse_Name(request.journal())));
   }
   return absl::OkStatus();
 }
@@ -244,7 +245,7 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
   auto registered = registered_.find(chunk_id);
   if (registered == registered_.end()) {
     return absl::InvalidArgumentError(
-        fmt::format("{}: chunk {} is not registered in this session of job '{}'", verb, chunk_id, job_name_));
+        fmt::format("{}: chunk {} is not registered in this session of job '{}'", verb, chunk_id, identity_.job_name));
   }
   if (!IsStateKind(which)) {
     return absl::InvalidArgumentError(fmt::format(
@@ -260,16 +261,16 @@ absl::Status Session::CheckStateRequest(uint32_t chunk_id, int which, uint32_t s
         "{}: chunk {}: {} elements from element {} are not a non-empty range of the chunk's {} elements", verb,
         chunk_id, count, first, n));
   }
-  if (count > layout_.slot_bytes / sizeof(float)) {
+  if (count > identity_.layout.slot_bytes / sizeof(float)) {
     return absl::InvalidArgumentError(
         fmt::format("{}: chunk {}: {} fp32 values are more than the session's slots of {} bytes hold ({})", verb,
-                    chunk_id, count, layout_.slot_bytes, layout_.slot_bytes / sizeof(float)));
+                    chunk_id, count, identity_.layout.slot_bytes, identity_.layout.slot_bytes / sizeof(float)));
   }
-  if (store_->staged_count() != 0) {
+  if (held_.store->staged_count() != 0) {
     return absl::FailedPreconditionError(fmt::format(
         "{}: chunk {}: step {} of job '{}' has {} chunk updates in flight; states are read and written only "
         "between steps (after EndStep or AbortStep)",
-        verb, chunk_id, step_, job_name_, store_->staged_count()));
+        verb, chunk_id, step_.current, identity_.job_name, held_.store->staged_count()));
   }
   return absl::OkStatus();
 }
@@ -282,7 +283,7 @@ absl::Status Session::CheckFetchWeights(const v1::FetchWeights& request) const {
     return absl::InvalidArgumentError(fmt::format(
         "FetchWeights: chunk {} (into slot {}) is not registered in this session of job '{}'; register it with "
         "store_weights first",
-        chunk_id, slot, job_name_));
+        chunk_id, slot, identity_.job_name));
   }
   if (absl::Status exists = CheckSlotExists(chunk_id, slot); !exists.ok()) {
     return absl::InvalidArgumentError(fmt::format("FetchWeights: {}", exists.message()));
@@ -292,7 +293,7 @@ absl::Status Session::CheckFetchWeights(const v1::FetchWeights& request) const {
         "FetchWeights: chunk {} of job '{}' (into slot {}) was registered without store_weights, so the daemon "
         "keeps no working weights for it; a chunk that streams its weights is created with "
         "ChunkSpec.store_weights (in a new job, since a chunk keeps what it was created with)",
-        chunk_id, job_name_, slot));
+        chunk_id, identity_.job_name, slot));
   }
   // The weights fit the slot's region: registration checked num_elements times
   // the wider of param_dtype and grad_dtype against slot_bytes.

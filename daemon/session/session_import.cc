@@ -31,16 +31,16 @@ v1::DaemonMessage Session::OnReadState(const v1::ReadState& request) {
       !bad.ok()) {
     return ErrorReply(bad, chunk_id);
   }
-  if (store_->HasPendingImport(chunk_id)) {
+  if (held_.store->HasPendingImport(chunk_id)) {
     return ErrorReply(absl::FailedPreconditionError(fmt::format(
                           "ReadState: chunk {} of job '{}' has import changes not yet committed; send CommitImport "
                           "first",
-                          chunk_id, job_name_)),
+                          chunk_id, identity_.job_name)),
                       chunk_id);
   }
-  auto* out = reinterpret_cast<float*>(segment_->ParamRegion(request.slot()).data());
-  if (absl::Status read = store_->ExportState(chunk_id, ToChunkState(request.which()), request.first_element(),
-                                              std::span(out, request.num_elements()));
+  auto* out = reinterpret_cast<float*>(held_.segment->ParamRegion(request.slot()).data());
+  if (absl::Status read = held_.store->ExportState(chunk_id, ToChunkState(request.which()), request.first_element(),
+                                                   std::span(out, request.num_elements()));
       !read.ok()) {
     return ErrorReply(read, chunk_id);
   }
@@ -51,7 +51,7 @@ v1::DaemonMessage Session::OnReadState(const v1::ReadState& request) {
   read->set_slot(request.slot());
   read->set_first_element(request.first_element());
   read->set_num_elements(request.num_elements());
-  read->set_update_count(store_->Find(chunk_id)->update_count());
+  read->set_update_count(held_.store->Find(chunk_id)->update_count());
   return reply;
 }
 
@@ -62,9 +62,9 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
       !bad.ok()) {
     return ErrorReply(bad, chunk_id);
   }
-  const auto* values = reinterpret_cast<const float*>(segment_->GradRegion(request.slot()).data());
-  if (absl::Status written = store_->ImportState(chunk_id, ToChunkState(request.which()), request.first_element(),
-                                                 std::span(values, request.num_elements()));
+  const auto* values = reinterpret_cast<const float*>(held_.segment->GradRegion(request.slot()).data());
+  if (absl::Status written = held_.store->ImportState(chunk_id, ToChunkState(request.which()), request.first_element(),
+                                                      std::span(values, request.num_elements()));
       !written.ok()) {
     return ErrorReply(absl::Status(written.code(), fmt::format("WriteState: {}", written.message())), chunk_id);
   }
@@ -81,10 +81,10 @@ v1::DaemonMessage Session::OnWriteState(const v1::WriteState& request) {
 v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
   const uint32_t chunk_id = request.chunk_id();
   if (registered_.count(chunk_id) == 0) {
-    return ErrorReply(absl::InvalidArgumentError(fmt::format(
-                          "SetUpdateCount: chunk {} is not registered in this session of job '{}'", chunk_id,
-                          job_name_)),
-                      chunk_id);
+    return ErrorReply(
+        absl::InvalidArgumentError(fmt::format("SetUpdateCount: chunk {} is not registered in this session of job '{}'",
+                                               chunk_id, identity_.job_name)),
+        chunk_id);
   }
   if (request.update_count() < 0 || request.update_count() > kMaxUpdateCount) {
     return ErrorReply(absl::InvalidArgumentError(fmt::format(
@@ -95,12 +95,12 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
   }
   std::vector<int64_t> segment_counts(request.segment_update_counts().begin(), request.segment_update_counts().end());
   if (!segment_counts.empty()) {
-    const size_t segments = SegmentCount(*store_->Find(chunk_id));
+    const size_t segments = SegmentCount(*held_.store->Find(chunk_id));
     if (segment_counts.size() != segments) {
       return ErrorReply(absl::InvalidArgumentError(fmt::format(
                             "SetUpdateCount: chunk {} of job '{}' has {} segments, but {} segment_update_counts "
                             "were sent; send one per segment, or none",
-                            chunk_id, job_name_, segments, segment_counts.size())),
+                            chunk_id, identity_.job_name, segments, segment_counts.size())),
                         chunk_id);
     }
     int64_t largest = 0;
@@ -121,14 +121,14 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
                         chunk_id);
     }
   }
-  if (store_->staged_count() != 0) {
+  if (held_.store->staged_count() != 0) {
     return ErrorReply(absl::FailedPreconditionError(fmt::format(
                           "SetUpdateCount: chunk {}: step {} of job '{}' has chunk updates in flight; update counts "
                           "are set only between steps",
-                          chunk_id, step_, job_name_)),
+                          chunk_id, step_.current, identity_.job_name)),
                       chunk_id);
   }
-  store_->ImportUpdateCount(chunk_id, request.update_count(), std::move(segment_counts));
+  held_.store->ImportUpdateCount(chunk_id, request.update_count(), std::move(segment_counts));
   v1::DaemonMessage reply;
   reply.mutable_update_count_set()->set_chunk_id(chunk_id);
   reply.mutable_update_count_set()->set_update_count(request.update_count());
@@ -136,21 +136,21 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
 }
 
 v1::DaemonMessage Session::OnCommitImport() {
-  if (store_->staged_count() != 0) {
-    return ErrorReply(absl::FailedPreconditionError(fmt::format(
-        "CommitImport: step {} of job '{}' has chunk updates in flight; end or abort the step first", step_,
-        job_name_)));
+  if (held_.store->staged_count() != 0) {
+    return ErrorReply(absl::FailedPreconditionError(
+        fmt::format("CommitImport: step {} of job '{}' has chunk updates in flight; end or abort the step first",
+                    step_.current, identity_.job_name)));
   }
-  auto changed = store_->CommitImport();
+  auto changed = held_.store->CommitImport();
   if (!changed.ok()) {
     const absl::Status status = NoteCommitResult(changed.status());
     return ErrorReply(absl::Status(
         status.code(), fmt::format("CommitImport: job '{}': the import could not commit and was dropped: {}",
-                                   job_name_, status.message())));
+                                   identity_.job_name, status.message())));
   }
   v1::DaemonMessage reply;
   reply.mutable_import_committed()->set_chunks_changed(*changed);
-  reply.mutable_import_committed()->set_committed_step(step_ - 1);
+  reply.mutable_import_committed()->set_committed_step(step_.current - 1);
   return reply;
 }
 

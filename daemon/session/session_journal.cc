@@ -21,7 +21,7 @@ absl::StatusOr<JournalAccess> Session::PrepareJournal(const v1::GradReady& reque
   const uint64_t n = registered.num_elements;
   const uint64_t bytes = n * DTypeSize(dtype);  // <= slot_bytes (registration)
   // The chunk's segments as [begin, end) element ranges, and which have no gradient.
-  const v1::ChunkRecord& record = *store_->Find(chunk_id);
+  const v1::ChunkRecord& record = *held_.store->Find(chunk_id);
   std::vector<uint64_t> bounds{0};
   if (record.segment_elements().empty()) {
     bounds.push_back(n);
@@ -35,12 +35,12 @@ absl::StatusOr<JournalAccess> Session::PrepareJournal(const v1::GradReady& reque
     ops.push_back({op.kind() == v1::GradOp::KIND_DIV ? optimizer::GradOp::Kind::kDiv : optimizer::GradOp::Kind::kMul,
                    op.operand()});
   }
-  const std::byte* slot = segment_->GradRegion(request.slot()).data();
+  const std::byte* slot = held_.segment->GradRegion(request.slot()).data();
   bool changed = true;
   absl::StatusOr<JournalAccess> access;
   switch (request.journal()) {
     case v1::JOURNAL_USE_KEEP: {
-      access = journal_->Begin(chunk_id, bytes);
+      access = held_.journal->Begin(chunk_id, bytes);
       if (!access.ok()) return access.status();
       std::memcpy(access->data(), slot, bytes);
       for (size_t s = 0; s < without.size(); ++s) {
@@ -50,10 +50,10 @@ absl::StatusOr<JournalAccess> Session::PrepareJournal(const v1::GradReady& reque
     }
     case v1::JOURNAL_USE_ADD:
     case v1::JOURNAL_USE_REPLAY: {
-      access = journal_->Open(chunk_id);
+      access = held_.journal->Open(chunk_id);
       if (!access.ok()) {
-        return absl::Status(access.status().code(), fmt::format("step {} of job '{}': {}", request.step(), job_name_,
-                                                                access.status().message()));
+        return absl::Status(access.status().code(), fmt::format("step {} of job '{}': {}", request.step(),
+                                                                identity_.job_name, access.status().message()));
       }
       optimizer::ApplyGradOps(access->data(), dtype, n, ops);
       if (request.journal() == v1::JOURNAL_USE_ADD) {
@@ -67,9 +67,9 @@ absl::StatusOr<JournalAccess> Session::PrepareJournal(const v1::GradReady& reque
     }
     default: return absl::InternalError("PrepareJournal without a journal use");  // CheckJournalUse
   }
-  if (absl::Status saved = journal_->Save(*access, changed); !saved.ok()) {
+  if (absl::Status saved = held_.journal->Save(*access, changed); !saved.ok()) {
     return absl::Status(saved.code(),
-                        fmt::format("step {} of job '{}': {}", request.step(), job_name_, saved.message()));
+                        fmt::format("step {} of job '{}': {}", request.step(), identity_.job_name, saved.message()));
   }
   if (changed) {
     counters_.Bump(Ticker::kJournalBytes, bytes);

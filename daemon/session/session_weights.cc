@@ -25,20 +25,20 @@ v1::DaemonMessage Session::OnFetchWeights(const v1::FetchWeights& request) {
   // num_elements * DTypeSize(param_dtype) <= slot_bytes (checked at registration):
   // no overflow, and the span lies in the slot's region.
   const uint64_t bytes = registered.num_elements * DTypeSize(registered.param_dtype);
-  std::span<std::byte> out = segment_->ParamRegion(slot).first(bytes);
+  std::span<std::byte> out = held_.segment->ParamRegion(slot).first(bytes);
   // The store counts the fetch, a DRAM hit and the bytes it read (GetStats 24-26).
-  absl::StatusOr<ChunkStore::FetchSource> fetched = store_->FetchWeights(chunk_id, out);
+  absl::StatusOr<ChunkStore::FetchSource> fetched = held_.store->FetchWeights(chunk_id, out);
   if (!fetched.ok()) {
     return ErrorReply(absl::Status(fetched.status().code(),
                                    fmt::format("FetchWeights: chunk {} of job '{}' into slot {}: {}", chunk_id,
-                                               job_name_, slot, fetched.status().message())),
+                                               identity_.job_name, slot, fetched.status().message())),
                       chunk_id);
   }
   v1::DaemonMessage reply;
   v1::WeightsFetched* done = reply.mutable_weights_fetched();
   done->set_chunk_id(chunk_id);
   done->set_slot(slot);
-  done->set_step(step_ - 1);
+  done->set_step(step_.current - 1);
   return reply;
 }
 

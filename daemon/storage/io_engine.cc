@@ -152,8 +152,6 @@ class UringStateFile final : public StateFile {
   }
 
   IoFuture Start(FaultInjector::Op op, uint64_t offset, std::byte* data, uint64_t length) {
-    auto promise = std::make_shared<Promise<void>>();
-    IoFuture future = promise->future();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++in_flight_;
@@ -162,9 +160,10 @@ class UringStateFile final : public StateFile {
     const absl::Status valid = sync ? absl::OkStatus() : CheckArguments(op, offset, data, length);
     const uint64_t pieces =
         sync || !valid.ok() || length == 0 ? 1 : (length + max_request_bytes_ - 1) / max_request_bytes_;
-    // Everything `finish` needs after in_flight_ drops is copied out of `this`, so
-    // a callback may destroy this file.
-    auto finish = [this, op, offset, length, counters = counters_, promise](absl::Status status) {
+    // `finish` runs once every request has ended; the returned future is set
+    // after it. Nothing of `this` is touched after in_flight_ drops, so a
+    // continuation of the future may destroy this file.
+    auto finish = [this, op, offset, length, counters = counters_](const absl::Status& status) {
       if (counters != nullptr) {
         if (!status.ok()) {
           counters->errors.fetch_add(1, std::memory_order_relaxed);
@@ -181,10 +180,10 @@ class UringStateFile final : public StateFile {
         std::lock_guard<std::mutex> lock(mu_);
         if (--in_flight_ == 0) drained_.notify_all();
       }
-      promise->Set(std::move(status));
+      return status;
     };
-    auto transfer =
-        std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces), std::move(finish));
+    auto transfer = std::make_shared<Transfer>(op, offset, length, static_cast<uint32_t>(pieces));
+    IoFuture future = transfer->done().Then(std::move(finish));
 
     std::vector<std::unique_ptr<Request>> requests;
     requests.reserve(pieces);

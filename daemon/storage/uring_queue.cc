@@ -2,12 +2,8 @@
 
 #include <pthread.h>
 
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <utility>
 
-#include "common/errno_code.h"
 #include "fmt/format.h"
 
 namespace fuyou::storage::internal {
@@ -46,61 +42,28 @@ std::string Describe(const Request& r) {
 
 }  // namespace
 
-absl::Status ErrnoToIoStatus(int err, const std::string& what) {
-  // One errno table for the daemon: common/errno_code.h.
-  return absl::Status(ErrnoCode(err), fmt::format("{} failed: {} (errno {})", what, std::strerror(err), err));
-}
-
-void Transfer::RequestDone(absl::Status status) {
-  std::function<void(absl::Status)> finish;
-  absl::Status final_status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!status.ok() && status_.ok()) status_ = std::move(status);
-    if (--outstanding_ > 0) return;
-    finish = std::move(finish_);
-    final_status = std::move(status_);
-  }
-  if (finish) finish(std::move(final_status));
-}
-
-UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name)
-    : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)) {}
+UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring)
+    : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)), ring_(std::move(ring)) {}
 
 absl::StatusOr<std::unique_ptr<UringQueue>> UringQueue::Create(unsigned depth, FaultInjector* fault_injector,
                                                                std::string name) {
-  std::unique_ptr<UringQueue> queue(new UringQueue(depth, fault_injector, std::move(name)));
-  io_uring_params params{};
-  // SUBMIT_ALL: one bad SQE does not leave the ones after it unsubmitted (5.18+).
-  params.flags = IORING_SETUP_SUBMIT_ALL;
-  int ret = io_uring_queue_init_params(depth, &queue->ring_, &params);
-  if (ret == -EINVAL) {
-    params = io_uring_params{};
-    ret = io_uring_queue_init_params(depth, &queue->ring_, &params);
-  }
-  if (ret < 0) {
-    return ErrnoToIoStatus(-ret, fmt::format("io_uring_queue_init({}) for {} (is io_uring disabled by "
-                                             "kernel.io_uring_disabled or a seccomp profile?)",
-                                             depth, queue->name_));
-  }
-  queue->ring_ready_ = true;
+  absl::StatusOr<std::unique_ptr<UringRing>> ring = UringRing::Create(depth, name);
+  if (!ring.ok()) return ring.status();
+  std::unique_ptr<UringQueue> queue(new UringQueue(depth, fault_injector, std::move(name), *std::move(ring)));
   queue->reaper_ = std::thread([q = queue.get()] { q->ReapLoop(); });
   // Thread names are at most 15 characters.
   pthread_setname_np(queue->reaper_.native_handle(), fmt::format("fuyou-io-{}", queue->name_).substr(0, 15).c_str());
   return queue;
 }
 
-UringQueue::~UringQueue() {
-  Shutdown();
-  if (ring_ready_) io_uring_queue_exit(&ring_);
-}
+UringQueue::~UringQueue() { Shutdown(); }
 
 void UringQueue::Submit(std::vector<std::unique_ptr<Request>> requests) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      live_ += requests.size();
-      for (auto& r : requests) waiting_.push_back(std::move(r));
+    if (!lifetime_.stopping) {
+      lifetime_.live += requests.size();
+      for (auto& r : requests) backlog_.waiting.push_back(std::move(r));
       FillRingLocked();
       return;
     }
@@ -114,28 +77,28 @@ void UringQueue::Submit(std::vector<std::unique_ptr<Request>> requests) {
 void UringQueue::Shutdown() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (joined_ || !reaper_.joinable()) return;
-    idle_.wait(lock, [this] { return live_ == 0; });
-    if (!stopping_) {
-      stopping_ = true;
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // the ring is empty, so there is room
+    if (lifetime_.joined || !reaper_.joinable()) return;
+    idle_.wait(lock, [this] { return lifetime_.live == 0; });
+    if (!lifetime_.stopping) {
+      lifetime_.stopping = true;
+      io_uring_sqe* sqe = ring_->NextEntry();  // the ring is empty, so there is room
       io_uring_prep_nop(sqe);
       io_uring_sqe_set_data64(sqe, kStopTag);
-      SubmitRingLocked();
+      ring_->Submit();
     }
   }
   reaper_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  joined_ = true;
+  lifetime_.joined = true;
 }
 
 void UringQueue::FillRingLocked() {
   bool added = false;
-  while (!waiting_.empty() && in_ring_ < depth_) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  while (!backlog_.waiting.empty() && backlog_.in_ring < depth_) {
+    io_uring_sqe* sqe = ring_->NextEntry();
     if (sqe == nullptr) break;  // cannot happen: the SQ is flushed after every fill
-    std::unique_ptr<Request> r = std::move(waiting_.front());
-    waiting_.pop_front();
+    std::unique_ptr<Request> r = std::move(backlog_.waiting.front());
+    backlog_.waiting.pop_front();
     // Lengths fit: IoEngine::Create caps max_request_bytes far below 4 GiB.
     const auto length = static_cast<unsigned>(r->length - r->done);
     switch (r->kind) {
@@ -153,27 +116,10 @@ void UringQueue::FillRingLocked() {
         break;
     }
     io_uring_sqe_set_data(sqe, r.release());
-    ++in_ring_;
+    ++backlog_.in_ring;
     added = true;
   }
-  if (added) SubmitRingLocked();
-}
-
-void UringQueue::SubmitRingLocked() {
-  for (int attempt = 0;; ++attempt) {
-    const int ret = io_uring_submit(&ring_);
-    if (ret >= 0) return;
-    if (ret == -EINTR) continue;
-    if ((ret == -EAGAIN || ret == -EBUSY) && attempt < 1000) {
-      // The kernel is short of memory or completions; the reaper frees them.
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-      continue;
-    }
-    // The SQEs stay in the SQ and go with the next submit.
-    fmt::print(stderr, "fuyou storage [{}]: io_uring_submit failed: {} (errno {}); will retry\n", name_,
-               std::strerror(-ret), -ret);
-    return;
-  }
+  if (added) ring_->Submit();
 }
 
 bool UringQueue::Evaluate(Request& r, int64_t result, absl::Status* status) {
@@ -232,32 +178,16 @@ bool UringQueue::Evaluate(Request& r, int64_t result, absl::Status* status) {
 }
 
 void UringQueue::ReapLoop() {
-  struct Completion {
-    uint64_t user_data;
-    int32_t res;
-  };
-  std::vector<Completion> batch;
+  std::vector<UringRing::Completion> batch;
   std::vector<std::unique_ptr<Request>> again;
   std::vector<std::pair<std::shared_ptr<Transfer>, absl::Status>> finished;  // requests that ended
   for (;;) {
-    io_uring_cqe* cqe = nullptr;
-    const int ret = io_uring_wait_cqe(&ring_, &cqe);
-    if (ret < 0) {
-      if (ret != -EINTR) {
-        fmt::print(stderr, "fuyou storage [{}]: io_uring_wait_cqe failed: {}\n", name_, std::strerror(-ret));
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      continue;
-    }
-    batch.clear();
-    unsigned head = 0;
-    io_uring_for_each_cqe(&ring_, head, cqe) { batch.push_back({cqe->user_data, cqe->res}); }
-    io_uring_cq_advance(&ring_, static_cast<unsigned>(batch.size()));
+    ring_->WaitForCompletions(batch);
 
     bool stop = false;
     unsigned reaped = 0;
     again.clear();
-    for (const Completion& c : batch) {
+    for (const UringRing::Completion& c : batch) {
       if (c.user_data == kStopTag) {
         stop = true;
         continue;
@@ -274,9 +204,9 @@ void UringQueue::ReapLoop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      in_ring_ -= reaped;
+      backlog_.in_ring -= reaped;
       // Continuations go first: they hold up a transfer that is already running.
-      for (auto it = again.rbegin(); it != again.rend(); ++it) waiting_.push_front(std::move(*it));
+      for (auto it = again.rbegin(); it != again.rend(); ++it) backlog_.waiting.push_front(std::move(*it));
       FillRingLocked();
     }
     // The ring is refilled before the callbacks run: a callback may take a
@@ -287,8 +217,8 @@ void UringQueue::ReapLoop() {
     finished.clear();
     if (ended != 0) {
       std::lock_guard<std::mutex> lock(mu_);
-      live_ -= ended;
-      if (live_ == 0) idle_.notify_all();
+      lifetime_.live -= ended;
+      if (lifetime_.live == 0) idle_.notify_all();
     }
     if (stop) return;
   }

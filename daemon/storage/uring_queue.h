@@ -3,17 +3,14 @@
 //
 // Requests go to the ring while fewer than `depth` are in it; the rest wait in a
 // FIFO and enter as earlier ones complete. Short transfers are resubmitted for the
-// remainder. Each request ends in one Status handed to its Transfer, which calls
-// its `finish` once every request of the transfer has ended.
+// remainder. Each request ends in one Status handed to its Transfer, whose
+// done() future is set once every request of the transfer has ended.
 #pragma once
-
-#include <liburing.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,12 +19,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/future.h"
 #include "storage/io_engine.h"
+#include "storage/uring_ring.h"
 
 namespace fuyou::storage::internal {
-
-// Maps an errno to the Status code the engine reports (see io_engine.h).
-absl::Status ErrnoToIoStatus(int err, const std::string& what);
 
 // What a request needs to know about its file. Owned by the StateFile, which
 // outlives every request on it.
@@ -37,29 +33,27 @@ struct IoTarget {
   std::filesystem::path path;
 };
 
-// One caller-visible transfer (a ReadAsync or WriteAsync call), split into requests.
+// One caller-visible transfer (a ReadAsync or WriteAsync call), split into
+// `requests` requests. done() is ready once every request has ended, with the
+// first error seen (or OK); it is set on the thread that ends the last request.
 class Transfer {
  public:
-  Transfer(FaultInjector::Op op, uint64_t offset, uint64_t length, uint32_t requests,
-           std::function<void(absl::Status)> finish)
-      : op_(op), offset_(offset), length_(length), outstanding_(requests), finish_(std::move(finish)) {}
+  Transfer(FaultInjector::Op op, uint64_t offset, uint64_t length, uint32_t requests)
+      : op_(op), offset_(offset), length_(length), requests_(requests) {}
 
   FaultInjector::Op op() const { return op_; }
   uint64_t offset() const { return offset_; }
   uint64_t length() const { return length_; }
 
-  // Records the end of one request; the last one runs `finish` with the first
-  // error seen (or OK).
-  void RequestDone(absl::Status status);
+  // Records the end of one request: exactly `requests` calls in all.
+  void RequestDone(absl::Status status) { requests_.Arrive(std::move(status)); }
+  Future<void> done() const { return requests_.future(); }
 
  private:
   const FaultInjector::Op op_;
   const uint64_t offset_;
   const uint64_t length_;
-  std::mutex mu_;
-  uint32_t outstanding_;  // guarded by mu_
-  absl::Status status_;   // guarded by mu_
-  std::function<void(absl::Status)> finish_;
+  Countdown requests_;
 };
 
 // One read, write, data sync (fdatasync of the whole file) or no-op in the ring. A no-op carries a Status decided at
@@ -97,28 +91,36 @@ class UringQueue {
   void Shutdown();
 
  private:
-  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name);
+  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring);
 
   void ReapLoop();
   // Applies one completion to its request. Returns true when the remainder must
   // be submitted again; otherwise sets `status` to the request's final Status.
   bool Evaluate(Request& request, int64_t result, absl::Status* status);
   void FillRingLocked();
-  void SubmitRingLocked();
+
+  // Requests on their way into the ring; guarded by mu_.
+  struct Backlog {
+    std::deque<std::unique_ptr<Request>> waiting;  // not yet in the ring
+    unsigned in_ring = 0;                          // SQEs submitted, CQE not yet reaped
+  };
+  // Whether the queue still takes requests, and how many have not yet ended
+  // (Shutdown waits for none); guarded by mu_.
+  struct Lifetime {
+    uint64_t live = 0;  // requests not yet ended (incl. callback)
+    bool stopping = false;
+    bool joined = false;
+  };
 
   const unsigned depth_;
   FaultInjector* const fault_injector_;
   const std::string name_;
-  io_uring ring_{};
-  bool ring_ready_ = false;
+  const std::unique_ptr<UringRing> ring_;
 
   std::mutex mu_;
-  std::condition_variable idle_;
-  std::deque<std::unique_ptr<Request>> waiting_;  // not yet in the ring
-  unsigned in_ring_ = 0;                          // SQEs submitted, CQE not yet reaped
-  uint64_t live_ = 0;                             // requests not yet ended (incl. callback)
-  bool stopping_ = false;
-  bool joined_ = false;
+  std::condition_variable idle_;  // lifetime_.live fell to 0
+  Backlog backlog_;
+  Lifetime lifetime_;
   std::thread reaper_;
 };
 
