@@ -472,6 +472,12 @@ def test_a_copy_in_progress_is_a_clear_answer_for_its_names(shared_dir):
         copied = []
         copier = threading.Thread(target=lambda: copied.append(admin.copy_job("big", "big-copy")))
         copier.start()
+        # A delete sent before the copy request reaches fuyoud would simply win:
+        # probe only once the copy has begun (fuyoud creates the target's
+        # directory and marks both names as being copied in one locked step).
+        target = pathlib.Path(d.data_dir) / "users" / str(os.getuid()) / "jobs" / "big-copy"
+        while copier.is_alive() and not target.exists():
+            time.sleep(0.001)
         answers = []
         while copier.is_alive():
             try:
