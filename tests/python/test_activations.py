@@ -383,6 +383,44 @@ def test_ssd_tier_user_limit_is_refused_clearly(tmp_path):
         d.stop()
 
 
+def test_ssd_tier_storage_budget_is_refused_clearly(tmp_path):
+    """The scratch is admitted by the daemon's storage budget as a registration
+    is (max_storage_bytes_per_user here): a spill over it is refused, naming
+    the setting, and the session goes on."""
+    from conftest import require_daemon
+    d = fuyou.EmbeddedDaemon(data_dir=str(tmp_path / "data"), socket_path=str(tmp_path / "d.sock"),
+                             extra_args=["--dram-budget", "64MiB", "--max-storage-per-user", "12KiB"],
+                             binary=require_daemon())
+    try:
+        s = _native().Session.open(job="storage", num_slots=2, slot_bytes=16384, address=d.address)
+        s.spill_activation(1, b"x" * 8192)
+        with pytest.raises(fuyou.FuyouError, match="max_storage_bytes_per_user") as info:
+            s.spill_activation(2, b"y" * 8192)  # 16 KiB in all: over the budget
+        assert info.value.code == "RESOURCE_EXHAUSTED"
+        for word in ("12288 bytes", "--max-storage-per-user", "the session goes on"):
+            assert word in str(info.value), str(info.value)
+        s.spill_activation(3, b"z" * 4096)  # the session goes on: 12 KiB fit
+        out = bytearray(8192)
+        s.recall_activation(1, out)
+        assert bytes(out) == b"x" * 8192
+        s.drop_activations()
+        s.spill_activation(4, b"w" * 12288)  # the drop gave it all back
+        s.close()
+        # A run over the budget: the spills refused keep their host copies, and
+        # the gradients are still bit-identical.
+        ref = train(small_gpt(), steps=2)
+        model = small_gpt()
+        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                       ssd=d.address, verbose=False) as h:
+            got = train(model, steps=2)
+        assert h.store.ssd.stats.failed_spills > 0
+        assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
+        assert "max_storage_bytes_per_user" in str(h.store.ssd.stats.last_error)
+        assert_identical(ref, got)
+    finally:
+        d.stop()
+
+
 def test_killed_client_leaves_no_activation_scratch(daemon):
     import signal
     import subprocess
