@@ -24,10 +24,12 @@
 // spill leaves the free space kept on the paths (commits, reserved_free) as a
 // registration must. Each spill is admitted as if striped over the paths, as
 // the spills together are; from its allocation to Drop it is held
-// (StorageBudget::HoldScratch). The bounce buffer (O_DIRECT needs aligned memory; the bytes are
-// copied out of the client's slot first, so a client that changes its slot
-// during the write cannot make the checksum disagree with what was written) is
-// as large as the largest request so far, at most one slot.
+// (StorageBudget::HoldScratch).
+//
+// The bounce buffer (O_DIRECT needs aligned memory; the bytes are copied out
+// of the client's slot first, so a client that changes its slot during the
+// write cannot make the checksum disagree with what was written) is as large
+// as the largest request so far, at most one slot.
 //
 // Not thread-safe: the session serialises its use.
 #pragma once
