@@ -246,7 +246,7 @@ def d2h_bandwidth(opt, reps=20):
     dev = opt.pipeline.slots.device
     if not getattr(dev, "streams", False):
         return None
-    session = opt.pipeline._session
+    session = opt.pipeline.session
     region = torch.frombuffer(session.grad_region(0), dtype=torch.uint8)
     n = region.numel()
     src = torch.empty(n, dtype=torch.uint8, device="cuda").fill_(1)

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "fmt/format.h"
 #include "format.h"
+#include "stats_view.h"
 #include "top.h"
 #include "fuyou/admin_client.h"
 #include "fuyou/defaults.h"
@@ -75,98 +76,6 @@ std::string Ago(int64_t unix_seconds) {
   if (unix_seconds <= 0) return "-";
   const double age = static_cast<double>(std::time(nullptr) - unix_seconds);
   return age < 1 ? "just now" : FormatDuration(age) + " ago";
-}
-
-std::string OptimizerLine(const v1::GetStatsResponse& stats) {
-  return fmt::format("{} chunk updates/s, {} params/s ({} updates, {} params since start)",
-                     FormatCount(stats.chunk_updates_per_second()), FormatCount(stats.params_updated_per_second()),
-                     FormatCount(static_cast<double>(stats.chunk_updates())),
-                     FormatCount(static_cast<double>(stats.params_updated())));
-}
-
-std::string CacheLine(const v1::GetStatsResponse& stats) {
-  const uint64_t lookups = stats.cache_hits() + stats.cache_misses();
-  return fmt::format("{} hits ({} hits, {} misses)",
-                     FormatPercent(static_cast<double>(stats.cache_hits()), static_cast<double>(lookups)),
-                     stats.cache_hits(), stats.cache_misses());
-}
-
-std::string DramLine(const v1::GetStatsResponse& stats) {
-  return fmt::format("{} of {} ({})", FormatBytes(stats.dram_bytes_in_use()),
-                     FormatBytes(stats.dram_budget_bytes()),
-                     FormatPercent(static_cast<double>(stats.dram_bytes_in_use()),
-                                   static_cast<double>(stats.dram_budget_bytes())));
-}
-
-std::string SpeculationLine(const v1::GetStatsResponse& stats) {
-  return FormatRedoLine(stats.chunks_speculative(), stats.chunks_redone_changed(), stats.chunks_redone_clipped(),
-                        stats.chunks_rolled_back_skipped_step(), stats.redo_seconds());
-}
-
-std::string WeightsLine(const v1::GetStatsResponse& stats) {
-  return FormatWeightsLine(stats.weights_fetches(), stats.weights_fetch_cache_hits(), stats.weights_bytes_read());
-}
-
-std::string JournalLine(const v1::GetStatsResponse& stats) {
-  return FormatJournalLine(stats.journal_bytes_total(), stats.journal_spilled_bytes_total(),
-                           stats.journal_replays_total(), stats.journal_replay_seconds_total());
-}
-
-bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
-
-std::string RenderStats(const v1::GetStatsResponse& stats) {
-  if (IsUserScope(stats)) {
-    // A user other than root and the daemon's own sees their own activity only.
-    std::string out = fmt::format("your sessions (uid {}): {} live, {} steps committed; fuyoud up {}\n\n",
-                                  stats.uid(), stats.live_sessions(), stats.steps_committed(),
-                                  FormatDuration(stats.uptime_seconds()));
-    Table traffic({"YOUR JOBS", "READ", "WRITTEN", "READ RATE", "WRITE RATE"});
-    traffic.AddRow({"storage", FormatBytes(stats.bytes_read()), FormatBytes(stats.bytes_written()),
-                    FormatGbps(stats.read_gbps()), FormatGbps(stats.write_gbps())});
-    out += traffic.ToString() + "\n";
-    Table summary({"", ""});
-    summary.AddRow({"optimizer", OptimizerLine(stats)});
-    summary.AddRow({"speculation", SpeculationLine(stats)});
-    summary.AddRow({"weights", WeightsLine(stats)});
-    summary.AddRow({"journal", JournalLine(stats)});
-    summary.AddRow({"cache", CacheLine(stats)});
-    std::string rows = summary.ToString();
-    out += rows.substr(rows.find('\n') + 1);
-    out += "(storage paths, DRAM and other users' activity are shown to root and the daemon's user only)\n";
-    return out;
-  }
-  std::string out = fmt::format("fuyoud up {}, {} live session{}, {} steps committed\n\n",
-                                FormatDuration(stats.uptime_seconds()), stats.live_sessions(),
-                                stats.live_sessions() == 1 ? "" : "s", stats.steps_committed());
-  Table storage({"STORAGE PATH", "READ", "WRITTEN", "READ RATE", "WRITE RATE", "I/O"});
-  uint64_t read = 0, written = 0;
-  double read_gbps = 0, write_gbps = 0;
-  for (const v1::StoragePathStats& path : stats.storage()) {
-    storage.AddRow({path.path(), FormatBytes(path.bytes_read()), FormatBytes(path.bytes_written()),
-                    FormatGbps(path.read_gbps()), FormatGbps(path.write_gbps()),
-                    path.direct_io() ? "direct" : "buffered"});
-    read += path.bytes_read();
-    written += path.bytes_written();
-    read_gbps += path.read_gbps();
-    write_gbps += path.write_gbps();
-  }
-  if (stats.storage_size() > 1) {
-    storage.AddRow({"(all paths)", FormatBytes(read), FormatBytes(written), FormatGbps(read_gbps),
-                    FormatGbps(write_gbps), ""});
-  }
-  if (stats.storage_size() == 0) storage.AddRow({"(no storage paths)"});
-  out += storage.ToString() + "\n";
-
-  Table summary({"", ""});
-  summary.AddRow({"optimizer", OptimizerLine(stats)});
-  summary.AddRow({"speculation", SpeculationLine(stats)});
-  summary.AddRow({"weights", WeightsLine(stats)});
-    summary.AddRow({"journal", JournalLine(stats)});
-  summary.AddRow({"DRAM", DramLine(stats)});
-  summary.AddRow({"cache", CacheLine(stats)});
-  std::string rows = summary.ToString();
-  out += rows.substr(rows.find('\n') + 1);  // no header line for the summary
-  return out;
 }
 
 absl::Status RunStatus(AdminClient& admin, const std::string& socket, bool json) {

@@ -19,54 +19,47 @@ constexpr std::chrono::milliseconds kStreamDrainTimeout{2000};
 }  // namespace
 
 absl::Status Session::Impl::Close() {
-  std::lock_guard close_lock(close_mu_);
-  if (close_done_) return close_status_;
+  return close_.Run([this] { return CloseNow(); });
+}
+
+absl::Status Session::Impl::CloseNow() {
   absl::Status lost;
   {
     std::lock_guard lock(mu_);
-    closing_ = true;
-    lost = lost_;
+    health_.BeginClose();
+    lost = health_.lost();
   }
   cv_.notify_all();
   absl::Status result = lost;
   bool closed_by_daemon = false;
-  if (lost.ok() && !session_id_.empty()) {
+  if (lost.ok() && !name_.id.empty()) {
     v1::CloseSessionRequest request;
-    request.set_session_id(session_id_);
+    request.set_session_id(name_.id);
     v1::CloseSessionResponse response;
     grpc::ClientContext context;
-    SetDeadline(context, client_.rpc_timeout);
-    grpc::Status rpc = stub_->CloseSession(&context, request, &response);
+    SetDeadline(context, rpc_timeout());
+    grpc::Status rpc = connection_.stub().CloseSession(&context, request, &response);
     if (rpc.ok()) {
-      committed_step_ = response.committed_step();
+      committed_step_.Set(response.committed_step());
       closed_by_daemon = true;
     } else {
-      result = RpcError(rpc, fmt::format("CloseSession of {}", Who()), client_.rpc_timeout);
+      result = RpcError(rpc, fmt::format("CloseSession of {}", Who()), rpc_timeout());
     }
   }
-  if (stream_ != nullptr) {
-    {
-      std::lock_guard lock(write_mu_);
-      if (!writes_closed_) {
-        writes_closed_ = true;
-        stream_->WritesDone();
-      }
-    }
+  if (connection_.has_stream()) {
+    connection_.CloseWrites();
     if (closed_by_daemon) {
       std::unique_lock lock(mu_);
-      cv_.wait_for(lock, kStreamDrainTimeout, [&] { return reader_done_; });
+      cv_.wait_for(lock, kStreamDrainTimeout, [&] { return health_.stream_ended(); });
     }
-    stream_context_->TryCancel();
+    connection_.Cancel();
   }
-  if (reader_.joinable()) reader_.join();
+  connection_.JoinReader();
   {
     std::lock_guard lock(mu_);
-    if (slots_ != nullptr) slots_->Fail(ClosedError());
+    if (memory_.pool() != nullptr) memory_.pool()->Fail(ClosedError());
   }
-  base_ = nullptr;
-  segment_.reset();
-  close_done_ = true;
-  close_status_ = result;
+  memory_.Unmap();
   return result;
 }
 
@@ -89,8 +82,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         internal::ConnectChannel(address, client.connect_timeout, internal::UsesDefaultAddress(client));
     if (!channel.ok()) return channel.status();
-    auto impl = std::make_unique<Impl>(options, client, address, *std::move(channel));
-    if (absl::Status status = impl->Start(); !status.ok()) return status;  // ~Impl cleans up
+    auto impl = std::make_unique<Impl>(options, client, *std::move(channel));
+    if (absl::Status status = impl->Start(options); !status.ok()) return status;  // ~Impl cleans up
     return std::unique_ptr<Session>(new Session(std::move(impl)));
   } catch (const std::exception& e) {
     return absl::InternalError(fmt::format("opening a session of job '{}': {}", options.job, e.what()));

@@ -2,7 +2,7 @@
 // DropActivations) against the fake daemon.
 #include <gtest/gtest.h>
 
-#include "session_test_fake.h"
+#include "session_test_fixture.h"
 
 namespace fuyou::session_test {
 namespace {

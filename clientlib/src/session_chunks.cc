@@ -1,13 +1,12 @@
 // Session::Impl, registration and slots: RegisterChunk (checked locally, then
 // RegisterChunks through a slot), PushGradients/PullParams over the zero-copy
-// calls, and the slots' regions in the segment.
+// calls, and the slots (their regions in the segment: slot_memory.h).
 #include <algorithm>
 #include <cstring>
 
 #include "channel.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "fuyou/segment_layout.h"
 #include "session_impl.h"
 
 namespace fuyou {
@@ -50,11 +49,11 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
     return absl::InvalidArgumentError(fmt::format("chunk {} of {} has no elements", spec.chunk_id, Who()));
   }
   const uint64_t widest = std::max(DTypeSize(spec.param_dtype), DTypeSize(spec.grad_dtype));
-  if (spec.num_elements > slot_bytes_ / widest) {
+  if (spec.num_elements > memory_.slot_bytes() / widest) {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of {} needs {} elements x {} bytes but the session's slots hold {} bytes: open "
         "the session with slot_bytes >= the largest chunk's bytes",
-        spec.chunk_id, Who(), spec.num_elements, widest, slot_bytes_));
+        spec.chunk_id, Who(), spec.num_elements, widest, memory_.slot_bytes()));
   }
   if (spec.segment_elements.size() > kMaxSegmentsPerChunk) {
     return absl::InvalidArgumentError(fmt::format(
@@ -92,25 +91,25 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
           fmt::format("chunk {} is already registered in the session of {}", spec.chunk_id, Who()));
     }
   }
-  absl::StatusOr<uint32_t> slot = slots_->Acquire(client_.rpc_timeout);
+  absl::StatusOr<uint32_t> slot = slots().Acquire(rpc_timeout());
   if (!slot.ok()) return slot.status();
   std::span<std::byte> region = ParamRegion(*slot);
   std::memcpy(region.data(), weights.data(), weights.size());
 
   v1::RegisterChunksRequest request;
-  request.set_session_id(session_id_);
+  request.set_session_id(name_.id);
   *request.add_chunks() = ToProto(spec, *slot);
   v1::RegisterChunksResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, client_.rpc_timeout);
-  grpc::Status rpc = stub_->RegisterChunks(&context, request, &response);
+  SetDeadline(context, rpc_timeout());
+  grpc::Status rpc = connection_.stub().RegisterChunks(&context, request, &response);
   if (!rpc.ok()) {
-    slots_->Release(*slot);
+    slots().Release(*slot);
     return RpcError(rpc, fmt::format("RegisterChunks of chunk {} (slot {}) for {}", spec.chunk_id, *slot, Who()),
-                    client_.rpc_timeout);
+                    rpc_timeout());
   }
   if (response.chunks_size() != 1 || response.chunks(0).chunk_id() != spec.chunk_id) {
-    slots_->Release(*slot);
+    slots().Release(*slot);
     return absl::InternalError(fmt::format(
         "RegisterChunks of chunk {} for {}: fuyoud answered {} results, not one for this chunk",
         spec.chunk_id, Who(), response.chunks_size()));
@@ -119,9 +118,9 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
                         {response.chunks(0).segment_update_counts().begin(),
                          response.chunks(0).segment_update_counts().end()}};
   if (result.resumed) std::memcpy(weights.data(), region.data(), weights.size());
-  slots_->Release(*slot);
+  slots().Release(*slot);
   std::lock_guard lock(mu_);
-  chunks_[spec.chunk_id] = spec;
+  chunks_.Add(spec);
   return result;
 }
 
@@ -130,42 +129,42 @@ absl::Status Session::Impl::PushGradients(uint32_t chunk_id, int64_t step, const
   {
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
-    auto it = chunks_.find(chunk_id);
-    if (it == chunks_.end()) {
+    const ChunkSpec* spec = chunks_.Find(chunk_id);
+    if (spec == nullptr) {
       return absl::InvalidArgumentError(
           fmt::format("chunk {} is not registered in the session of {}: call RegisterChunk first", chunk_id, Who()));
     }
-    if (gradients.size() != it->second.grad_bytes()) {
+    if (gradients.size() != spec->grad_bytes()) {
       return absl::InvalidArgumentError(fmt::format(
           "chunk {} of {}: gradients are {} bytes, expected {} ({} elements of {})", chunk_id,
-          Who(), gradients.size(), it->second.grad_bytes(), it->second.num_elements,
-          DTypeName(it->second.grad_dtype)));
+          Who(), gradients.size(), spec->grad_bytes(), spec->num_elements,
+          DTypeName(spec->grad_dtype)));
     }
   }
-  absl::StatusOr<uint32_t> slot = AcquireSlot(client_.rpc_timeout);
+  absl::StatusOr<uint32_t> slot = AcquireSlot(rpc_timeout());
   if (!slot.ok()) {
     return absl::Status(slot.status().code(),
                         fmt::format("chunk {} step {}: {}", chunk_id, step, std::string(slot.status().message())));
   }
   std::memcpy(GradRegion(*slot).data(), gradients.data(), gradients.size());
   absl::Status status = SendGradReady(chunk_id, *slot, step, hyper, {});
-  if (!status.ok()) slots_->Release(*slot);
+  if (!status.ok()) slots().Release(*slot);
   return status;
 }
 
 absl::Status Session::Impl::PullParams(uint32_t chunk_id, std::span<std::byte> weights) {
   {
     std::lock_guard lock(mu_);
-    if (closing_) return ClosedError();
-    auto it = chunks_.find(chunk_id);
-    if (it != chunks_.end() && weights.size() != it->second.param_bytes()) {
+    if (health_.closing()) return ClosedError();
+    const ChunkSpec* spec = chunks_.Find(chunk_id);
+    if (spec != nullptr && weights.size() != spec->param_bytes()) {
       return absl::InvalidArgumentError(fmt::format(
           "chunk {} of {}: weights are {} bytes, expected {} ({} elements of {})", chunk_id,
-          Who(), weights.size(), it->second.param_bytes(), it->second.num_elements,
-          DTypeName(it->second.param_dtype)));
+          Who(), weights.size(), spec->param_bytes(), spec->num_elements,
+          DTypeName(spec->param_dtype)));
     }
   }
-  absl::StatusOr<uint32_t> slot = WaitParams(chunk_id, client_.rpc_timeout);
+  absl::StatusOr<uint32_t> slot = WaitParams(chunk_id, rpc_timeout());
   if (!slot.ok()) return slot.status();
   std::span<std::byte> region = ParamRegion(*slot);
   std::memcpy(weights.data(), region.data(), std::min(weights.size(), region.size()));
@@ -178,30 +177,18 @@ absl::StatusOr<uint32_t> Session::Impl::AcquireSlot(std::chrono::milliseconds ti
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
   }
-  absl::StatusOr<uint32_t> slot = slots_->Acquire(timeout);
+  absl::StatusOr<uint32_t> slot = slots().Acquire(timeout);
   if (!slot.ok() && absl::IsDeadlineExceeded(slot.status())) {
     return absl::DeadlineExceededError(fmt::format("{}: {}", Who(), std::string(slot.status().message())));
   }
   return slot;
 }
 
-std::span<std::byte> Session::Impl::GradRegion(uint32_t slot) {
-  if (base_ == nullptr || slot >= num_slots_) return {};
-  return {base_ + SegmentLayout{num_slots_, slot_bytes_}.GradOffset(slot), slot_bytes_};
-}
-
-std::span<std::byte> Session::Impl::ParamRegion(uint32_t slot) {
-  if (base_ == nullptr || slot >= num_slots_) return {};
-  return {base_ + SegmentLayout{num_slots_, slot_bytes_}.ParamOffset(slot), slot_bytes_};
-}
-
 std::optional<JournalStats> Session::Impl::GetJournalStats(uint32_t chunk_id) {
   std::lock_guard lock(mu_);
-  auto found = journal_stats_.find(chunk_id);
-  if (found == journal_stats_.end()) return std::nullopt;
-  return found->second;
+  return chunks_.JournalStatsOf(chunk_id);
 }
 
-void Session::Impl::ReleaseSlot(uint32_t slot) { slots_->Release(slot); }
+void Session::Impl::ReleaseSlot(uint32_t slot) { slots().Release(slot); }
 
 }  // namespace fuyou

@@ -26,36 +26,37 @@ std::string DefaultClientInfo() {
 
 }  // namespace
 
-absl::Status Session::Impl::Start() {
+absl::Status Session::Impl::Start(const SessionOptions& options) {
   v1::OpenSessionRequest request;
-  request.set_job(options_.job);
-  request.set_num_slots(options_.num_slots);
-  request.set_slot_bytes(options_.slot_bytes);
-  request.set_client_info(options_.client_info.empty() ? DefaultClientInfo() : options_.client_info);
+  request.set_job(options.job);
+  request.set_num_slots(options.num_slots);
+  request.set_slot_bytes(options.slot_bytes);
+  request.set_client_info(options.client_info.empty() ? DefaultClientInfo() : options.client_info);
   v1::OpenSessionResponse response;
   grpc::ClientContext context;
-  SetDeadline(context, client_.rpc_timeout);
-  grpc::Status rpc = stub_->OpenSession(&context, request, &response);
+  SetDeadline(context, rpc_timeout());
+  grpc::Status rpc = connection_.stub().OpenSession(&context, request, &response);
   if (!rpc.ok()) {
-    return RpcError(rpc, fmt::format("OpenSession for job '{}'", options_.job), client_.rpc_timeout);
+    return RpcError(rpc, fmt::format("OpenSession for job '{}'", options.job), rpc_timeout());
   }
-  session_id_ = response.session_id();
-  num_slots_ = response.num_slots();
-  slot_bytes_ = response.slot_bytes();
-  committed_step_ = response.committed_step();
+  name_.id = response.session_id();
+  memory_.set_layout(response.num_slots(), response.slot_bytes());
+  committed_step_.Set(response.committed_step());
+  const uint32_t num_slots = memory_.num_slots();
+  const uint64_t slot_bytes = memory_.slot_bytes();
 
   // Checked: the daemon's answer sizes memory this process creates and maps.
-  const std::optional<SegmentLayout> layout = SegmentLayout::Checked(num_slots_, slot_bytes_, UINT64_MAX);
-  if (num_slots_ != options_.num_slots || slot_bytes_ < options_.slot_bytes ||
-      slot_bytes_ % kSegmentAlignment != 0 || !layout || response.segment_bytes() != layout->TotalBytes()) {
+  const std::optional<SegmentLayout> layout = SegmentLayout::Checked(num_slots, slot_bytes, UINT64_MAX);
+  if (num_slots != options.num_slots || slot_bytes < options.slot_bytes ||
+      slot_bytes % kSegmentAlignment != 0 || !layout || response.segment_bytes() != layout->TotalBytes()) {
     return absl::FailedPreconditionError(fmt::format(
         "fuyoud opened {} with {} slots of {} bytes ({} bytes in all), which does not fit the "
         "request of {} slots of {} bytes: client and daemon disagree on the segment layout",
-        Who(), num_slots_, slot_bytes_, response.segment_bytes(), options_.num_slots,
-        options_.slot_bytes));
+        Who(), num_slots, slot_bytes, response.segment_bytes(), options.num_slots,
+        options.slot_bytes));
   }
   if (absl::Status status = CreateSegment(response); !status.ok()) return status;
-  slots_ = std::make_unique<internal::SlotPool>(num_slots_);
+  memory_.StartPool();
   return Attach();
 }
 
@@ -72,32 +73,31 @@ absl::Status Session::Impl::CreateSegment(const v1::OpenSessionResponse& respons
     return absl::Status(segment.status().code(), fmt::format("cannot create the segment of {}: {}", Who(),
                                                              std::string(segment.status().message())));
   }
-  segment_ = std::move(*segment);
-  base_ = segment_->bytes().data();
-  if (absl::Status handed = segment_->HandOver(socket, session_id_, client_.rpc_timeout); !handed.ok()) {
+  memory_.Adopt(*std::move(segment));
+  if (absl::Status handed = memory_.segment().HandOver(socket, name_.id, rpc_timeout()); !handed.ok()) {
     return absl::Status(handed.code(), fmt::format("handing the segment of {} to fuyoud failed: {}", Who(),
                                                    std::string(handed.message())));
   }
   // The fd has done its job: the daemon holds its own mapping.
-  segment_->CloseFd();
+  memory_.segment().CloseFd();
   // The header fuyoud wrote through its own mapping (before it answered OK)
   // proves that it maps this memory.
   const uint64_t expected = response.segment_bytes();
   SegmentHeader header;
-  std::memcpy(&header, base_, sizeof(header));
+  std::memcpy(&header, memory_.bytes().data(), sizeof(header));
   if (header.magic != kSegmentMagic) {
     return absl::DataLossError(fmt::format(
         "the segment of {} has magic {:#018x}, expected {:#018x}, after fuyoud accepted it: fuyoud "
         "does not map the memory this client created, or is incompatible with this client",
         Who(), header.magic, kSegmentMagic));
   }
-  if (header.num_slots != num_slots_ || header.slot_bytes != slot_bytes_ ||
+  if (header.num_slots != memory_.num_slots() || header.slot_bytes != memory_.slot_bytes() ||
       header.total_bytes != expected) {
     return absl::FailedPreconditionError(fmt::format(
         "the segment of {} has a header of {} slots of {} bytes ({} in all) but "
         "OpenSession announced {} slots of {} bytes ({} in all)",
-        Who(), header.num_slots, header.slot_bytes, header.total_bytes, num_slots_,
-        slot_bytes_, expected));
+        Who(), header.num_slots, header.slot_bytes, header.total_bytes, memory_.num_slots(),
+        memory_.slot_bytes(), expected));
   }
   return absl::OkStatus();
 }

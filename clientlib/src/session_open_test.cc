@@ -2,7 +2,7 @@
 // closing, the destructor, and a daemon that goes away.
 #include <gtest/gtest.h>
 
-#include "session_test_fake.h"
+#include "session_test_fixture.h"
 
 namespace fuyou::session_test {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <set>
 
-#include "session_test_fake.h"
+#include "session_test_fixture.h"
 
 namespace fuyou::session_test {
 namespace {

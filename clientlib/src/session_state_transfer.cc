@@ -35,25 +35,25 @@ absl::StatusOr<v1::DaemonMessage> Session::Impl::Control(RequestKind kind, uint3
     }
     id = requests_.Add({.kind = kind, .chunk_id = chunk_id});
   }
-  return Call(id, message, what, client_.rpc_timeout);
+  return Call(id, message, what, rpc_timeout());
 }
 
 absl::StatusOr<ChunkSpec> Session::Impl::CheckStateRange(uint32_t chunk_id, uint64_t first, uint64_t count,
                                                          const char* verb) {
   std::lock_guard lock(mu_);
-  auto it = chunks_.find(chunk_id);
-  if (it == chunks_.end()) {
+  const ChunkSpec* spec = chunks_.Find(chunk_id);
+  if (spec == nullptr) {
     return absl::InvalidArgumentError(
         fmt::format("{}: chunk {} is not registered in the session of {}: call RegisterChunk first", verb, chunk_id,
                     Who()));
   }
-  const uint64_t n = it->second.num_elements;
+  const uint64_t n = spec->num_elements;
   if (count == 0 || first > n || count > n - first) {
     return absl::InvalidArgumentError(fmt::format(
         "{}: chunk {} of {}: elements [{}, {}) are not a non-empty range of its {} elements", verb, chunk_id, Who(),
         first, first + count, n));
   }
-  return it->second;
+  return *spec;
 }
 
 absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,
@@ -61,9 +61,9 @@ absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind wh
   absl::StatusOr<ChunkSpec> spec = CheckStateRange(chunk_id, first, out.size(), "ReadState");
   if (!spec.ok()) return spec.status();
   std::lock_guard control(control_mu_);
-  absl::StatusOr<uint32_t> slot = AcquireSlot(client_.rpc_timeout);
+  absl::StatusOr<uint32_t> slot = AcquireSlot(rpc_timeout());
   if (!slot.ok()) return slot.status();
-  const uint64_t piece = slot_bytes_ / sizeof(float);
+  const uint64_t piece = memory_.slot_bytes() / sizeof(float);
   int64_t update_count = 0;
   for (uint64_t done = 0; done < out.size();) {
     const uint64_t count = std::min<uint64_t>(piece, out.size() - done);
@@ -77,13 +77,13 @@ absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind wh
     absl::StatusOr<v1::DaemonMessage> reply = Control(
         RequestKind::kReadState, chunk_id, message, fmt::format("ReadState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
     if (!reply.ok()) {
-      if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
+      if (!absl::IsDeadlineExceeded(reply.status())) slots().Release(*slot);
       return reply.status();
     }
     const v1::StateRead& answer = reply->state_read();
     if (!reply->has_state_read() || answer.chunk_id() != chunk_id || answer.slot() != *slot ||
         answer.first_element() != first + done || answer.num_elements() != count) {
-      slots_->Release(*slot);
+      slots().Release(*slot);
       return absl::InternalError(fmt::format(
           "ReadState of chunk {} of {}: fuyoud answered with a message for another request", chunk_id, Who()));
     }
@@ -91,7 +91,7 @@ absl::StatusOr<int64_t> Session::Impl::ReadState(uint32_t chunk_id, StateKind wh
     update_count = answer.update_count();
     done += count;
   }
-  slots_->Release(*slot);
+  slots().Release(*slot);
   return update_count;
 }
 
@@ -100,9 +100,9 @@ absl::Status Session::Impl::WriteState(uint32_t chunk_id, StateKind which, uint6
   absl::StatusOr<ChunkSpec> spec = CheckStateRange(chunk_id, first, values.size(), "WriteState");
   if (!spec.ok()) return spec.status();
   std::lock_guard control(control_mu_);
-  absl::StatusOr<uint32_t> slot = AcquireSlot(client_.rpc_timeout);
+  absl::StatusOr<uint32_t> slot = AcquireSlot(rpc_timeout());
   if (!slot.ok()) return slot.status();
-  const uint64_t piece = slot_bytes_ / sizeof(float);
+  const uint64_t piece = memory_.slot_bytes() / sizeof(float);
   for (uint64_t done = 0; done < values.size();) {
     const uint64_t count = std::min<uint64_t>(piece, values.size() - done);
     std::memcpy(GradRegion(*slot).data(), values.data() + done, count * sizeof(float));
@@ -116,17 +116,17 @@ absl::Status Session::Impl::WriteState(uint32_t chunk_id, StateKind which, uint6
     absl::StatusOr<v1::DaemonMessage> reply = Control(
         RequestKind::kWriteState, chunk_id, message, fmt::format("WriteState of chunk {} elements [{}, {})", chunk_id, first + done, first + done + count));
     if (!reply.ok()) {
-      if (!absl::IsDeadlineExceeded(reply.status())) slots_->Release(*slot);
+      if (!absl::IsDeadlineExceeded(reply.status())) slots().Release(*slot);
       return reply.status();
     }
     if (!reply->has_state_written() || reply->state_written().chunk_id() != chunk_id) {
-      slots_->Release(*slot);
+      slots().Release(*slot);
       return absl::InternalError(fmt::format(
           "WriteState of chunk {} of {}: fuyoud answered with a message for another request", chunk_id, Who()));
     }
     done += count;
   }
-  slots_->Release(*slot);
+  slots().Release(*slot);
   return absl::OkStatus();
 }
 

@@ -20,9 +20,8 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
     if (!options.segments_without_grad.empty()) {
-      auto spec = chunks_.find(chunk_id);
-      const uint64_t segments =
-          spec == chunks_.end() ? 0 : std::max<uint64_t>(1, spec->second.segment_elements.size());
+      const ChunkSpec* spec = chunks_.Find(chunk_id);
+      const uint64_t segments = spec == nullptr ? 0 : std::max<uint64_t>(1, spec->segment_elements.size());
       for (size_t i = 0; i < options.segments_without_grad.size(); ++i) {
         const uint32_t index = options.segments_without_grad[i];
         if (index >= segments || (i > 0 && index <= options.segments_without_grad[i - 1])) {
@@ -40,7 +39,7 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
           "PullParams or WaitParams before sending it again",
           chunk_id, Who(), in_flight.step, in_flight.slot));
     }
-    if (absl::Status status = slots_->BeginFlight(slot); !status.ok()) {
+    if (absl::Status status = slots().BeginFlight(slot); !status.ok()) {
       return absl::Status(status.code(), fmt::format("chunk {} of {}: {}", chunk_id, Who(), std::string(status.message())));
     }
     id = requests_.Add({.kind = RequestKind::kGradReady, .chunk_id = chunk_id, .slot = slot, .step = step});
@@ -67,17 +66,17 @@ absl::Status Session::Impl::SendGradReady(uint32_t chunk_id, uint32_t slot, int6
     sent->set_operand(op.operand);
   }
   absl::Status status = WriteRequest(id, message, fmt::format("GradReady of chunk {} step {}", chunk_id, step));
-  if (!status.ok()) slots_->EndFlight(slot);  // the caller holds the slot again
+  if (!status.ok()) slots().EndFlight(slot);  // the caller holds the slot again
   return status;
 }
 
 
 absl::StatusOr<uint32_t> Session::Impl::WaitParams(uint32_t chunk_id, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  if (closing_) return ClosedError();
+  if (health_.closing()) return ClosedError();
   const std::optional<uint64_t> id = requests_.FindOldest(OfChunk(RequestKind::kGradReady, chunk_id));
   if (!id) {
-    if (!lost_.ok()) return lost_;
+    if (!health_.lost().ok()) return health_.lost();
     return absl::FailedPreconditionError(fmt::format(
         "chunk {} of {} has no gradients in flight: send them with PushGradients or "
         "SendGradReady first",
@@ -100,8 +99,8 @@ absl::StatusOr<uint32_t> Session::Impl::WaitParams(uint32_t chunk_id, std::chron
   if (pending.status.ok()) return pending.slot;
   // Refused or lost: the slot comes back to the job and is freed here, since the
   // caller gets no slot to release.
-  slots_->EndFlight(pending.slot);
-  slots_->Release(pending.slot);
+  slots().EndFlight(pending.slot);
+  slots().Release(pending.slot);
   return pending.status;
 }
 
@@ -129,12 +128,12 @@ absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort, Abo
     message.mutable_end_step()->set_step(step);
   }
   absl::StatusOr<v1::DaemonMessage> answer =
-      Call(id, message, fmt::format("{} of step {}", RequestName(kind), step), client_.rpc_timeout);
+      Call(id, message, fmt::format("{} of step {}", RequestName(kind), step), rpc_timeout());
   {
     // The daemon drops the session's spilled activations with the step (a
     // request refused as out of order keeps them there; keys are not reused).
     std::lock_guard lock(mu_);
-    activations_.clear();
+    activations_.Clear();
   }
   if (!answer.ok()) return answer.status();
   if (abort) return StepResult{step, 0};

@@ -2,7 +2,7 @@
 // local refusals, slots, and many threads at once.
 #include <gtest/gtest.h>
 
-#include "session_test_fake.h"
+#include "session_test_fixture.h"
 
 namespace fuyou::session_test {
 namespace {

@@ -2,7 +2,6 @@
 // thread, routing each answer to the request its id names (pending_requests.h),
 // waiting for one, and the end of the stream.
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "fmt/format.h"
@@ -14,37 +13,25 @@ using internal::PendingRequest;
 using internal::RequestKind;
 
 absl::Status Session::Impl::Attach() {
-  stream_context_ = std::make_unique<grpc::ClientContext>();
-  stream_ = stub_->Stream(stream_context_.get());
-  reader_ = std::thread([this] { ReadLoop(); });
+  connection_.StartStream([this](const v1::DaemonMessage& message) { Dispatch(message); },
+                          [this](const grpc::Status& status) { OnStreamEnd(status); });
   uint64_t id = 0;
   {
     std::lock_guard lock(mu_);
     id = requests_.Add({.kind = RequestKind::kAttach});
   }
   v1::ClientMessage message;
-  message.mutable_attach()->set_session_id(session_id_);
-  return Call(id, message, "Attach", client_.rpc_timeout).status();
-}
-
-absl::Status Session::Impl::CheckUsableLocked() {
-  if (closing_) return ClosedError();
-  if (!lost_.ok()) return lost_;
-  if (!fatal_.ok()) return fatal_;
-  if (!session_error_.ok()) return std::exchange(session_error_, absl::OkStatus());
-  return absl::OkStatus();
+  message.mutable_attach()->set_session_id(name_.id);
+  return Call(id, message, "Attach", rpc_timeout()).status();
 }
 
 absl::Status Session::Impl::Write(const v1::ClientMessage& message, std::string_view what) {
-  {
-    std::lock_guard lock(write_mu_);
-    if (!writes_closed_ && stream_->Write(message)) return absl::OkStatus();
-  }
+  if (connection_.Write(message)) return absl::OkStatus();
   // The stream is broken: give the reader a moment to learn gRPC's reason.
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, std::chrono::seconds(1), [&] { return reader_done_; });
-  if (closing_) return ClosedError();
-  if (!lost_.ok()) return lost_;
+  cv_.wait_for(lock, std::chrono::seconds(1), [&] { return health_.stream_ended(); });
+  if (health_.closing()) return ClosedError();
+  if (!health_.lost().ok()) return health_.lost();
   return absl::UnavailableError(
       fmt::format("connection to fuyoud lost: cannot send {} of {}", what, Who()));
 }
@@ -88,31 +75,17 @@ absl::StatusOr<v1::DaemonMessage> Session::Impl::Call(uint64_t id, v1::ClientMes
   return std::move(request->answer);
 }
 
-void Session::Impl::ReadLoop() {
-  v1::DaemonMessage message;
-  while (stream_->Read(&message)) Dispatch(message);
-  grpc::Status status;
-  {
-    std::lock_guard lock(write_mu_);
-    writes_closed_ = true;
-    status = stream_->Finish();
-  }
-  OnStreamEnd(status);
-}
-
 void Session::Impl::Dispatch(const v1::DaemonMessage& message) {
   {
     std::lock_guard lock(mu_);
-    if (!protocol_error_.ok()) return;  // the stream is no longer trusted
+    if (!health_.trusts_stream()) return;  // the stream is no longer trusted
     absl::StatusOr<internal::PendingRequests::Delivery> delivered = requests_.Deliver(message);
     if (!delivered.ok()) {
       BreakProtocolLocked(delivered.status());
     } else {
       if (message.has_error()) {
-        const absl::Status status = internal::StatusFromError(message.error());
-        if ((absl::IsAborted(status) || absl::IsInternal(status)) && fatal_.ok()) fatal_ = status;
         // A refusal of a request whose waiter gave up: the next call reports it (once).
-        if (delivered->request == nullptr && session_error_.ok()) session_error_ = status;
+        health_.OnDaemonError(internal::StatusFromError(message.error()), delivered->request != nullptr);
       }
       OnAnswerLocked(delivered->kind, delivered->request, message);
     }
@@ -124,17 +97,12 @@ void Session::Impl::OnAnswerLocked(RequestKind kind, PendingRequest* request, co
   if (request == nullptr) {
     // Only calls that wait for their own answer give up on it; a late commit
     // still moves the committed step.
-    if (message.has_step_committed()) {
-      const int64_t step = message.step_committed().step();
-      int64_t current = committed_step_.load();
-      while (step > current && !committed_step_.compare_exchange_weak(current, step)) {
-      }
-    }
+    if (message.has_step_committed()) committed_step_.Advance(message.step_committed().step());
     return;
   }
   switch (kind) {
     case RequestKind::kGradReady: {
-      slots_->EndFlight(request->slot);  // the daemon is done with the slot either way
+      slots().EndFlight(request->slot);  // the daemon is done with the slot either way
       if (!message.has_params_ready()) return;
       const v1::ParamsReady& ready = message.params_ready();
       if (ready.chunk_id() != request->chunk_id || ready.slot() != request->slot) {
@@ -144,17 +112,11 @@ void Session::Impl::OnAnswerLocked(RequestKind kind, PendingRequest* request, co
             ready.chunk_id(), Who(), ready.slot(), request->chunk_id, request->slot));
         return;
       }
-      if (ready.segment_sum_squares_size() != 0 || ready.segment_max_abs_size() != 0) {
-        journal_stats_[ready.chunk_id()] =
-            JournalStats{{ready.segment_sum_squares().begin(), ready.segment_sum_squares().end()},
-                         {ready.segment_max_abs().begin(), ready.segment_max_abs().end()}};
-      } else {
-        journal_stats_.erase(ready.chunk_id());
-      }
+      chunks_.RecordJournalStats(ready);
       return;
     }
     case RequestKind::kFetchWeights: {
-      slots_->EndFlight(request->slot);
+      slots().EndFlight(request->slot);
       if (!message.has_weights_fetched()) return;
       const v1::WeightsFetched& fetched = message.weights_fetched();
       if (fetched.chunk_id() != request->chunk_id || fetched.slot() != request->slot) {
@@ -174,10 +136,7 @@ void Session::Impl::OnAnswerLocked(RequestKind kind, PendingRequest* request, co
                                                           RequestName(kind), request->step, Who(), step));
         return;
       }
-      int64_t current = committed_step_.load();
-      while (kind == RequestKind::kEndStep && step > current &&
-             !committed_step_.compare_exchange_weak(current, step)) {
-      }
+      if (kind == RequestKind::kEndStep) committed_step_.Advance(step);
       return;
     }
     default:
@@ -186,30 +145,17 @@ void Session::Impl::OnAnswerLocked(RequestKind kind, PendingRequest* request, co
 }
 
 void Session::Impl::BreakProtocolLocked(const absl::Status& why) {
-  protocol_error_ = absl::InternalError(
-      fmt::format("protocol error on the stream of {}: {}; the session is unusable, close it", Who(),
-                  std::string(why.message())));
-  if (fatal_.ok()) fatal_ = protocol_error_;
-  requests_.FailAll(protocol_error_);
-  if (slots_ != nullptr) slots_->Fail(protocol_error_);
+  const absl::Status broken = health_.BreakProtocol(Who(), why);
+  requests_.FailAll(broken);
+  if (memory_.pool() != nullptr) memory_.pool()->Fail(broken);
 }
 
 void Session::Impl::OnStreamEnd(const grpc::Status& grpc_status) {
   {
     std::lock_guard lock(mu_);
-    reader_done_ = true;
-    absl::Status end;
-    if (closing_) {
-      end = ClosedError();
-    } else {
-      std::string reason = grpc_status.ok() ? std::string("the daemon ended the session's stream")
-                                            : grpc_status.error_message();
-      if (reason.empty()) reason = fmt::format("gRPC status {}", static_cast<int>(grpc_status.error_code()));
-      lost_ = absl::UnavailableError(fmt::format("connection to fuyoud lost: {} ({})", reason, Who()));
-      end = lost_;
-    }
+    const absl::Status end = health_.OnStreamEnd(grpc_status, Who(), ClosedError());
     requests_.FailAll(end);
-    if (slots_ != nullptr) slots_->Fail(end);
+    if (memory_.pool() != nullptr) memory_.pool()->Fail(end);
   }
   cv_.notify_all();
 }

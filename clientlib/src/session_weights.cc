@@ -18,12 +18,12 @@ absl::Status Session::Impl::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
   {
     std::lock_guard lock(mu_);
     if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
-    auto spec = chunks_.find(chunk_id);
-    if (spec == chunks_.end()) {
+    const ChunkSpec* spec = chunks_.Find(chunk_id);
+    if (spec == nullptr) {
       return absl::InvalidArgumentError(fmt::format(
           "FetchWeights: chunk {} is not registered in the session of {}: call RegisterChunk first", chunk_id, Who()));
     }
-    if (!spec->second.store_weights) {
+    if (!spec->store_weights) {
       return absl::FailedPreconditionError(fmt::format(
           "FetchWeights: chunk {} of {} was registered without store_weights, so the daemon keeps no working "
           "weights for it; register it with ChunkSpec.store_weights (a new job for chunks created without)",
@@ -34,7 +34,7 @@ absl::Status Session::Impl::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
           "FetchWeights of chunk {} of {}: an export or import request is in progress; fetch after it", chunk_id,
           Who()));
     }
-    if (absl::Status status = slots_->BeginFlight(slot); !status.ok()) {
+    if (absl::Status status = slots().BeginFlight(slot); !status.ok()) {
       return absl::Status(status.code(), fmt::format("FetchWeights of chunk {} of {}: {}", chunk_id, Who(),
                                                      std::string(status.message())));
     }
@@ -45,16 +45,16 @@ absl::Status Session::Impl::SendFetchWeights(uint32_t chunk_id, uint32_t slot) {
   message.mutable_fetch_weights()->set_slot(slot);
   absl::Status status =
       WriteRequest(id, message, fmt::format("FetchWeights of chunk {} into slot {}", chunk_id, slot));
-  if (!status.ok()) slots_->EndFlight(slot);  // the caller holds the slot again
+  if (!status.ok()) slots().EndFlight(slot);  // the caller holds the slot again
   return status;
 }
 
 absl::StatusOr<uint32_t> Session::Impl::WaitWeights(uint32_t chunk_id, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  if (closing_) return ClosedError();
+  if (health_.closing()) return ClosedError();
   const std::optional<uint64_t> id = requests_.FindOldest(OfChunk(RequestKind::kFetchWeights, chunk_id));
   if (!id) {
-    if (!lost_.ok()) return lost_;
+    if (!health_.lost().ok()) return health_.lost();
     return absl::FailedPreconditionError(fmt::format(
         "chunk {} of {} has no weights fetch in flight: send one with SendFetchWeights first", chunk_id, Who()));
   }
@@ -73,8 +73,8 @@ absl::StatusOr<uint32_t> Session::Impl::WaitWeights(uint32_t chunk_id, std::chro
   if (fetch.status.ok()) return fetch.slot;
   // Refused or lost: the slot comes back to the job and is freed here, since the
   // caller gets no slot to release.
-  slots_->EndFlight(fetch.slot);
-  slots_->Release(fetch.slot);
+  slots().EndFlight(fetch.slot);
+  slots().Release(fetch.slot);
   return fetch.status;
 }
 

@@ -1,7 +1,7 @@
 // Session: streaming weights (FetchWeights, WaitWeights) beside updates.
 #include <gtest/gtest.h>
 
-#include "session_test_fake.h"
+#include "session_test_fixture.h"
 
 namespace fuyou::session_test {
 namespace {

@@ -116,7 +116,8 @@ absl::StatusOr<StatePin> CommittedReader::Acquire(const v1::ChunkRecord& record,
   const bool partial = states_only && record.stores_weights();
   const uint64_t read_bytes = partial ? StatesReadBytes(record, extent) : extent.length();
   FUYOU_ASSIGN_OR_RETURN(StatePin pin,
-                         cache.Create(CacheSpace::kStates, record.chunk_id(), extent.length(), /*wait=*/true));
+                         cache.Create(CacheSpace::kStates, record.chunk_id(), extent.length(), /*wait=*/true,
+                                      /*loading=*/false, /*filled_bytes=*/read_bytes));
   cache.cache().SetContents(pin, version, /*committed=*/true, /*weights_valid=*/!partial);
   const int64_t read_start = trace::NowUs();
   absl::Status status = job.states().Read(extent.offset(), std::span(pin.data(), read_bytes));
@@ -148,7 +149,8 @@ void CommittedReader::Prefetch(const std::vector<uint32_t>& chunk_ids, const std
     if (skip(chunk_id) || cache.Contains(CacheSpace::kStates, chunk_id)) continue;
     const bool partial = record->stores_weights();
     const uint64_t read_bytes = StatesReadBytes(*record, extent);
-    auto created = cache.Create(CacheSpace::kStates, chunk_id, extent.length(), /*wait=*/false, /*loading=*/true);
+    auto created = cache.Create(CacheSpace::kStates, chunk_id, extent.length(), /*wait=*/false, /*loading=*/true,
+                                /*filled_bytes=*/read_bytes);
     if (!created.ok()) break;  // no budget free now: this update and the later ones read on demand
     auto pin = std::make_shared<StatePin>(std::move(*created));
     cache.cache().SetContents(*pin, record->committed_version(), /*committed=*/true, /*weights_valid=*/!partial);

@@ -33,9 +33,10 @@ class JobCache {
   StatePin Pin(CacheSpace space, uint32_t chunk_id, bool use = true) const {
     return cache_.Pin(Name(space), chunk_id, use);
   }
+  // `filled_bytes`: see StateCache::Create (a read's length; 0: all zero).
   absl::StatusOr<StatePin> Create(CacheSpace space, uint32_t chunk_id, uint64_t bytes, bool wait,
-                                  bool loading = false) const {
-    return cache_.Create(Name(space), chunk_id, bytes, wait, loading);
+                                  bool loading = false, uint64_t filled_bytes = 0) const {
+    return cache_.Create(Name(space), chunk_id, bytes, wait, loading, StateCache::kCreateTimeoutMs, filled_bytes);
   }
   bool Contains(CacheSpace space, uint32_t chunk_id) const { return cache_.Contains(Name(space), chunk_id); }
   bool Holds(CacheSpace space, uint32_t chunk_id, uint32_t version, bool whole = false) const {

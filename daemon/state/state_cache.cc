@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "fmt/format.h"
 
@@ -97,7 +98,7 @@ StatePin StateCache::Pin(const std::string& job, uint32_t chunk_id, bool use) {
 }
 
 absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
-                                            bool loading, int64_t timeout_ms) {
+                                            bool loading, int64_t timeout_ms, uint64_t filled_bytes) {
   if (bytes > budget_bytes_) {
     return absl::ResourceExhaustedError(fmt::format(
         "chunk {} of job '{}' needs {} bytes of states, more than the daemon's whole DRAM budget of {} bytes",
@@ -108,10 +109,14 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   if (!loading) StepStartsLocked(job);
   const Reader prefetch{.job = &job, .chunk_id = chunk_id};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (bytes_in_use_ + bytes > budget_bytes_) {
+  const size_t size = storage::AlignedBuffer::RoundedSize(bytes);
+  std::optional<storage::AlignedBuffer> reused;
+  while (!(reused = spares_.Take(size, filled_bytes)) && bytes_in_use_ + spares_.bytes() + bytes > budget_bytes_) {
+    if (spares_.FreeOne()) continue;  // one of another size: no use now
     // A prefetch evicts only entries needed after it (never another prefetch
     // not used yet: that one was read for a use that comes sooner, and
-    // evicting it only reads it twice) and never the resident prefix.
+    // evicting it only reads it twice) and never the resident prefix. The
+    // victim's buffer becomes a spare, which the next turn takes when its size fits.
     if (EvictOneLocked(loading ? &prefetch : nullptr)) continue;
     if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
@@ -119,25 +124,32 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
           "waited {} ms for {} bytes of the DRAM budget for chunk {} of job '{}'", timeout_ms, bytes, chunk_id, job));
     }
   }
-  bytes_in_use_ += bytes;  // reserved before the allocation, released on failure
-  lock.unlock();
-  auto buffer = storage::AlignedBuffer::Allocate(bytes);
-  lock.lock();
-  if (!buffer.ok()) {
-    bytes_in_use_ -= bytes;
-    changed_.notify_all();
-    return buffer.status();
+  storage::AlignedBuffer buffer;
+  if (reused) {
+    buffer = *std::move(reused);
+    bytes_in_use_ += buffer.size();
+  } else {
+    bytes_in_use_ += bytes;  // reserved before the allocation, released on failure
+    lock.unlock();
+    auto allocated = storage::AlignedBuffer::Allocate(bytes);
+    lock.lock();
+    if (!allocated.ok()) {
+      bytes_in_use_ -= bytes;
+      changed_.notify_all();
+      return allocated.status();
+    }
+    buffer = *std::move(allocated);
+    // Account for the rounded size the buffer really takes.
+    bytes_in_use_ += buffer.size() - bytes;
   }
   auto entry = std::make_shared<Entry>();
   entry->job = job;
   entry->chunk_id = chunk_id;
-  entry->buffer = std::move(*buffer);
+  entry->buffer = std::move(buffer);
   entry->pins = 1;
   entry->loading = loading;
   entry->used = !loading;
   if (entry->used) entry->used_step = StepOfLocked(job);
-  // Account for the rounded size the buffer really takes.
-  bytes_in_use_ += entry->buffer.size() - bytes;
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
   entries_[{job, chunk_id}] = entry;
   return StatePin(this, std::move(entry));
@@ -174,7 +186,7 @@ void StateCache::Unpin(Entry& entry) {
       entry.discarded = true;
     }
     bytes_in_use_ -= entry.buffer.size();
-    entry.buffer = storage::AlignedBuffer();
+    RecycleLocked(std::move(entry.buffer));
   } else {
     ListLocked(entry, entry.used ? used_ : prefetched_);
   }
@@ -188,9 +200,14 @@ void StateCache::DropLocked(std::map<Key, std::shared_ptr<Entry>>::iterator it) 
   UnlistLocked(*entry);
   if (entry->pins == 0) {
     bytes_in_use_ -= entry->buffer.size();
-    entry->buffer = storage::AlignedBuffer();
+    RecycleLocked(std::move(entry->buffer));
   }
   changed_.notify_all();
+}
+
+void StateCache::RecycleLocked(storage::AlignedBuffer buffer) {
+  spares_.Put(std::move(buffer));
+  if (entries_.empty()) spares_.Clear();  // nothing cached: the memory goes back
 }
 
 void StateCache::UnlistLocked(Entry& entry) {

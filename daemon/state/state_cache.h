@@ -59,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "storage/aligned_buffer.h"
+#include "storage/spare_buffers.h"
 
 namespace fuyou {
 
@@ -131,8 +132,13 @@ class StateCache {
   // released; otherwise returns UNAVAILABLE at once. RESOURCE_EXHAUSTED when
   // `bytes` exceeds the budget. `loading` marks the entry as being filled by
   // this pin's holder (see FinishLoad); a loading entry counts as a prefetch.
+  // The buffer may be one a dropped entry left (storage::SpareBuffers): its bytes
+  // from `filled_bytes` on are zero, as a fresh mapping's, and the bytes before
+  // are the caller's to fill (a read's length) before anyone reads them.
+  static constexpr int64_t kCreateTimeoutMs = 600000;
   absl::StatusOr<StatePin> Create(const std::string& job, uint32_t chunk_id, uint64_t bytes, bool wait,
-                                  bool loading = false, int64_t timeout_ms = 600000);
+                                  bool loading = false, int64_t timeout_ms = kCreateTimeoutMs,
+                                  uint64_t filled_bytes = 0);
   // True when (job, chunk) has an entry (loaded or loading); never waits.
   bool Contains(const std::string& job, uint32_t chunk_id) const;
   // True when (job, chunk) has an entry that holds extent `version`, committed,
@@ -213,6 +219,8 @@ class StateCache {
   uint64_t StepOfLocked(const std::string& job) const;
   void UnlistLocked(Entry& entry);
   void ListLocked(Entry& entry, std::list<Key>& list);
+  // A dropped entry's buffer: kept in spares_, or freed.
+  void RecycleLocked(storage::AlignedBuffer buffer);
 
   const uint64_t budget_bytes_;
   mutable std::mutex mutex_;
@@ -225,6 +233,10 @@ class StateCache {
   std::list<Key> prefetched_;
   uint64_t bytes_in_use_ = 0;  // every live buffer, dropped-but-pinned included
   uint64_t held_bytes_ = 0;    // TryHold reservations
+  // Buffers of dropped entries, kept for the next Create of their size. Their
+  // bytes are not in bytes_in_use_, but in_use + spares stays within the budget
+  // (a Create frees spares before it evicts); none are kept once no entry is.
+  storage::SpareBuffers spares_{2};
 };
 
 }  // namespace fuyou

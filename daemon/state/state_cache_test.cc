@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -22,6 +24,41 @@ TEST(StateCache, KeepsEntriesAndCountsBytes) {
   ASSERT_TRUE(again);
   EXPECT_EQ(again.data(), bytes);  // the same entry, kept
   again.Reset();
+}
+
+TEST(StateCache, AnEvictedBuffersMappingServesTheNextCreateOfItsSizeZeroBeyondTheRead) {
+  StateCache cache(4 * kMiB);
+  std::vector<const std::byte*> mappings;
+  for (uint32_t chunk : {1u, 2u}) {
+    auto entry = cache.Create("job", chunk, 2 * kMiB, /*wait=*/true);
+    ASSERT_TRUE(entry.ok());
+    std::memset(entry->data(), 0xab, entry->size());  // another job's bytes, say
+    mappings.push_back(entry->data());
+  }
+  // One of them is evicted for chunk 3: its mapping is reused, not unmapped and mapped anew.
+  auto third = cache.Create("job", 3, 2 * kMiB, /*wait=*/true, /*loading=*/false, StateCache::kCreateTimeoutMs,
+                            /*filled_bytes=*/kMiB);
+  ASSERT_TRUE(third.ok());
+  const uint32_t kept = cache.Contains("job", 1) ? 1 : 2;
+  EXPECT_FALSE(cache.Contains("job", 3 - kept));
+  EXPECT_EQ(third->data(), mappings[2 - kept]);
+  EXPECT_TRUE(std::all_of(third->data(), third->data() + kMiB, [](std::byte b) { return b == std::byte{0xab}; }))
+      << "the part the caller fills is not zeroed first (a fresh mapping would be): the buffer was reused";
+  EXPECT_TRUE(std::all_of(third->data() + kMiB, third->data() + third->size(), [](std::byte b) { return b == std::byte{0}; }))
+      << "beyond what the caller fills, no byte of the buffer's last user";
+  EXPECT_EQ(cache.bytes_in_use(), 4 * kMiB) << "within the budget, spares and all";
+  // Without filled_bytes a reused buffer reads as all zeros, as a fresh one.
+  cache.Drop("job", kept);
+  auto fourth = cache.Create("job", 4, 2 * kMiB, /*wait=*/true);
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_TRUE(std::all_of(fourth->data(), fourth->data() + fourth->size(), [](std::byte b) { return b == std::byte{0}; }));
+  // A spare of another size is freed, not counted twice against the budget.
+  third->Reset();
+  fourth->Reset();
+  cache.Drop("job", 3);
+  auto big = cache.Create("job", 5, 3 * kMiB, /*wait=*/false);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_LE(cache.bytes_in_use(), 4 * kMiB);
 }
 
 TEST(StateCache, AnEntryLoadedStatesOnlyIsNotHeldWhole) {

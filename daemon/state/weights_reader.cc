@@ -83,7 +83,8 @@ void WeightsReader::ReadAhead(const std::vector<uint32_t>& chunk_ids) {
     if (InDram(*record)) continue;
     // Never waits and never evicts a pinned entry: without free budget this
     // fetch and the later ones read on demand.
-    auto created = cache.Create(CacheSpace::kWeights, chunk_id, region, /*wait=*/false, /*loading=*/true);
+    auto created = cache.Create(CacheSpace::kWeights, chunk_id, region, /*wait=*/false, /*loading=*/true,
+                                /*filled_bytes=*/region);
     if (!created.ok()) break;
     auto pin = std::make_shared<StatePin>(std::move(*created));
     cache.cache().SetContents(*pin, record->committed_version(), /*committed=*/true);
@@ -117,7 +118,8 @@ absl::Status WeightsReader::ReadNow(const v1::ChunkRecord& record, std::span<std
   const uint64_t region = *layout.WeightsRegionBytes();
   const uint64_t offset = extent.offset() + *layout.WeightsOffset();
   FUYOU_ASSIGN_OR_RETURN(StatePin pin,
-                         context_.cache.Create(CacheSpace::kWeights, chunk_id, region, /*wait=*/true));
+                         context_.cache.Create(CacheSpace::kWeights, chunk_id, region, /*wait=*/true,
+                                               /*loading=*/false, /*filled_bytes=*/region));
   context_.cache.cache().SetContents(pin, record.committed_version(), /*committed=*/true);
   const int64_t read_start = trace::NowUs();
   absl::Status status = job.states().Read(offset, std::span(pin.data(), region));

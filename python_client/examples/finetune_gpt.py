@@ -123,6 +123,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--sample-bytes", type=int, default=200,
                    help="bytes to sample from the fine-tuned model at the end; 0 = none")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
+    p.add_argument("--daemon-threads", type=int, default=0,
+                   help="--daemon embedded: the embedded fuyoud's optimizer worker threads "
+                        "(--threads); 0 = fuyoud's default, all cores")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines instead)")
     args = p.parse_args(argv)
@@ -241,6 +244,8 @@ def start_embedded_daemon(args):
         extra += ["--dram-budget", args.dram_budget]
     if args.commit_every > 0:
         extra += ["--commit-every-steps", str(args.commit_every)]
+    if args.daemon_threads > 0:
+        extra += ["--threads", str(args.daemon_threads)]
     daemon = fuyou.EmbeddedDaemon(extra_args=extra)
     args.daemon_address = daemon.address
     return daemon

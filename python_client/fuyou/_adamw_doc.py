@@ -39,7 +39,7 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
     ``eps`` and ``weight_decay``, so LR schedulers work as with torch.
 
     **Speculate, validate, redo.** An update sent during backward is
-    *speculative*: with it goes a fingerprint of the chunk's gradients (fp32 sum
+    *speculative*: with it goes a fingerprint of the chunk's gradients (sum
     and sum of squares, computed on the gradients' device). :meth:`step` takes the
     fingerprints of the sent chunks again from the current ``.grad`` (one pass,
     one wait for the device) and redoes every chunk whose gradients changed

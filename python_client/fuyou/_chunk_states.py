@@ -28,7 +28,12 @@ class ChunkStates:
         # The DType code of the chunks' moments (1 fp32, 2 bf16: AdamW state_dtype).
         self.moments_dtype = moments_dtype
         # Per chunk, per segment: Adam updates committed (the daemon's count).
-        self._counts: Dict[int, List[int]] = {c.chunk_id: [0] * len(c.segments) for c in chunks}
+        self._counts: Dict[int, List[int]] = {}
+        self.set_chunks(chunks)
+
+    def set_chunks(self, chunks: List[Chunk]) -> None:
+        """A new chunk plan (before any chunk is registered): no update counted."""
+        self._counts = {c.chunk_id: [0] * len(c.segments) for c in chunks}
 
     def register(self, c: Chunk, buf: torch.Tensor, store_weights: bool = False) -> bool:
         """Registers chunk `c` with the session; `buf` (packed, on the CPU) holds

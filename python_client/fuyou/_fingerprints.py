@@ -1,7 +1,7 @@
 """Gradient fingerprints of the resident mode: speculate, validate, redo.
 
-A chunk sent during backward leaves a fingerprint of its gradients (fp32 sum
-and sum of squares, on the gradients' device, not waited for). At step()
+A chunk sent during backward leaves a fingerprint of its gradients (sum and
+sum of squares, on the gradients' device, not waited for). At step()
 ``changed_chunks`` takes them again from ``.grad`` in one pass and one wait for
 the device: a chunk whose fingerprint, missing gradients or group
 hyper-parameters differ was changed after it was sent and must be redone."""
@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _native
 from ._chunking import Chunk
 from ._protocol import Hyper
 
@@ -25,19 +26,25 @@ def missing_grads(c: Chunk) -> Tuple[int, ...]:
 
 
 def fingerprint(c: Chunk) -> Optional[torch.Tensor]:
-    """fp32 [sum, sum of squares] of the chunk's current gradients on their
-    device (None: no gradient at all), without waiting for the device."""
-    sums, squares = [], []
+    """[sum, sum of squares] of the chunk's current gradients on their device
+    (None: no gradient at all), without waiting for the device. float32 CPU
+    gradients are read once, in double, by the binding (``sum_and_squares``);
+    others take two fp32 reductions in torch. The same gradients always give the
+    same fingerprint."""
+    pieces = []
     for seg in c.segments:
         g = seg.param.grad
         if g is None:
             continue
         g = g.detach()
-        piece = g.reshape(-1) if seg.numel == g.numel() else g.reshape(-1)[seg.start:seg.end]
-        sums.append(torch.sum(piece, dtype=torch.float32))
-        squares.append(torch.linalg.vector_norm(piece, dtype=torch.float32).square())
-    if not sums:
+        pieces.append(g.reshape(-1) if seg.numel == g.numel() else g.reshape(-1)[seg.start:seg.end])
+    if not pieces:
         return None
+    if all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in pieces):
+        total, squares = _native.module().sum_and_squares([(p.data_ptr(), p.numel()) for p in pieces])
+        return torch.tensor((total, squares), dtype=torch.float64)
+    sums = [torch.sum(p, dtype=torch.float32) for p in pieces]
+    squares = [torch.linalg.vector_norm(p, dtype=torch.float32).square() for p in pieces]
     if len(sums) == 1:
         return torch.stack((sums[0], squares[0]))
     return torch.stack((torch.stack(sums).sum(), torch.stack(squares).sum()))

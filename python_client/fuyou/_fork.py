@@ -140,6 +140,6 @@ def fork_in_daemon(opt, source: str) -> None:
         except Exception as e:
             copy_error = e
     finally:
-        opt.resumed = mode.reopen(opt._connect())
+        opt.resumed = mode.reopen(opt._connection.open())
     if copy_error is not None:
         raise copy_error

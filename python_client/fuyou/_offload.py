@@ -5,7 +5,10 @@ weights in the daemon (ChunkSpec.store_weights: a fourth chunk state beside the
 fp32 master, m and v). Between uses a parameter is an empty placeholder (no
 storage; its shape, dtype and device are remembered by its block).
 :class:`OffloadedParams` (``optimizer.offload``) plans the chunks from the
-model's modules and registers them; two parts do the rest:
+model's modules and registers them; three parts do the rest:
+
+- ``layout`` (:class:`ModuleBlocks`, _module_blocks.py): the blocks, which
+  module owns and uses which, the block of each chunk and parameter;
 
 - ``weights`` (:class:`WeightCache`, _weight_cache.py): fetches a module's
   weights on demand into a fresh tensor on the module's device, keeps released
@@ -30,7 +33,7 @@ from __future__ import annotations
 import os
 import stat
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
@@ -40,8 +43,10 @@ from ._chunking import plan_module_chunks
 from .daemon import socket_path_of, to_address
 from ._errors import FailedPrecondition, InvalidArgument
 from ._materialize import is_empty
+from ._module_blocks import ModuleBlocks
 from ._offload_grads import OffloadedGradients
-from ._weight_cache import FETCH_SLOTS, Block, WeightCache, make_block, placeholder
+from ._weight_cache import Block, WeightCache, placeholder
+from ._weight_fetches import FETCH_SLOTS
 
 __all__ = ["OffloadedParams", "Block", "FETCH_SLOTS"]
 
@@ -64,32 +69,38 @@ class OffloadedParams:
     time), then streaming.
     """
 
-    def __init__(self, optimizer, pipeline, hooks, chunk_bytes: int, timeout: float):
+    def __init__(self, optimizer, pipeline, hooks):
         """`hooks`: the streamed mode's BackwardHooks, installed on each
-        parameter as its module is registered."""
+        parameter as its module is registered. The chunks follow the
+        optimizer's ``chunk_bytes``; waits take its ``timeout``."""
         self._optimizer = weakref.ref(optimizer)
         self._pipeline = pipeline
         self._hooks = hooks
-        self._chunk_bytes = int(chunk_bytes)
-        self._timeout = float(timeout)
-        self._lock = pipeline.lock
-        self.model: Optional[torch.nn.Module] = None
-        self.blocks: List[Block] = []
-        self._block_of_module: Dict[int, Block] = {}  # id(module) -> its own block
-        self._uses: Dict[int, List[Block]] = {}  # id(module) -> blocks its forward needs
-        self._block_of_param: Dict[int, Block] = {}  # param_index -> owner block
-        self._block_of_chunk: Dict[int, Block] = {}
-        self._modules: List[Tuple[str, torch.nn.Module]] = []
+        self.layout = ModuleBlocks()
         self.resumed = False
         self._job_exists: Optional[bool] = None
-        self.weights = WeightCache(pipeline, self.blocks, self._block_of_chunk, timeout)
-        self.gradients = OffloadedGradients(optimizer, pipeline, self.weights,
-                                            self._block_of_chunk, self._block_of_param)
-        self._streams: list = []
+        self.weights = WeightCache(pipeline, self.layout, optimizer.timeout)
+        self.gradients = OffloadedGradients(optimizer, pipeline, self.weights, self.layout)
+        self._streams: list = []  # the ParameterStreams on the model
         self.state_dict_hooks = None  # a StreamedStateDict once fuyou.stream_parameters ran
         self.weights_loaded = 0  # model.load_state_dict calls that wrote new weights
 
+    @property
+    def _lock(self):
+        """The optimizer's lock (the pipeline's)."""
+        return self._pipeline.lock
+
     # ------------------------------------------------------------ planning
+    @property
+    def model(self) -> Optional[torch.nn.Module]:
+        """The bound model; None before ``bind``."""
+        return self.layout.model
+
+    @property
+    def blocks(self) -> List[Block]:
+        """Every module's block (empty before ``bind``)."""
+        return self.layout.blocks
+
     @property
     def bound(self) -> bool:
         return self.model is not None
@@ -110,37 +121,17 @@ class OffloadedParams:
             modules = list(model.named_modules())
             try:
                 chunks, unique, by_module = plan_module_chunks(
-                    modules, [g["params"] for g in opt.param_groups], self._chunk_bytes)
+                    modules, [g["params"] for g in opt.param_groups], opt.chunk_bytes)
             except ValueError as e:
                 raise InvalidArgument(f"offload_params for job {opt.job!r}: {e}") from None
             if [id(p) for p in unique] != [id(p) for p in self._pipeline.params]:
                 raise InvalidArgument("the optimizer's parameters changed since it was made")
             self._pipeline.set_chunks(chunks)
-            by_name = dict(modules)
-            for name, mine in by_module.items():
-                block = make_block(name, mine)
-                self.blocks.append(block)
-                self._block_of_module[id(by_name[name])] = block
-                for c in mine:
-                    self._block_of_chunk[c.chunk_id] = block
-                for m in block.members:
-                    self._block_of_param[m.index] = block
-            index_of = {id(p): i for i, p in enumerate(self._pipeline.params)}
-            for name, module in modules:
-                uses: List[Block] = []
-                for p in module.parameters(recurse=False):
-                    i = index_of.get(id(p))
-                    b = self._block_of_param.get(i) if i is not None else None
-                    if b is not None and b not in uses:
-                        uses.append(b)
-                if uses:
-                    self._uses[id(module)] = uses
-            self._modules = modules
-            self.model = model
+            self.layout.fill(model, modules, by_module, self._pipeline.params)
 
     def uses(self, module: torch.nn.Module) -> List[Block]:
         """The blocks `module`'s forward needs (its own parameters' owners)."""
-        return self._uses.get(id(module), [])
+        return self.layout.uses(module)
 
     # ------------------------------------------------------------ registration
     @property
@@ -164,7 +155,7 @@ class OffloadedParams:
         if path is None or not stat.S_ISSOCK(_mode(path)):
             return False  # not a fuyoud socket (a fake session): committed_step decides
         try:  # chunks registered but no step committed yet: the daemon's job list
-            jobs = admin_client(opt.address, min(self._timeout, 5.0)).list_jobs()
+            jobs = admin_client(opt.address, min(opt.timeout, 5.0)).list_jobs()
         except Exception:
             return False
         return any(j.get("name") == opt.job and int(j.get("chunks", 0)) > 0 for j in jobs)
@@ -188,7 +179,7 @@ class OffloadedParams:
         with self._lock:
             if self.model is None:
                 raise FailedPrecondition("offload: bind(model) before register_module")
-            block = self._block_of_module.get(id(module))
+            block = self.layout.owned_by(module)
             if block is None or block.registered:
                 return False
             opt = self._optimizer()
@@ -242,10 +233,7 @@ class OffloadedParams:
     def _replace_param(self, old: torch.nn.Parameter, new: torch.nn.Parameter) -> None:
         """Puts `new` wherever `old` is: every module holding it, the optimizer's
         groups, the pipeline's parameters and chunks, this offload's blocks."""
-        for _name, module in self._modules:
-            for key, value in list(module._parameters.items()):
-                if value is old:
-                    module._parameters[key] = new
+        self.layout.replace_param(old, new)
         opt = self._optimizer()
         for group in opt.param_groups:
             group["params"] = [new if q is old else q for q in group["params"]]
@@ -257,14 +245,10 @@ class OffloadedParams:
             for seg in c.segments:
                 if seg.param is old:
                     seg.param = new
-        for b in self.blocks:
-            for m in b.members:
-                if m.param is old:
-                    m.param = new
 
     def register_all(self) -> None:
         """Registers every module not registered yet (a model built normally)."""
-        for _name, module in self._modules:
+        for _name, module in self.layout.modules:
             self.register_module(module)
 
     @property

@@ -40,7 +40,7 @@ from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
 from ._freed_grad import OP_MUL, FreedGrad, GradRecord
 from ._protocol import ABORT_SKIPPED_STEP
-from ._weight_cache import Block, WeightCache
+from ._weight_cache import WeightCache
 
 __all__ = ["OffloadedGradients"]
 
@@ -48,13 +48,12 @@ __all__ = ["OffloadedGradients"]
 class OffloadedGradients:
     """The gradient side of one offload job (``optimizer.offload.gradients``)."""
 
-    def __init__(self, optimizer, pipeline, weights: WeightCache,
-                 block_of_chunk: Dict[int, Block], block_of_param: Dict[int, Block]):
+    def __init__(self, optimizer, pipeline, weights: WeightCache, layout):
+        """`layout`: the offload's ModuleBlocks (filled at bind, not copied)."""
         self._optimizer = weakref.ref(optimizer)
         self._pipeline = pipeline
         self._weights = weights
-        self._block_of_chunk = block_of_chunk
-        self._block_of_param = block_of_param
+        self._layout = layout
         # Gradients of this step kept on the host (accumulation, overlap off):
         # chunk_id -> (packed gradients, segments without any).
         self._host: Dict[int, Tuple[torch.Tensor, set]] = {}
@@ -96,7 +95,7 @@ class OffloadedGradients:
                 self._adding[c.chunk_id] = (earlier, pending)
                 pipeline.step.mark_accumulating()
             p.grad = None  # a zero, or kept by the host copy or the daemon's journal
-        block = self._block_of_param.get(index)
+        block = self._layout.of_param.get(index)
         if block is not None and block.refs == 0 and not block.backward_held:
             self._weights.hold_for_backward(block)
         if p.grad is None:
@@ -140,7 +139,7 @@ class OffloadedGradients:
                     continue
                 if all(rounds[o.chunk_id] >= passes[i] for o in pipeline.plan.of_param(i)):
                     self._free(i)
-        blocks = {id(b): b for b in (self._block_of_chunk[c.chunk_id] for c in done)}
+        blocks = {id(b): b for b in (self._layout.of_chunk[c.chunk_id] for c in done)}
         for block in blocks.values():
             r = max(rounds[c.chunk_id] for c in block.chunks)
             if all(rounds[c.chunk_id] == r and not self._partial(c, rounds)
@@ -318,7 +317,7 @@ class OffloadedGradients:
             names = ", ".join(self._name(i) for i, ops in pending.items() if ops is not None)
             raise InvalidArgument(
                 f"the gradients of one chunk ({names}: module "
-                f"{self._block_of_chunk[c.chunk_id].name!r}) were scaled differently "
+                f"{self._layout.of_chunk[c.chunk_id].name!r}) were scaled differently "
                 "in place: fuyou replays one sequence of mul_/div_ per chunk on the daemon's "
                 "copy; scale every parameter of a module alike (clip_grad_norm_ and "
                 "GradScaler do), or use max_grad_norm= / loss_scale= on fuyou.AdamW")
@@ -350,7 +349,7 @@ class OffloadedGradients:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _name(self, index: int) -> str:
-        block = self._block_of_param.get(index)
+        block = self._layout.of_param.get(index)
         for m in (block.members if block is not None else ()):
             if m.index == index:
                 return f"parameter {index} of module {block.name!r}"

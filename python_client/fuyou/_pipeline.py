@@ -18,6 +18,10 @@ with one idea each:
   staging copies of new weights, the slot views, the copy machinery;
 - ``step`` (_step_record.py): this step's chunks sent and its flags
   (overflow, accumulating);
+- ``_link`` (_session_link.py): the session and the job's applied and
+  durable steps as the daemon answered them;
+- ``_owner`` (``PipelineOwner``): what it asks the optimizer (its lock, a
+  group's hyper-parameters now, a hook's ``grad_scale``);
 - here: the session's lifetime and the step's traffic (``send``, ``redo``,
   ``replay``, ``journal_add``, ``commit``, ``abort``).
 
@@ -35,6 +39,7 @@ as the pipeline's failure.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -48,13 +53,23 @@ from ._errors import FuyouError
 from ._fingerprints import missing_grads
 from ._loop_stats import LoopStats
 from ._passes import PassCounter
+from ._session_link import SessionLink
 from ._protocol import (ABORT_OVERFLOW, ABORT_SKIPPED_STEP, JOURNAL_ADD, JOURNAL_KEEP,
                         JOURNAL_REPLAY, MAX_CHUNK_SEGMENTS, REDO_CLIPPED,
                         REDO_GRADIENTS_CHANGED, Hyper)
 from ._slots import ChunksInFlight, Sent, SendJob
 from ._step_record import StepRecord
 
-__all__ = ["ChunkPipeline", "LoopStats"]
+__all__ = ["ChunkPipeline", "LoopStats", "PipelineOwner"]
+
+
+@dataclass(frozen=True)
+class PipelineOwner:
+    """What the pipeline asks of the optimizer that drives it."""
+
+    lock: object  # held around every call of the pipeline, taken by the hooks
+    hyper: Callable[[int], Hyper]  # group index -> the group's hyper-parameters now
+    hook_grad_scale: Callable[[], Optional[float]]  # for a hook's send; None: do not send
 
 
 class ChunkPipeline:
@@ -80,31 +95,31 @@ class ChunkPipeline:
                  accumulation_steps: int, timeout: float, install_weights: bool = True,
                  moments_dtype: int = 1):
         self.params = params
-        self.moments_dtype = moments_dtype  # the chunks' m and v dtype code (AdamW state_dtype)
         # Shape of each parameter when the pipeline was made: a parameter whose
         # weights live in fuyoud (offload_params) is an empty placeholder between uses.
         self.param_shapes = [tuple(p.shape) for p in params]
-        self.lock = lock
-        self.timeout = float(timeout)
         self.failed: Optional[BaseException] = None
         self.stats = LoopStats()
-        self._hyper = hyper
-        self._hook_grad_scale = hook_grad_scale
-        self._session = None
-        self._committed = 0
-        self._durable = 0
+        self._owner = PipelineOwner(lock, hyper, hook_grad_scale)
+        self._link = SessionLink()
         self.passes = PassCounter(accumulation_steps)
         self.slots = ChunksInFlight(_device.for_params(params), timeout, check_finite,
                                      install_weights)
+        # moments_dtype: the chunks' m and v dtype code (AdamW state_dtype).
+        self.states = ChunkStates([], moments_dtype)
         self.set_chunks(chunks)
+
+    @property
+    def lock(self):
+        """The owner's lock, held around every call."""
+        return self._owner.lock
 
     # ------------------------------------------------------------ plan
     def set_chunks(self, chunks: List[Chunk]) -> None:
         """Sets the chunk plan (before any chunk is registered): offload_params
         plans the chunks from the model's modules after the optimizer was made."""
         self.plan = ChunkPlan(chunks, len(self.params))
-        self.states = ChunkStates(chunks, self.moments_dtype)
-        self.states.session = self._session
+        self.states.set_chunks(chunks)
         self._reset_step()
 
     # ------------------------------------------------------------ session
@@ -117,9 +132,9 @@ class ChunkPipeline:
         num_slots = int(session.num_slots) - int(reserved_slots)
         if num_slots < 1:
             raise ValueError(f"session has {session.num_slots} slots, {reserved_slots} reserved")
-        self._session = self.states.session = session
+        self._link.attach(session)
+        self.states.session = session
         self.slots.attach(session, num_slots, f"fuyou-sender-{id(self):x}")
-        self._committed = self._durable = int(session.committed_step)
         resumed_any = False
         if register:
             with torch.no_grad():
@@ -134,7 +149,7 @@ class ChunkPipeline:
     @property
     def session(self):
         """The session (None when detached); offload_params fetches through it."""
-        return self._session
+        return self._link.session
 
     def set_device(self) -> None:
         """Chooses the copy machinery again from the parameters' devices (after
@@ -143,24 +158,24 @@ class ChunkPipeline:
 
     @property
     def attached(self) -> bool:
-        return self._session is not None
+        return self._link.session is not None
 
     @property
     def committed_step(self) -> int:
         """Last step the daemon applied for the job (EndStep answered)."""
-        return self._committed
+        return self._link.committed
 
     @property
     def durable_step(self) -> int:
         """Last step the daemon reported durable, what a crash keeps: the
         applied step, or the one before while its commit runs on in the daemon."""
-        return self._durable
+        return self._link.durable
 
     def close(self) -> None:
         """Abandons a step in progress (unless the pipeline failed) and closes the
         session. Errors closing the session are raised only when nothing failed
         before. The owner removes its hooks first."""
-        session = self._session
+        session = self._link.session
         if session is None:
             return
         try:
@@ -169,13 +184,14 @@ class ChunkPipeline:
                     self._flush()
                     self.slots.drain_all()
                     if self.step.in_step:
-                        session.abort_step(self._committed + 1)
+                        self._link.abort_step()
                 except FuyouError:
                     pass
                 except BaseException as e:  # the sender's error: nothing to abandon
                     self.failed = e
         finally:
-            self._session = self.states.session = None
+            self._link.detach()
+            self.states.session = None
             self.slots.stop()
         try:
             session.close()
@@ -187,7 +203,8 @@ class ChunkPipeline:
         """Stops the sender thread and unpins the slots without talking to the
         daemon: for an owner that closes the session itself (a failed start)."""
         self.slots.stop()
-        self._session = self.states.session = None
+        self._link.detach()
+        self.states.session = None
 
     # ------------------------------------------------------------ passes
     def reset_passes(self) -> None:
@@ -196,7 +213,7 @@ class ChunkPipeline:
 
     def hooks_live(self) -> bool:
         """Whether a hook should act: attached and not failed."""
-        return self._session is not None and self.failed is None
+        return self._link.session is not None and self.failed is None
 
     def count_pass(self, index: int) -> List[Chunk]:
         """Parameter `index` accumulated a gradient: the chunks not sent yet in
@@ -211,11 +228,11 @@ class ChunkPipeline:
     # ------------------------------------------------------------ per step
     def hook_grad_scale(self) -> Optional[float]:
         """``grad_scale`` for a chunk sent during backward; None: do not send now."""
-        return self._hook_grad_scale()
+        return self._owner.hook_grad_scale()
 
     def hyper_now(self, group_index: int) -> Hyper:
         """The group's hyper-parameters now."""
-        return self._hyper(group_index)
+        return self._owner.hyper(group_index)
 
     def send(self, c: Chunk, grad_scale: float, *, speculative: bool = False,
              redo: int = 0, earlier: Optional[Sent] = None,
@@ -308,7 +325,7 @@ class ChunkPipeline:
         chunk's journaled gradients after its last update (waits for it)."""
         self._flush()
         self.slots.collect(c.chunk_id)
-        stats = self._session.journal_stats(c.chunk_id)
+        stats = self._link.session.journal_stats(c.chunk_id)
         if stats is None:
             raise FuyouError(f"fuyoud sent no journal statistics for chunk {c.chunk_id:#x}")
         return [float(x) for x in stats[0]], [float(x) for x in stats[1]]
@@ -332,9 +349,7 @@ class ChunkPipeline:
             self.stats.steps_with_redo += 1
         self.passes.learn(step.accumulating)
         if step.in_step:
-            committed, _chunks, durable = self._session.end_step(self._committed + 1)
-            self._committed = int(committed)
-            self._durable = int(durable)
+            self._link.end_step()
             self.states.count_committed((cid, s.not_updated) for cid, s in step.sent.items())
             self.stats.steps += 1
         self._reset_step()
@@ -345,7 +360,7 @@ class ChunkPipeline:
         self._flush()
         self.slots.drain_all()
         if self.step.in_step:
-            self._session.abort_step(self._committed + 1, reason=reason)
+            self._link.abort_step(reason=reason)
             if reason in (ABORT_SKIPPED_STEP, ABORT_OVERFLOW):
                 self.stats.rolled_back_skipped += len(self.step.sent)
         self._reset_step()
@@ -362,7 +377,7 @@ class ChunkPipeline:
         hyper = self.hyper_now(c.group_index)
         if hyper.maximize:  # torch's maximize: Adam on -grad
             grad_scale = -grad_scale
-        return SendJob(c, parts, marker, float(grad_scale), hyper, self._committed + 1,
+        return SendJob(c, parts, marker, float(grad_scale), hyper, self._link.next_step,
                        tuple(missing_sent), speculative, redo, earlier, on_copied,
                        journal=journal, grad_ops=tuple(grad_ops))
 

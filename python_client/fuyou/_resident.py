@@ -35,6 +35,7 @@ class ResidentMode(StepMode):
     """The resident mode of one optimizer (see the module doc)."""
 
     EXTRA_SLOTS = 0  # session slots beyond num_slots
+    INSTALL_WEIGHTS = True  # new weights go into the parameters at commit
 
     @staticmethod
     def plan(param_groups, chunk_bytes: int, num_slots: int, init_from):

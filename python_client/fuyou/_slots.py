@@ -1,9 +1,10 @@
 """ChunksInFlight: one step's traffic through the session's shared-memory slots.
 
 It owns the sender thread (_sender.py), the chunks whose GradReady went out and
-whose new weights have not been collected (``inflight``: chunk id -> slot, in
-send order), the per-chunk staging copies of new weights collected early, and
-the tensor views of the slots. The pipeline submits ``SendJob``s; the sender
+whose new weights have not been collected (``inflight``: chunk id -> chunk, in
+send order), the per-chunk staging copies of new weights collected early
+(_staged_weights.py), and the session's slots with their tensor views
+(_slot_regions.py). The pipeline submits ``SendJob``s; the sender
 thread takes them in order: frees a slot when all are busy (the oldest chunk's
 new weights to staging), acquires one, copies the gradients in (on a copy
 stream after the job's marker, on a GPU), checks them for inf/nan
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -26,6 +27,8 @@ from ._chunk_weights import install
 from ._chunking import Chunk
 from ._protocol import JOURNAL_REPLAY, Hyper
 from ._sender import Sender
+from ._slot_regions import SlotRegions
+from ._staged_weights import StagedWeights
 
 __all__ = ["ChunksInFlight", "SendJob", "Sent"]
 
@@ -73,27 +76,28 @@ class ChunksInFlight:
 
     def __init__(self, device, timeout: float, check_finite: bool, install_weights: bool):
         self.device = device
-        self.session = None
         self.sender: Optional[Sender] = None
         self._timeout = float(timeout)
         self._check_finite = check_finite
         self._install_weights = install_weights
-        self._num_slots = 0
-        self._staging: Dict[int, torch.Tensor] = {}
-        self._views: Dict[tuple, torch.Tensor] = {}
+        self._regions = SlotRegions()
+        self._staged = StagedWeights()
         self._overflowed: List[SendJob] = []
-        self._chunk_of: Dict[int, Chunk] = {}  # chunk id -> the chunk, once sent
         self.reset()
 
+    @property
+    def session(self):
+        """The attached session; None once stopped."""
+        return self._regions.session
+
     def attach(self, session, num_slots: int, name: str) -> None:
-        self.session = session
-        self._num_slots = int(num_slots)
+        self._regions.attach(session, num_slots)
         self.sender = Sender(name)
 
     def reset(self) -> None:
         """A new step: nothing in flight, nothing staged."""
-        self.inflight: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self._staged: set = set()
+        self.inflight: "collections.OrderedDict[int, Chunk]" = collections.OrderedDict()
+        self._staged.reset()
 
     @property
     def overflow_pending(self) -> bool:
@@ -143,13 +147,11 @@ class ChunksInFlight:
         weights into their parameters (in-flight ones only with install_weights);
         every slot is released."""
         session = self.session
-        for cid in list(self._staged):
-            install(self._chunk_of[cid], self._staging[cid])
+        self._staged.install_all()
         slots = []
         try:
             while self.inflight:
-                cid, _ = self.inflight.popitem(last=False)
-                c = self._chunk_of[cid]
+                cid, c = self.inflight.popitem(last=False)
                 slot = self._wait(cid)
                 slots.append(slot)
                 if self._install_weights:
@@ -162,33 +164,21 @@ class ChunksInFlight:
 
     def view(self, slot: int, kind: str, dtype: torch.dtype) -> torch.Tensor:
         """The slot's "grad" or "param" region as a flat tensor of `dtype`."""
-        key = (slot, kind, dtype)
-        v = self._views.get(key)
-        if v is None:
-            region = (self.session.grad_region(slot) if kind == "grad"
-                      else self.session.param_region(slot))
-            esize = torch.empty((), dtype=dtype).element_size()
-            v = torch.frombuffer(region, dtype=dtype, count=len(region) // esize)
-            self._views[key] = v
-        return v
+        return self._regions.view(slot, kind, dtype)
 
     def pin(self) -> None:
         """On CUDA: registers the session's slots with CUDA (DMA copies)."""
-        session = self.session
-        if self.device.streams and not self.device.pinned:
-            slots = int(session.num_slots)
-            self.device.pin([session.grad_region(slot) for slot in range(slots)] +
-                            [session.param_region(slot) for slot in range(slots)])
+        self._regions.pin(self.device)
 
     def stop(self) -> None:
         """Stops the sender thread and unpins the slots (before the session's
         mapping goes away); the session is forgotten first, so a job still
         queued does nothing."""
-        self.session = None
+        self._regions.session = None
         if self.sender is not None:
             self.sender.stop()
         self.device.unpin()
-        self._views.clear()
+        self._regions.drop_views()
 
     # ------------------------------------------------------------ sender thread
     def _send_now(self, job: SendJob) -> None:
@@ -196,7 +186,7 @@ class ChunksInFlight:
         session, c = self.session, job.chunk
         if session is None:
             return
-        if len(self.inflight) >= self._num_slots:
+        if len(self.inflight) >= self._regions.num_slots:
             self._drain_oldest(session)
         slot = session.acquire_slot(self._timeout)
         try:
@@ -221,22 +211,18 @@ class ChunksInFlight:
             except Exception:
                 pass
             raise
-        self._chunk_of[c.chunk_id] = c
-        self.inflight[c.chunk_id] = slot
+        self.inflight[c.chunk_id] = c
 
     def _drain_oldest(self, session) -> None:
         """Frees a slot during backward: the oldest chunk's new weights go to its
         staging copy (the parameters may still be needed by backward)."""
-        cid, _ = self.inflight.popitem(last=False)
+        cid, c = self.inflight.popitem(last=False)
         slot = self._wait(cid, session)
         if not self._install_weights:  # offload_params: the daemon keeps the weights
             session.release_slot(slot)
             return
-        c = self._chunk_of[cid]
-        self._staging[cid] = self.device.stage(
-            self.view(slot, "param", c.dtype)[:c.num_elements], self._staging.get(cid))
+        self._staged.stage(c, self.view(slot, "param", c.dtype)[:c.num_elements], self.device)
         session.release_slot(slot)
-        self._staged.add(cid)
 
     def _wait(self, chunk_id: int, session=None) -> int:
         return (session or self.session).wait_params(chunk_id, self._timeout)

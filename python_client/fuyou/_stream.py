@@ -33,6 +33,7 @@ import torch
 
 from ._errors import FailedPrecondition, InvalidArgument
 from ._offload import FETCH_SLOTS, Block, OffloadedParams
+from ._prefetch_order import PrefetchOrder
 from ._sizes import parse_size
 from ._stream_state_dict import StreamedStateDict, default_state_dict_limit
 from ._tensor_tree import pass_through
@@ -119,6 +120,24 @@ class _SavedWeight:
         self.loaded = loaded  # offload.weights_loaded then
 
 
+class _SavedTensorHooks:
+    """torch's default saved-tensor hooks of one stream, pushed for a forward
+    and popped at its end (or at the next one, when it raised)."""
+
+    def __init__(self):
+        self._pushed = False
+
+    def push(self, pack, unpack) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+        self._pushed = True
+
+    def pop(self) -> None:
+        """Pops them if pushed (idempotent)."""
+        if self._pushed:
+            self._pushed = False
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
 class _FetchForBackward(torch.autograd.Function):
     """Identity on a module's outputs whose backward brings the module's weights
     in before the module's own backward runs (as ZeRO-3's PreBackwardFunction)."""
@@ -156,23 +175,18 @@ class ParameterStream:
     def __init__(self, offload: OffloadedParams, model: torch.nn.Module, device_budget: int,
                  prefetch: int):
         self._offload = offload
-        self._lock = offload._lock
         self.model = model
         self.device_budget = int(device_budget)
-        self.prefetch = int(prefetch)
         offload.weights.device_budget = self.device_budget
         offload.weights.peak_live_bytes = offload.weights.live_bytes
         self.largest_module_bytes = max((b.nbytes for b in offload.blocks), default=0)
-        self._orders = {"forward": [], "backward": []}
-        self._recorded = {"forward": False, "backward": False}
-        self._pos = {"forward": 0, "backward": 0}
-        self._forward_holds: List[List[Block]] = []
-        self._hooks_pushed = False
+        self._order = PrefetchOrder(prefetch)
+        self._forward_holds: List[List[Block]] = []  # per module in forward: its blocks
+        self._saved_hooks = _SavedTensorHooks()
         self._in_backward = False
         self._handles = []
         self._closed = False
         ref = weakref.ref(self)
-        self._ref = ref
 
         def root_pre(module, inputs):
             stream = ref()
@@ -204,6 +218,19 @@ class ParameterStream:
         offload._streams.append(self)
 
     # ------------------------------------------------------------ public
+    @property
+    def prefetch(self) -> int:
+        """Chunks fetched ahead of their use (0 to ``FETCH_SLOTS - 1``)."""
+        return self._order.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._order.prefetch = int(value)
+
+    @property
+    def _lock(self):
+        return self._offload._lock
+
     @property
     def live_bytes(self) -> int:
         return self._offload.weights.live_bytes
@@ -248,7 +275,7 @@ class ParameterStream:
             for h in self._handles:
                 h.remove()
             self._handles = []
-            self._pop_saved_hooks()
+            self._saved_hooks.pop()
             offload = self._offload
             for blocks in self._forward_holds:
                 for b in blocks:
@@ -265,34 +292,27 @@ class ParameterStream:
     # ------------------------------------------------------------ forward
     def _root_pre(self) -> None:
         with self._lock:
-            self._pop_saved_hooks()  # left by a forward that raised
+            self._saved_hooks.pop()  # left by a forward that raised
             if self._forward_holds:  # the same
                 for blocks in self._forward_holds:
                     for b in blocks:
                         self._offload.weights.release(b)
                 self._forward_holds = []
-            self._pos["forward"] = 0
+            self._order.restart("forward")
             if torch.is_grad_enabled():
-                torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
-                self._hooks_pushed = True
+                self._saved_hooks.push(self._pack, self._unpack)
 
     def _root_post(self) -> None:
         with self._lock:
-            self._pop_saved_hooks()
-            if self._orders["forward"]:
-                self._recorded["forward"] = True
-
-    def _pop_saved_hooks(self) -> None:
-        if self._hooks_pushed:
-            self._hooks_pushed = False
-            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self._saved_hooks.pop()
+            self._order.pass_ended("forward")
 
     def _module_pre(self, module) -> None:
         with self._lock:
             blocks = self._offload.uses(module)
             for b in blocks:
                 self._offload.weights.acquire(b)
-                self._advance("forward", b)
+                self._order.advance("forward", b, self._offload.weights)
             self._forward_holds.append(blocks)
 
     def _module_post(self, module, output):
@@ -306,14 +326,14 @@ class ParameterStream:
                 self._offload.weights.release(b)
         if not torch.is_grad_enabled():
             return None
-        return _wrap_outputs(output, self._ref, weakref.ref(module))
+        return _wrap_outputs(output, weakref.ref(self), weakref.ref(module))
 
     # ------------------------------------------------------------ backward
     def _backward_started(self) -> None:
         if self._in_backward:
             return
         self._in_backward = True
-        self._pos["backward"] = 0
+        self._order.restart("backward")
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         except RuntimeError:
@@ -323,8 +343,7 @@ class ParameterStream:
         with self._lock:
             self._in_backward = False
             self._offload.weights.release_backward_holds()
-            if self._orders["backward"]:
-                self._recorded["backward"] = True
+            self._order.pass_ended("backward")
 
     def _before_module_backward(self, module) -> None:
         with self._lock:
@@ -332,7 +351,7 @@ class ParameterStream:
             for b in self._offload.uses(module):
                 if not b.backward_held:
                     self._offload.weights.hold_for_backward(b)
-                self._advance("backward", b)
+                self._order.advance("backward", b, self._offload.weights)
 
     def _pack(self, t: torch.Tensor):
         with self._lock:
@@ -363,34 +382,6 @@ class ParameterStream:
             typed = saved.block.buffer.view(saved.dtype)
             esize = typed.element_size()
             return torch.as_strided(typed, saved.shape, saved.stride, saved.offset // esize)
-
-    # ------------------------------------------------------------ order
-    def _advance(self, direction: str, block: Block) -> None:
-        """Notes that `block` was needed now; prefetches the next chunks in the
-        order the first step needed them (recorded then)."""
-        order = self._orders[direction]
-        if not self._recorded[direction]:
-            order.append(block)
-            return
-        pos = self._pos[direction]
-        try:
-            j = order.index(block, pos)
-        except ValueError:
-            try:
-                j = order.index(block)
-            except ValueError:
-                return
-        self._pos[direction] = j + 1
-        if self.prefetch <= 0:
-            return
-        offload = self._offload
-        for b in order[j + 1:j + 1 + 4 * self.prefetch]:
-            if b.buffer is not None:
-                continue
-            for c in b.chunks:
-                if offload.weights.fetches_in_flight >= self.prefetch:
-                    return
-                offload.weights.prefetch(c)
 
 
 def _wrap_outputs(output, stream_ref, module_ref):

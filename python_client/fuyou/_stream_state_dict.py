@@ -126,7 +126,7 @@ class StreamedStateDict:
             if hooks is not None:
                 hooks._load_post(module)
 
-        for _name, module in offload._modules:
+        for _name, module in offload.layout.modules:
             if self._members(module):
                 self._handles.append(module._register_state_dict_hook(save_hook))
             self._handles.append(module._register_load_state_dict_pre_hook(load_pre,

@@ -33,6 +33,7 @@ class StreamedMode(StepMode):
     """The streamed mode of one optimizer (see the module doc)."""
 
     EXTRA_SLOTS = FETCH_SLOTS  # session slots beyond num_slots
+    INSTALL_WEIGHTS = False  # the daemon keeps them; the next forward fetches them
 
     @staticmethod
     def plan(param_groups, chunk_bytes: int, num_slots: int, init_from):
@@ -56,7 +57,7 @@ class StreamedMode(StepMode):
         super().__init__(pipeline)
         self.hooks = BackwardHooks(pipeline.params, pipeline.lock, self)
         pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
-        self.offload = OffloadedParams(opt, pipeline, self.hooks, opt.chunk_bytes, opt.timeout)
+        self.offload = OffloadedParams(opt, pipeline, self.hooks)
         self._gradients = self.offload.gradients
 
     def start(self) -> None:

@@ -12,14 +12,14 @@ held on the devices; before a block is fetched, cached ones are evicted until it
 fits in the budget (for backward, its gradients too), so live bytes exceed the
 budget only by what is in use at once.
 
-Every method runs with the optimizer's lock held, except ``add_grad_bytes``,
-which the sender thread calls too.
+Its parts: the live-bytes count (_live_bytes.py) and the fetches in flight
+(_weight_fetches.py). Every method runs with the optimizer's lock held, except
+``add_grad_bytes``, which the sender thread calls too.
 """
 
 from __future__ import annotations
 
 import collections
-import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -27,12 +27,11 @@ import torch
 
 from ._chunking import Chunk
 from ._errors import FailedPrecondition
+from ._live_bytes import LiveBytes
+from ._weight_fetches import WeightFetches
 
-__all__ = ["Block", "WeightCache", "make_block", "placeholder", "FETCH_SLOTS"]
+__all__ = ["Block", "WeightCache", "make_block", "placeholder"]
 
-# Session slots reserved for weight fetches, beside the gradient slots
-# (num_slots): a demanded chunk and at most FETCH_SLOTS - 1 prefetched ones.
-FETCH_SLOTS = 4
 _ALIGN = 64  # bytes: where a chunk of another dtype starts in a block's buffer
 
 
@@ -104,46 +103,51 @@ class WeightCache:
 
     Args:
         pipeline: the optimizer's ChunkPipeline (session, slot views, sender).
-        blocks, block_of_chunk: filled by OffloadedParams.bind (shared, not copied).
+        layout: the offload's ModuleBlocks (filled by OffloadedParams.bind;
+            shared, not copied).
         timeout: seconds a wait on the daemon may take.
     """
 
-    def __init__(self, pipeline, blocks: List[Block], block_of_chunk: Dict[int, Block],
-                 timeout: float):
+    def __init__(self, pipeline, layout, timeout: float):
         self._pipeline = pipeline
-        self._blocks = blocks
-        self._block_of_chunk = block_of_chunk
-        self._timeout = float(timeout)
+        self._layout = layout
         self.device_budget: Optional[int] = None  # None: no caching (released = evicted)
         self._cache: "collections.OrderedDict[int, Block]" = collections.OrderedDict()
         self._resident: Dict[int, Block] = {}  # id -> block with a buffer
-        self._resident_bytes = 0
-        self._count_lock = threading.Lock()
-        self._grad_bytes = 0
-        self.peak_live_bytes = 0
+        self._live = LiveBytes()
+        self._fetches = WeightFetches(pipeline, timeout)
         self._tick = 0
-        self._fetching: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self.fetches = 0  # chunks fetched from the daemon (not served by the cache)
         self.cache_hits = 0  # blocks acquired while still resident
-        self.prefetches = 0  # chunk fetches started ahead of their use
 
     @property
     def live_bytes(self) -> int:
         """Bytes of fetched weights (in use and cached) plus gradients held on
         the modules' devices now."""
-        return self._resident_bytes + self._grad_bytes
+        return self._live.now
 
-    def _note_live(self) -> None:
-        live = self._resident_bytes + self._grad_bytes
-        if live > self.peak_live_bytes:
-            self.peak_live_bytes = live
+    @property
+    def peak_live_bytes(self) -> int:
+        """The most ``live_bytes`` seen (settable: a stream resets it)."""
+        return self._live.peak
+
+    @peak_live_bytes.setter
+    def peak_live_bytes(self, value: int) -> None:
+        self._live.peak = value
+
+    @property
+    def fetches(self) -> int:
+        """Chunks fetched from the daemon (not served by the cache)."""
+        return self._fetches.fetches
+
+    @property
+    def prefetches(self) -> int:
+        """Chunk fetches started ahead of their use."""
+        return self._fetches.prefetches
 
     def add_grad_bytes(self, n: int) -> None:
         """Gradients of `n` bytes (negative: freed) on the modules' devices; the
         sender thread calls it once it copied a chunk's gradients."""
-        with self._count_lock:
-            self._grad_bytes += n
-        self._note_live()
+        self._live.add_grads(n)
 
     def acquire(self, block: Block, backward: bool = False) -> None:
         """One more use of `block`: fetched (or taken from the cache) and its
@@ -175,7 +179,7 @@ class WeightCache:
             m.param.data = placeholder(m.dtype, block.device)
         self._cache[id(block)] = block
         self._cache.move_to_end(id(block))
-        if not self.device_budget or self._resident_bytes + self._grad_bytes > self.device_budget:
+        if not self.device_budget or self._live.now > self.device_budget:
             self._make_room(0)
 
     def hold_for_backward(self, block: Block) -> None:
@@ -192,13 +196,12 @@ class WeightCache:
 
     def release_backward_holds(self) -> None:
         """End of a backward pass (or of a step): every backward hold goes."""
-        for b in self._blocks:
+        for b in self._layout.blocks:
             self.release_backward(b)
 
     def reset_grad_bytes(self) -> None:
         """The step is over: no gradient is held any more."""
-        with self._count_lock:
-            self._grad_bytes = 0
+        self._live.reset_grads()
 
     def _make_room(self, need: int) -> None:
         """Evicts cached blocks, least recently used first, until `need` more
@@ -209,14 +212,14 @@ class WeightCache:
             while self._cache and self.live_bytes + need > budget:
                 _key, victim = self._cache.popitem(last=False)
                 self._evict(victim)
-            if self.live_bytes + need <= budget or attempt or not self._grad_bytes:
+            if self.live_bytes + need <= budget or attempt or not self._live.grads:
                 return
             self._pipeline.wait_sent()  # gradients copied to the slots are freed
 
     def _evict(self, block: Block) -> None:
         block.buffer = None
         self._resident.pop(id(block), None)
-        self._resident_bytes -= block.nbytes
+        self._live.resident -= block.nbytes
 
     def drop_cache(self) -> None:
         """Forgets every cached block (their weights changed: a step committed)
@@ -227,63 +230,32 @@ class WeightCache:
         self.drain_fetches()
 
     def drain_fetches(self) -> None:
-        session = self._pipeline.session
-        while self._fetching:
-            cid, _slot = self._fetching.popitem(last=False)
-            session.release_slot(session.wait_weights(cid, self._timeout))
+        self._fetches.drain()
 
     def prefetch(self, chunk: Chunk) -> bool:
         """Starts fetching `chunk` (FetchWeights into a reserved slot) unless it
         is resident or in flight or every fetch slot is taken but one. Returns
         False when no slot was left."""
-        block = self._block_of_chunk[chunk.chunk_id]
-        if block.buffer is not None or chunk.chunk_id in self._fetching:
+        if self._layout.of_chunk[chunk.chunk_id].buffer is not None:
             return True
-        if len(self._fetching) >= FETCH_SLOTS - 1:
-            return False
-        self._start_fetch(chunk)
-        self.prefetches += 1
-        return True
+        return self._fetches.prefetch(chunk)
 
     @property
     def fetches_in_flight(self) -> int:
-        return len(self._fetching)
-
-    def _start_fetch(self, chunk: Chunk) -> None:
-        session = self._pipeline.session
-        if len(self._fetching) >= FETCH_SLOTS:  # never with prefetch < FETCH_SLOTS
-            cid, _slot = self._fetching.popitem(last=False)
-            session.release_slot(session.wait_weights(cid, self._timeout))
-        slot = session.acquire_slot(self._timeout)
-        try:
-            session.send_fetch_weights(chunk.chunk_id, slot)
-        except BaseException:
-            session.release_slot(slot)
-            raise
-        self._fetching[chunk.chunk_id] = slot
+        return len(self._fetches)
 
     def _load(self, block: Block) -> None:
         """Fetches the block's chunks into a fresh buffer on its device."""
         if not block.registered:
             raise FailedPrecondition(f"module {block.name!r} is not registered with the daemon: "
                                      "fuyou.stream_parameters or offload.register_module first")
-        session = self._pipeline.session
         buf = torch.empty(block.nbytes, dtype=torch.uint8, device=block.device)
         for c, offset in zip(block.chunks, block.chunk_offsets):
-            if c.chunk_id not in self._fetching:
-                self._start_fetch(c)
-            slot = session.wait_weights(c.chunk_id, self._timeout)
-            self._fetching.pop(c.chunk_id, None)
-            try:
-                src = self._pipeline.slots.view(slot, "param", c.dtype)[:c.num_elements]
-                buf[offset:offset + c.nbytes].view(c.dtype).copy_(src)
-            finally:
-                session.release_slot(slot)
-            self.fetches += 1
+            self._fetches.copy_into(c, buf[offset:offset + c.nbytes].view(c.dtype))
         block.buffer = buf
         self._resident[id(block)] = block
-        self._resident_bytes += block.nbytes
-        self._note_live()
+        self._live.resident += block.nbytes
+        self._live.note()
 
     def _install_views(self, block: Block) -> None:
         buf = block.buffer

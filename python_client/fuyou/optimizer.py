@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
-import socket
-import sys
 import threading
 from typing import Optional, Union
 
@@ -14,6 +11,7 @@ import torch
 
 from . import _checkpoint, _data_parallel, _lifetime, _optimizer_state
 from ._adamw_doc import ADAMW_REFERENCE
+from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
 from ._groups import check_arguments, check_groups, edited_group_error, moments_dtype_code
 from ._loss_scale import make_loss_scaler
@@ -21,11 +19,12 @@ from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
 from ._protocol import Hyper
 from ._resident import ResidentMode
+from ._settings import OptimizerSettings, Setting
 from ._sharded_mode import ShardedResidentMode
 from ._state_view import StateView
 from ._streamed import StreamedMode
 from ._torch_format import torch_indices
-from .daemon import EmbeddedDaemon, resolve_address
+from .daemon import EmbeddedDaemon
 
 __all__ = ["AdamW"]
 
@@ -45,17 +44,27 @@ def _torch_set_to_none_default() -> bool:
 SET_TO_NONE_DEFAULT = _torch_set_to_none_default()
 
 
-def _open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, address: str,
-                  rpc_timeout: float, connect_timeout: float):
-    """Opens a clientlib session (fuyou._fuyou.Session). Tests replace this with a fake."""
-    from . import _native
-    return _native.module().Session.open(
-        job=job, num_slots=num_slots, slot_bytes=slot_bytes, client_info=client_info,
-        address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout)
+def _mode_class(offload_params: bool, data_parallel) -> type:
+    """The step mode for the constructor's arguments: the one place that chooses
+    (for_optimizer refuses offload_params in a data-parallel group)."""
+    if data_parallel is not None:
+        return ShardedResidentMode
+    return StreamedMode if offload_params else ResidentMode
 
 
 class AdamW(torch.optim.Optimizer):
     __doc__ = ADAMW_REFERENCE  # _adamw_doc.py: chunking, overlap, redo, modes, export
+
+    # The constructor's knobs, kept in self._settings (_settings.py).
+    chunk_bytes = Setting("Most bytes of weights per chunk.")
+    overlap = Setting("Whether the hooks send chunks during backward.")
+    max_grad_norm = Setting("Clip by the global norm at step(); None: no clipping.")
+    timeout = Setting("Seconds any wait on the daemon may take.")
+    state_dtype = Setting('"fp32" or "bf16": the dtype the daemon keeps exp_avg and '
+                          'exp_avg_sq in.')
+    state_dict_max_bytes = Setting(
+        "Most bytes of moments (exp_avg + exp_avg_sq, fp32) that state_dict() puts in "
+        'its "state"; None: no limit, 0: never (a job reference only).')
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
@@ -74,10 +83,13 @@ class AdamW(torch.optim.Optimizer):
                         max_grad_norm=max_grad_norm, timeout=timeout,
                         state_dict_max_bytes=state_dict_max_bytes)
         moments_dtype = moments_dtype_code(state_dtype)
-        #: "fp32" or "bf16": the dtype the daemon keeps exp_avg and exp_avg_sq in.
-        self.state_dtype = "bf16" if moments_dtype == 2 else "fp32"
+        self._settings = OptimizerSettings(
+            chunk_bytes=int(chunk_bytes), overlap=bool(overlap), max_grad_norm=max_grad_norm,
+            timeout=float(timeout), state_dtype="bf16" if moments_dtype == 2 else "fp32",
+            state_dict_max_bytes=state_dict_max_bytes)
         self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
-        self._closed = True
+        self._mode: Optional[StepMode] = None
+        self._exit_token = None  # _lifetime's while open; None: closed
         # foreach, capturable, differentiable and fused choose torch's implementation
         # of the update; the daemon has one: they are kept in the groups (state_dict
         # round-trips) and have no effect.
@@ -87,53 +99,36 @@ class AdamW(torch.optim.Optimizer):
                         fused=fused)
         super().__init__(params, defaults)
         self.state = StateView(self)  # torch's state[p], read from the daemon
-        #: most bytes of moments (exp_avg + exp_avg_sq, fp32) that state_dict()
-        #: puts in its "state"; None: no limit, 0: never (a job reference only).
-        self.state_dict_max_bytes = state_dict_max_bytes
         job = check_groups(self.param_groups, job, offload_params)
         # In a torch.distributed group of several ranks: this rank's share
         # (_data_parallel.py); the session's job is <job>.rank<r>-of<w>.
         self._data_parallel = _data_parallel.for_optimizer(process_group, job, offload_params,
                                                            init_from)
-        self.job = job if self._data_parallel is None else self._data_parallel.rank_job
-        self.chunk_bytes = int(chunk_bytes)
-        self.overlap = bool(overlap)
-        self.max_grad_norm = max_grad_norm
-        self.timeout = float(timeout)
+        self._connection = DaemonConnection(
+            job if self._data_parallel is None else self._data_parallel.rank_job,
+            self.timeout, self._data_parallel)
         self._scaler = make_loss_scaler(loss_scale)
         self._lock = threading.RLock()
-        self._daemon: Optional[EmbeddedDaemon] = None
         self.skipped_steps = 0
         self.resumed = False
-        self.offload = None
-        self._exit_token = None
 
-        mode_class = StreamedMode if offload_params else ResidentMode
+        mode_class = _mode_class(offload_params, self._data_parallel)
         chunks, trainable, slot_bytes = mode_class.plan(self.param_groups, self.chunk_bytes,
                                                         num_slots, init_from)
         if self._data_parallel is not None:
-            mode_class = ShardedResidentMode
             chunks = self._data_parallel.take_shard(chunks)
         pipeline = ChunkPipeline(
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
             accumulation_steps=accumulation_steps, timeout=self.timeout,
-            install_weights=not offload_params, moments_dtype=moments_dtype)
+            install_weights=mode_class.INSTALL_WEIGHTS, moments_dtype=moments_dtype)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
-        if self._data_parallel is not None:  # one fuyoud per node
-            self._address, self._daemon = self._data_parallel.connect(address, embedded)
-        else:
-            self._address, self._daemon = resolve_address(address, embedded)
+        self._connection.resolve(address, embedded)  # one fuyoud per node in a group
         session = None
         try:
-            self._num_slots = num_slots + mode_class.EXTRA_SLOTS
-            self._slot_bytes = slot_bytes
-            session = (self._connect() if self._data_parallel is None
-                       else self._data_parallel.open_together(self._connect))
-            self._mode: StepMode = mode_class(self, pipeline, session)
-            #: The OffloadedParams of the model (offload_params), else None.
-            self.offload = self._mode.offload
+            session = self._connection.open_first(num_slots + mode_class.EXTRA_SLOTS, slot_bytes)
+            self._mode = mode_class(self, pipeline, session)
             if plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
@@ -143,12 +138,11 @@ class AdamW(torch.optim.Optimizer):
                     session.close()
                 except Exception:
                     pass
-            self._stop_daemon()
+            self._connection.release()
             raise
         self._pipeline = pipeline
-        self._closed = False
-        self._mode.start()
         self._exit_token = _lifetime.enter(self)
+        self._mode.start()
 
     # ------------------------------------------------------------------ public
     @property
@@ -166,6 +160,17 @@ class AdamW(torch.optim.Optimizer):
         return self._pipeline.durable_step if self._pipeline is not None else 0
 
     @property
+    def job(self) -> str:
+        """The job this optimizer's session trains (a rank's own in a
+        data-parallel group)."""
+        return self._connection.job
+
+    @property
+    def offload(self):
+        """The OffloadedParams of the model (offload_params), else None."""
+        return self._mode.offload if self._mode is not None else None
+
+    @property
     def loss_scale(self) -> float:
         """Current loss scale (1.0 when loss scaling is off)."""
         return self._scaler.scale
@@ -173,11 +178,16 @@ class AdamW(torch.optim.Optimizer):
     @property
     def address(self) -> str:
         """gRPC target of the daemon this optimizer talks to."""
-        return self._address
+        return self._connection.address
+
+    @property
+    def _address(self) -> Optional[str]:
+        """``address`` as the activation SSD tier reads it (_activation_ssd.py)."""
+        return self._connection.address
 
     @property
     def embedded_daemon(self) -> Optional[EmbeddedDaemon]:
-        return self._daemon
+        return self._connection.daemon
 
     @property
     def num_chunks(self) -> int:
@@ -253,15 +263,15 @@ class AdamW(torch.optim.Optimizer):
         """Ends the session (a step in progress is abandoned, not committed) and
         stops the embedded daemon if this optimizer started one. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._exit_token is None:
                 return
-            self._closed = True
-            _lifetime.leave(self, self._exit_token)
+            token, self._exit_token = self._exit_token, None
+            _lifetime.leave(self, token)
             try:
                 if self._pipeline is not None:
                     self._mode.close()
             finally:
-                self._stop_daemon()
+                self._connection.release()
 
     def __enter__(self) -> "AdamW":
         return self
@@ -367,21 +377,15 @@ class AdamW(torch.optim.Optimizer):
         chunks = len(self._pipeline.plan.chunks) if self._pipeline is not None else 0
         head = (f"fuyou.AdamW(job={self.job!r}, {chunks} chunks, "
                 f"{len(self.param_groups)} groups, committed_step={self.committed_step}, "
-                f"address={getattr(self, '_address', None)!r})")
+                f"address={self.address if hasattr(self, '_connection') else None!r})")
         groups = super().__repr__().split("\n", 1)  # "AdamW (" then torch's group lines
         return head + (" (\n" + groups[1] if len(groups) > 1 else "")
 
     # ------------------------------------------------------------------ internals
-    def _connect(self):
-        """A new session on this optimizer's job."""
-        # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
-        info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
-        return _open_session(self.job, self._num_slots, self._slot_bytes, info, self._address,
-                             self.timeout, min(self.timeout, 5.0))
-
-    def _stop_daemon(self) -> None:
-        daemon, self._daemon = self._daemon, None
-        _lifetime.release_daemon(daemon)
+    @property
+    def _closed(self) -> bool:
+        """Closed, or not open yet (the constructor has not finished)."""
+        return self._exit_token is None
 
     def _check_usable(self) -> None:
         if self._closed or self._pipeline is None or not self._pipeline.attached:

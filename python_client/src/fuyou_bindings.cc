@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,6 +30,7 @@
 #include "fuyou/defaults.h"
 #include "fuyou/dtype.h"
 #include "fuyou/segment_layout.h"
+#include "grad_fingerprint.h"
 
 namespace py = pybind11;
 
@@ -296,6 +298,23 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("STATE_EXP_AVG") = static_cast<int>(StateKind::kExpAvg);
   m.attr("STATE_EXP_AVG_SQ") = static_cast<int>(StateKind::kExpAvgSq);
   m.attr("SEGMENT_ALIGNMENT") = kSegmentAlignment;
+
+  m.def(
+      "sum_and_squares",
+      [](const std::vector<std::pair<uintptr_t, size_t>>& pieces) {
+        SumAndSquares total;
+        {
+          py::gil_scoped_release release;
+          for (const auto& [address, count] : pieces) {
+            AccumulateSumAndSquares({reinterpret_cast<const float*>(address), count}, total);
+          }
+        }
+        return std::pair(total.sum, total.squares);
+      },
+      py::arg("pieces"),
+      "(sum, sum of squares) in double of float32 pieces given as (data_ptr, numel) of "
+      "contiguous CPU tensors the caller keeps alive, read once in a fixed order "
+      "(grad_fingerprint.h); the GIL is released meanwhile.");
 
   m.def("default_address", &DefaultAddress,
         "gRPC target clientlib uses when no address is given.");

@@ -150,7 +150,7 @@ def test_slots_are_pinned():
             dev = opt.pipeline.slots.device
             assert dev.streams, "parameters on CUDA must take the CUDA path"
             assert dev.pinned, f"slots not registered: {dev.pin_error}"
-            session = opt.pipeline._session
+            session = opt.pipeline.session
             for slot in range(session.num_slots):
                 for region in (session.grad_region(slot), session.param_region(slot)):
                     t = torch.frombuffer(region, dtype=torch.uint8)

@@ -104,7 +104,7 @@ class Backend:
 
 @pytest.fixture
 def fake_backend(monkeypatch):
-    monkeypatch.setattr(fuyou.optimizer, "_open_session", fake_session.open_fake)
+    monkeypatch.setattr(fuyou._connection, "open_session", fake_session.open_fake)
     fake_session.JOBS.clear()
     return Backend("fake", "fake:local")
 
@@ -112,7 +112,7 @@ def fake_backend(monkeypatch):
 @pytest.fixture(params=["fake", "daemon"])
 def backend(request, monkeypatch):
     if request.param == "fake":
-        monkeypatch.setattr(fuyou.optimizer, "_open_session", fake_session.open_fake)
+        monkeypatch.setattr(fuyou._connection, "open_session", fake_session.open_fake)
         fake_session.JOBS.clear()
         return Backend("fake", "fake:local")
     d = request.getfixturevalue("daemon")

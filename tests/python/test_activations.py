@@ -295,7 +295,7 @@ def test_planner_ssd_choice_runs_beside_the_optimizer(daemon):
                                        ssd=session_opt, verbose=False) as h:
             assert h.choices == list(plan.choices)
             got = train(model, steps=3)
-            assert h.store.ssd.session is not session_opt.pipeline._session
+            assert h.store.ssd.session is not session_opt.pipeline.session
             assert h.store.ssd.owned_job.address == session_opt._address
             assert h.store.peak_ssd_bytes > 0
         assert h.store.ssd.stats.bytes_spilled > 0

@@ -418,7 +418,7 @@ def test_segment_update_counts_that_do_not_fit_are_refused(fuyou_adamw):
     c = opt.pipeline.plan.chunks[0]
     n = len(c.segments)
     assert n == 3
-    session = opt.pipeline._session
+    session = opt.pipeline.session
     with pytest.raises(fuyou.InvalidArgument, match="3 segments"):
         session.set_update_count(c.chunk_id, 5, [5] * (n - 1))
     with pytest.raises(fuyou.InvalidArgument, match="not the largest"):

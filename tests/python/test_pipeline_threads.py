@@ -65,7 +65,7 @@ def _open(monkeypatch, **kw):
         return holder["s"]
 
     fake_session.JOBS.clear()
-    monkeypatch.setattr(fuyou.optimizer, "_open_session", open_gated)
+    monkeypatch.setattr(fuyou._connection, "open_session", open_gated)
     return holder
 
 
