@@ -108,7 +108,7 @@ def main() -> None:
         h = r["handle"]
         step_s = statistics.median(r["times"][1:])
         peak = max(r["peaks"][1:])
-        moved = h.store.bytes_moved_out / args.steps
+        moved = h.store.traffic.bytes_moved_out / args.steps
         choices = ",".join(c[0] for c in h.choices)
         print(f"{name:<10} {choices:<34} {format_bytes(peak):>12} {format_bytes(moved):>15} "
               f"{step_s * 1e3:9.1f} {step_s / keep_s:7.2f}x")

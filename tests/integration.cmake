@@ -147,10 +147,15 @@ add_dependencies(request_id_integration_test fuyoud)
 
 # Spilled activations (issue 23, activation offload's SSD tier) over the raw
 # protocol: the same bytes back from <data>/activations, hostile fields, the
-# step's end and DropActivations, the per-user limit, no file left by a closed
-# session, the GetStats counters.
+# step's end and DropActivations, the per-user limit and the storage budget, no
+# file left by a closed session, the GetStats counters; another user
+# (activation_peer_client run as uid 65533) reaches none of them.
+add_executable(activation_peer_client ${FUYOU_INTEGRATION_DIR}/activation_peer_client.cc)
+target_link_libraries(activation_peer_client PRIVATE fuyou_raw_session)
 fuyou_add_test(NAME activation_integration_test
   SOURCES ${FUYOU_INTEGRATION_DIR}/activation_integration_test.cc
   LIBS fuyou_raw_session fuyou_client
   LABELS integration)
-add_dependencies(activation_integration_test fuyoud)
+target_compile_definitions(activation_integration_test PRIVATE
+  ACTIVATION_PEER_CLIENT_PATH="$<TARGET_FILE:activation_peer_client>")
+add_dependencies(activation_integration_test fuyoud activation_peer_client)

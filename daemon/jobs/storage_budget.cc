@@ -43,6 +43,20 @@ void StorageBudget::Give(uid_t uid, uint64_t bytes) {
   pending_total_ -= std::min(pending_total_, bytes);
 }
 
+void StorageBudget::HoldScratch(uid_t uid, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard lock(mutex_);
+  scratch_[uid] += bytes;
+}
+
+void StorageBudget::GiveScratch(uid_t uid, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto it = scratch_.find(uid);
+  if (it == scratch_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) scratch_.erase(it);
+}
+
 uint64_t StorageBudget::UsedBy(uid_t uid) const {
   uint64_t used = 0;
   for (const fs::path& path : roots_) {
@@ -72,14 +86,16 @@ absl::StatusOr<StorageBudget::Grant> StorageBudget::Admit(uid_t uid, uint64_t by
   const uint64_t used = options_.max_bytes_per_user != 0 ? UsedBy(uid) : 0;
   std::lock_guard lock(mutex_);
   const uint64_t pending = pending_.count(uid) ? pending_[uid] : 0;
+  const uint64_t scratch = scratch_.count(uid) ? scratch_[uid] : 0;
   if (const uint64_t limit = options_.max_bytes_per_user; limit != 0) {
-    const uint64_t after = used + pending + bytes;
+    const uint64_t after = used + pending + scratch + bytes;
     if (after < bytes || after > limit) {
       return absl::ResourceExhaustedError(fmt::format(
-          "{} of uid {} needs {} more bytes on storage, which would bring uid {}'s jobs to {} bytes, over the "
-          "per-user storage limit max_storage_bytes_per_user ({} bytes; they reserve {} now); nothing was written. "
+          "{} of uid {} needs {} more bytes on storage, which would bring uid {}'s jobs{} to {} bytes, over the "
+          "per-user storage limit max_storage_bytes_per_user ({} bytes; they reserve {} now{}); nothing was written. "
           "Delete jobs (fuyouctl jobs delete) or raise [limits] max_storage_bytes_per_user / --max-storage-per-user",
-          what, uid, bytes, uid, after, limit, used + pending));
+          what, uid, bytes, uid, scratch != 0 ? " and scratch" : "", after, limit, used + pending + scratch,
+          scratch != 0 ? fmt::format(", {} of them spilled activations", scratch) : ""));
     }
   }
   const uint64_t share = (bytes + roots_.size() - 1) / roots_.size();

@@ -12,7 +12,11 @@
 //
 // Registrations in flight count until their Grant is dropped (after the
 // extents are fallocated, when the disk shows them), so two that race cannot
-// both take the last bytes. Thread-safe.
+// both take the last bytes. Scratch outside the jobs (spilled activations,
+// journal/activation_spill.h) is admitted the same way, and then held
+// (HoldScratch) until it is freed: counted with the uid's jobs against
+// max_bytes_per_user; the free space on the paths shows it already.
+// Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -63,6 +67,11 @@ class StorageBudget {
 
   // Bytes the jobs of `uid` have allocated on every path (states.bin files).
   uint64_t UsedBy(uid_t uid) const;
+
+  // `bytes` of `uid`'s scratch (admitted first) are now allocated on the
+  // paths: they count against max_bytes_per_user until given back.
+  void HoldScratch(uid_t uid, uint64_t bytes);
+  void GiveScratch(uid_t uid, uint64_t bytes);
   const StorageBudgetOptions& options() const { return options_; }
 
  private:
@@ -73,6 +82,7 @@ class StorageBudget {
   std::mutex mutex_;
   std::map<uid_t, uint64_t> pending_;  // admitted, not yet dropped
   uint64_t pending_total_ = 0;
+  std::map<uid_t, uint64_t> scratch_;  // held scratch, on disk outside the jobs
 };
 
 // The auto values of issue 20 from the paths' sizes (statvfs): a quarter of

@@ -8,8 +8,9 @@
 
 namespace fuyou {
 
-ActivationSpill::ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota)
-    : files_(std::move(files)), quota_(std::move(quota)) {}
+ActivationSpill::ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota,
+                                 StorageCharge storage)
+    : files_(std::move(files)), quota_(std::move(quota)), storage_(std::move(storage)) {}
 
 ActivationSpill::~ActivationSpill() { Drop(); }
 
@@ -38,6 +39,18 @@ absl::Status ActivationSpill::Spill(uint64_t key, std::span<const std::byte> byt
   // bytes.size() <= one slot, far below overflow.
   const uint64_t padded = (bytes.size() + storage::kBlockSize - 1) / storage::kBlockSize * storage::kBlockSize;
   if (quota_.take) FUYOU_RETURN_IF_ERROR(quota_.take(padded));
+  StorageBudget::Grant grant;  // until the blocks are allocated, when the free space shows them
+  if (storage_.budget != nullptr) {
+    auto admitted = storage_.budget->Admit(storage_.uid, padded, storage_.what);
+    if (!admitted.ok()) {
+      if (quota_.give) quota_.give(padded);
+      return absl::Status(admitted.status().code(),
+                          fmt::format("activation {}: {}; the session goes on (recall or drop activations, or keep "
+                                      "this one in host memory)",
+                                      key, admitted.status().message()));
+    }
+    grant = std::move(*admitted);
+  }
   auto location = files_->Allocate(padded);
   if (!location.ok()) {
     if (quota_.give) quota_.give(padded);
@@ -45,6 +58,8 @@ absl::Status ActivationSpill::Spill(uint64_t key, std::span<const std::byte> byt
                         fmt::format("activation {}: {}", key, location.status().message()));
   }
   charged_ += padded;  // the blocks are allocated until Drop, whatever happens below
+  if (storage_.budget != nullptr) storage_.budget->HoldScratch(storage_.uid, padded);
+  grant.Reset();
   FUYOU_ASSIGN_OR_RETURN(std::span<std::byte> buffer, Bounce(padded));
   std::memcpy(buffer.data(), bytes.data(), bytes.size());
   std::memset(buffer.data() + bytes.size(), 0, padded - bytes.size());  // written, not checksummed: deterministic
@@ -93,6 +108,7 @@ ActivationSpill::Dropped ActivationSpill::Drop() {
   entries_.clear();
   if (files_ != nullptr && charged_ != 0) files_->Clear();
   if (quota_.give && charged_ != 0) quota_.give(charged_);
+  if (storage_.budget != nullptr && charged_ != 0) storage_.budget->GiveScratch(storage_.uid, charged_);
   charged_ = 0;
   return dropped;
 }

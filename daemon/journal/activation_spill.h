@@ -19,10 +19,17 @@
 //
 // Limits: at most kMaxActivations spilled at once, every byte of scratch
 // charged to the user through `quota` (SessionQuota::TakeActivations) before it
-// is allocated. The bounce buffer (O_DIRECT needs aligned memory; the bytes are
-// copied out of the client's slot first, so a client that changes its slot
-// during the write cannot make the checksum disagree with what was written) is
-// as large as the largest request so far, at most one slot.
+// is allocated, and admitted by the daemon's StorageBudget (`storage`): the
+// scratch and the user's jobs stay within max_storage_bytes_per_user, and a
+// spill leaves the free space kept on the paths (commits, reserved_free) as a
+// registration must. Each spill is admitted as if striped over the paths, as
+// the spills together are; from its allocation to Drop it is held
+// (StorageBudget::HoldScratch).
+//
+// The bounce buffer (O_DIRECT needs aligned memory; the bytes are copied out
+// of the client's slot first, so a client that changes its slot during the
+// write cannot make the checksum disagree with what was written) is as large
+// as the largest request so far, at most one slot.
 //
 // Not thread-safe: the session serialises its use.
 #pragma once
@@ -31,24 +38,36 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "jobs/storage_budget.h"
 #include "journal/grad_journal.h"
 #include "journal/journal_scratch.h"
 #include "storage/aligned_buffer.h"
 
 namespace fuyou {
 
+// Where an ActivationSpill's scratch is admitted besides its quota: `budget`
+// (null: not checked) for `uid`, `what` naming it in refusals.
+struct ActivationStorageCharge {
+  StorageBudget* budget = nullptr;
+  uid_t uid = 0;
+  std::string what = "the activation scratch";
+};
+
 class ActivationSpill {
  public:
   // Most activations one session has spilled at once.
   static constexpr size_t kMaxActivations = 65536;
 
+  using StorageCharge = ActivationStorageCharge;
+
   // `files` may be null (the daemon has no scratch): every Spill is then
   // FAILED_PRECONDITION. `quota.take`/`give` (may be empty: no limit) are
-  // charged the scratch bytes (whole blocks).
-  ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota);
+  // charged the scratch bytes (whole blocks), and so is `storage`.
+  ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota, StorageCharge storage = {});
   ~ActivationSpill();  // Drop(), then the files are unlinked
   ActivationSpill(const ActivationSpill&) = delete;
   ActivationSpill& operator=(const ActivationSpill&) = delete;
@@ -57,7 +76,9 @@ class ActivationSpill {
   // is written. Refused, with nothing kept:
   //   INVALID_ARGUMENT    `key` is already spilled, or `bytes` is empty;
   //   RESOURCE_EXHAUSTED  kMaxActivations are spilled, the user's limit
-  //                       (max_activation_bytes_per_user), or a full device;
+  //                       (max_activation_bytes_per_user), the storage budget
+  //                       (max_storage_bytes_per_user, the free space kept),
+  //                       or a full device;
   //   FAILED_PRECONDITION the daemon has no scratch;
   //   the engine's code   the write failed (the blocks stay charged until Drop).
   absl::Status Spill(uint64_t key, std::span<const std::byte> bytes);
@@ -99,8 +120,9 @@ class ActivationSpill {
 
   std::unique_ptr<JournalSpillFiles> files_;
   JournalQuotaHooks quota_;
+  StorageCharge storage_;
   std::unordered_map<uint64_t, Entry> entries_;
-  uint64_t charged_ = 0;  // taken from the quota, given back at Drop
+  uint64_t charged_ = 0;  // taken from the quota and held in the budget, given back at Drop
   storage::AlignedBuffer bounce_;
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "test_support/temp_dir.h"
@@ -31,8 +32,10 @@ class ActivationSpillTest : public ::testing::Test {
     scratch_ = std::move(*scratch);
   }
 
-  // A spill charged to `taken` against a limit of `limit` bytes.
-  std::unique_ptr<ActivationSpill> MakeSpill(const std::string& session, uint64_t limit = UINT64_MAX) {
+  // A spill charged to `taken` against a limit of `limit` bytes (and to
+  // `storage`, when given, for this process's uid).
+  std::unique_ptr<ActivationSpill> MakeSpill(const std::string& session, uint64_t limit = UINT64_MAX,
+                                             StorageBudget* storage = nullptr) {
     JournalQuotaHooks quota;
     quota.take = [this, limit](uint64_t bytes) {
       if (bytes > limit - taken_) return absl::ResourceExhaustedError("over max_activation_bytes_per_user");
@@ -40,7 +43,8 @@ class ActivationSpillTest : public ::testing::Test {
       return absl::OkStatus();
     };
     quota.give = [this](uint64_t bytes) { taken_ -= bytes; };
-    return std::make_unique<ActivationSpill>(scratch_->ForSession(session), std::move(quota));
+    return std::make_unique<ActivationSpill>(scratch_->ForSession(session), std::move(quota),
+                                             ActivationSpill::StorageCharge{.budget = storage, .uid = ::geteuid()});
   }
 
   size_t FilesIn(const fs::path& root) const {
@@ -129,6 +133,49 @@ TEST_F(ActivationSpillTest, TheUserLimitRefusesASpillAndChangesNothing) {
   EXPECT_EQ(spill->spilled(), 1u);
   EXPECT_EQ(taken_, 4096u);
   EXPECT_TRUE(spill->Spill(3, Pattern(4096, 1)).ok());
+}
+
+void ExpectRefusal(const absl::Status& refused, const std::vector<std::string>& words) {
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  for (const std::string& word : words) {
+    EXPECT_NE(refused.message().find(word), std::string::npos) << word << " in: " << refused.message();
+  }
+}
+
+TEST_F(ActivationSpillTest, TheStorageBudgetBoundsTheScratchWithTheUsersJobsAndTheSessionGoesOn) {
+  StorageBudget budget({root_a_, root_b_}, StorageBudgetOptions{.max_bytes_per_user = 3 * 4096,
+                                                               .commit_reserve_bytes = 0});
+  auto spill = MakeSpill("s1", UINT64_MAX, &budget);
+  ASSERT_TRUE(spill->Spill(1, Pattern(4096, 1)).ok());
+  ASSERT_TRUE(spill->Spill(2, Pattern(8192, 2)).ok());  // the limit, exactly
+  ExpectRefusal(spill->Spill(3, Pattern(10, 3)),
+                {"activation 3: the activation scratch of uid", "max_storage_bytes_per_user (12288 bytes",
+                 "12288 of them spilled activations", "--max-storage-per-user", "the session goes on"});
+  EXPECT_EQ(spill->spilled(), 2u);
+  EXPECT_EQ(taken_, 3 * 4096u);  // the refusal gave the activation limit's charge back
+  // The scratch counts against the user's jobs too.
+  EXPECT_FALSE(budget.Admit(::geteuid(), 4096, "job 'x'").ok());
+  // The session goes on: its activations come back; a recall frees nothing
+  // until the drop, which gives it all back.
+  std::vector<std::byte> out(8192);
+  ASSERT_TRUE(spill->Recall(2, out).ok());
+  EXPECT_EQ(spill->Spill(4, Pattern(10, 4)).code(), absl::StatusCode::kResourceExhausted);
+  spill->Drop();
+  ASSERT_TRUE(spill->Spill(5, Pattern(3 * 4096, 5)).ok());
+  spill.reset();  // the session's end gives it back too
+  EXPECT_TRUE(budget.Admit(::geteuid(), 3 * 4096, "job 'x'").ok());
+}
+
+TEST_F(ActivationSpillTest, TheStorageBudgetKeepsTheFreeSpaceForCommits) {
+  // Everything free on the paths is kept for commits: no spill fits.
+  StorageBudget budget({root_a_, root_b_}, StorageBudgetOptions{.commit_reserve_bytes = UINT64_MAX / 4});
+  auto spill = MakeSpill("s1", UINT64_MAX, &budget);
+  ExpectRefusal(spill->Spill(1, Pattern(4096, 1)), {"activation 1: the activation scratch", "kept free",
+                                                    "for the commits of running jobs"});
+  EXPECT_EQ(spill->spilled(), 0u);
+  EXPECT_EQ(spill->scratch_bytes(), 0u);
+  EXPECT_EQ(taken_, 0u);
+  EXPECT_EQ(FilesIn(root_a_) + FilesIn(root_b_), 0u);  // nothing was allocated
 }
 
 TEST_F(ActivationSpillTest, DropFreesEverythingAndTheEndRemovesTheFiles) {

@@ -56,7 +56,8 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeJournal, &SessionQuota::GiveJournal));
   held_.activations = std::make_unique<ActivationSpill>(
       services.activation_scratch != nullptr ? services.activation_scratch->ForSession(identity_.id) : nullptr,
-      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations));
+      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations),
+      ActivationSpill::StorageCharge{.budget = services.storage_budget, .uid = client.uid});
 }
 
 Session::~Session() { Close(); }

@@ -80,7 +80,8 @@ struct SessionServices {
   unsigned prefetch_window = kDefaultPrefetchWindow;
   // Most bytes one job may reserve on storage; 0 = unlimited.
   uint64_t job_quota_bytes = 0;
-  // The per-user storage limit and the free space kept (JobRegistry's); null: none.
+  // The per-user storage limit and the free space kept (JobRegistry's), for
+  // registrations and the activation scratch; null: none.
   StorageBudget* storage_budget = nullptr;
   // How often a step is made durable ([durability] commit_every_steps/seconds).
   DurabilityInterval durability = {};

@@ -41,7 +41,7 @@ import torch
 
 log = logging.getLogger("fuyou")
 
-__all__ = ["SsdTier", "open_ssd_tier"]
+__all__ = ["SsdTier", "SpillStats", "OwnedJob", "open_ssd_tier"]
 
 _tier_ids = itertools.count(1)
 
@@ -51,20 +51,53 @@ def _byte_view(t: torch.Tensor, nbytes: int):
     return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
-class SsdTier:
-    """Spills and recalls of saved activations through `session`.
-    ``owned``: the tier opened the session (on job ``job``) and closes it."""
+class SpillStats:
+    """What a tier moved: bytes spilled and recalled, drops queued, spills
+    refused or failed and the last such error."""
 
-    def __init__(self, session, owned: bool = False, job: Optional[str] = None,
-                 address: Optional[str] = None):
-        self.session = session
-        self._owned, self._job, self._address = owned, job, address
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuyou-activation-ssd")
-        self._keys = itertools.count(1)
+    def __init__(self):
         self.bytes_spilled = self.bytes_recalled = 0
         self.drops = 0
         self.failed_spills = 0
         self.last_error: Optional[BaseException] = None
+
+    def spill_failed(self, error: BaseException) -> None:
+        """A spill was refused or failed (e.g. the user's limit): its activation
+        keeps its host copy, beyond the host budget, which is logged once."""
+        self.failed_spills += 1
+        if self.last_error is None:
+            log.warning("fuyou: an activation could not be spilled to the daemon (%s); it stays in "
+                        "host memory, beyond host_budget", error)
+        self.last_error = error
+
+
+class OwnedJob:
+    """The job a tier opened its own session on, at ``address``: deleted
+    when the tier closes."""
+
+    def __init__(self, job: str, address: Optional[str]):
+        self.job, self.address = job, address
+
+    def delete(self) -> None:
+        try:
+            from . import _native
+            admin = _native.module().AdminClient.connect(address=self.address or "")
+            admin.delete_job(self.job)
+        except Exception:  # best effort: an empty job is harmless
+            pass
+
+
+class SsdTier:
+    """Spills and recalls of saved activations through `session`.
+    ``owned_job``: the tier opened the session (on that job) and closes it;
+    None: the session was given. ``stats``: its :class:`SpillStats`."""
+
+    def __init__(self, session, owned_job: Optional[OwnedJob] = None):
+        self.session = session
+        self.owned_job = owned_job
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuyou-activation-ssd")
+        self._keys = itertools.count(1)
+        self.stats = SpillStats()
         self._closed = False
 
     def spill(self, host: torch.Tensor, nbytes: int, ready=None) -> tuple:
@@ -77,7 +110,7 @@ class SsdTier:
             if ready is not None:
                 ready.synchronize()
             self.session.spill_activation(key, _byte_view(host, nbytes))
-            self.bytes_spilled += nbytes
+            self.stats.bytes_spilled += nbytes
 
         return key, self._pool.submit(run)
 
@@ -88,26 +121,25 @@ class SsdTier:
         def run():
             out = torch.empty_strided(shape, stride, dtype=dtype, device="cpu", pin_memory=pin)
             self.session.recall_activation(key, _byte_view(out, nbytes))
-            self.bytes_recalled += nbytes
+            self.stats.bytes_recalled += nbytes
             return out
 
         return self._pool.submit(run)
 
     def spill_failed(self, error: BaseException) -> None:
-        """A spill was refused or failed (e.g. the user's limit): its activation
-        keeps its host copy, beyond the host budget, which is logged once."""
-        self.failed_spills += 1
-        if self.last_error is None:
-            log.warning("fuyou: an activation could not be spilled to the daemon (%s); it stays in "
-                        "host memory, beyond host_budget", error)
-        self.last_error = error
+        """A spill was refused or failed: see :meth:`SpillStats.spill_failed`."""
+        self.stats.spill_failed(error)
 
     def drop(self) -> None:
         """Queues a DropActivations (after every transfer queued before it)."""
         if self._closed:
             return
-        self.drops += 1
+        self.stats.drops += 1
         self._pool.submit(self.session.drop_activations)
+
+    def flush(self) -> None:
+        """Waits for every transfer queued so far."""
+        self._pool.submit(lambda: None).result()
 
     def close(self) -> None:
         """Waits for the queued transfers; closes an own session (and deletes its job)."""
@@ -115,20 +147,11 @@ class SsdTier:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
-        if self._owned:
+        if self.owned_job is not None:
             try:
                 self.session.close()
             finally:
-                _delete_job(self._address, self._job)
-
-
-def _delete_job(address: Optional[str], job: Optional[str]) -> None:
-    try:
-        from . import _native
-        admin = _native.module().AdminClient.connect(address=address or "")
-        admin.delete_job(job)
-    except Exception:  # best effort: an empty job is harmless
-        pass
+                self.owned_job.delete()
 
 
 def open_ssd_tier(target, slot_bytes: int = 4 << 20) -> SsdTier:
@@ -148,4 +171,4 @@ def open_ssd_tier(target, slot_bytes: int = 4 << 20) -> SsdTier:
         session = _native.module().Session.open(job=job, num_slots=2, slot_bytes=slot_bytes,
                                                 client_info="fuyou activation offload (ssd tier)",
                                                 address=target)
-        return SsdTier(session, owned=True, job=job, address=target)
+        return SsdTier(session, OwnedJob(job, target))

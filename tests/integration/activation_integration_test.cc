@@ -5,6 +5,8 @@
 // DropActivations drop them; the per-user limit; a closed session leaves no
 // file; the GetStats counters.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "daemon_process.h"
+#include "fmt/format.h"
 #include "fuyou/admin_client.h"
 #include "raw_session.h"
 #include "test_values.h"
@@ -204,6 +207,67 @@ TEST_F(ActivationTest, ThePerUserLimitRefusesASpillAndTakesNothing) {
   ASSERT_TRUE(b->Exchange(Spill(2, 0, 4096)).has_activation_spilled());  // the refusal took nothing
   ASSERT_TRUE(a->Close().ok());  // gives its 8 KiB back
   ASSERT_TRUE(b->Exchange(Spill(3, 0, 8192)).has_activation_spilled());
+}
+
+TEST_F(ActivationTest, TheStorageBudgetRefusesASpillClearlyAndTheSessionGoesOn) {
+  StartDaemon({"--max-storage-per-user", "12KiB"});
+  auto session = Open("storage");
+  ASSERT_NE(session, nullptr);
+  Fill(*session, 0, 1);
+  ASSERT_TRUE(session->Exchange(Spill(1, 0, 8192)).has_activation_spilled());
+  v1::DaemonMessage refused = session->Exchange(Spill(2, 0, 4097));  // two more blocks: over
+  ASSERT_TRUE(refused.has_error()) << Describe(refused);
+  EXPECT_EQ(refused.error().code(), 8);  // RESOURCE_EXHAUSTED
+  for (const char* word : {"SpillActivation (session", "activation 2: the activation scratch of uid",
+                           "max_storage_bytes_per_user (12288 bytes", "8192 of them spilled activations",
+                           "--max-storage-per-user", "the session goes on"}) {
+    EXPECT_NE(refused.error().message().find(word), std::string::npos) << word << " in " << Describe(refused);
+  }
+  // The session goes on: a spill that fits, its bytes back, and the drop gives it all back.
+  Fill(*session, 1, 2);
+  ASSERT_TRUE(session->Exchange(Spill(3, 1, 4096)).has_activation_spilled());
+  ASSERT_TRUE(session->Exchange(Recall(1, 1)).has_activation_recalled());
+  EXPECT_TRUE(Holds(*session, 1, 1, 8192));
+  ASSERT_TRUE(session->Exchange(Drop()).has_activations_dropped());
+  ASSERT_TRUE(session->Exchange(Spill(4, 0, 12288)).has_activation_spilled());
+  ASSERT_TRUE(session->Close().ok());
+}
+
+TEST_F(ActivationTest, AnotherUserReachesNoneOfASessionsActivations) {
+  if (::geteuid() != 0) GTEST_SKIP() << "skipped: needs root to act as a second user";
+  constexpr uid_t kOther = 65533;
+  // The other user reaches the socket (and writes its output) under the test's directory.
+  ::chmod(dir_.path().c_str(), 01777);
+  StartDaemon({"--socket-mode", "0666", "--drain-seconds", "0"});
+  auto mine = Open("shared-name");
+  ASSERT_NE(mine, nullptr);
+  Fill(*mine, 0, 3);
+  ASSERT_TRUE(mine->Exchange(Spill(1, 0, 8192)).has_activation_spilled());
+  const auto files = ScratchFiles();
+  ASSERT_EQ(files.size(), 1u);
+
+  std::string output;
+  ASSERT_EQ(RunAs(kOther, ACTIVATION_PEER_CLIENT_PATH,
+                  {daemon_->socket_path().string(), mine->opened().session_id(), "shared-name", "1",
+                   files[0].first.string()},
+                  dir_.path() / "peer.out", &output),
+            0)
+      << output;
+  const std::string unknown = fmt::format("no open session has id '{}'", mine->opened().session_id());
+  // Their session id is answered like an unknown one, on a stream and to CloseSession.
+  EXPECT_NE(output.find("attach code=5 replies=0 message=" + unknown), std::string::npos) << output;
+  EXPECT_NE(output.find("close code=5 message=" + unknown), std::string::npos) << output;
+  // A session of their own (on a job of the same name) has none of them.
+  EXPECT_NE(output.find("own-recall code=5\n"), std::string::npos) << output;
+  EXPECT_NE(output.find("own-drop activations=0 scratch_bytes=0\n"), std::string::npos) << output;
+  EXPECT_NE(output.find("read opened=0\n"), std::string::npos) << output;  // the scratch is the daemon's
+
+  // Nothing of mine was recalled, dropped or closed.
+  std::fill(mine->GradRegion(1).begin(), mine->GradRegion(1).end(), std::byte{0});
+  v1::DaemonMessage recalled = mine->Exchange(Recall(1, 1));
+  ASSERT_TRUE(recalled.has_activation_recalled()) << Describe(recalled);
+  EXPECT_TRUE(Holds(*mine, 1, 3, 8192));
+  ASSERT_TRUE(mine->Close().ok());
 }
 
 }  // namespace

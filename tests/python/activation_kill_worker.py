@@ -22,7 +22,7 @@ def main():
                                        ssd=address, verbose=False)
     data = torch.randint(0, 256, (4, 17))
     _, loss = model(data[:, :-1], data[:, 1:])
-    handle.store.ssd._pool.submit(lambda: None).result()  # every spill queued so far is written
+    handle.store.ssd.flush()  # every spill queued so far is written
     print(f"spilled {handle.store.ssd.session.session_id} {handle.store.ssd_bytes}", flush=True)
     while True:
         time.sleep(60)

@@ -111,9 +111,9 @@ def test_gradients_bit_identical_with_a_given_plan(plan):
     with fuyou.offload_activations(model, plan=plan, min_bytes=0, verbose=False) as h:
         got = train(model)
         if plan != "recompute":
-            assert h.store.bytes_moved_out > 0 and h.store.bytes_moved_back > 0
+            assert h.store.traffic.bytes_moved_out > 0 and h.store.traffic.bytes_moved_back > 0
         else:
-            assert h.store.bytes_moved_out == 0
+            assert h.store.traffic.bytes_moved_out == 0
     assert_identical(ref, got)
 
 
@@ -149,7 +149,7 @@ def test_device_bytes_match_an_independent_count():
         kept = counter.outside + counter.per_layer[0] + counter.per_layer[3]
         moved = counter.per_layer[1] + counter.per_layer[2]
         assert h.store.device_bytes == kept
-        assert h.store.host_bytes == moved == h.store.bytes_moved_out
+        assert h.store.host_bytes == moved == h.store.traffic.bytes_moved_out
         assert h.weights_seen == counter.weights
         loss.backward()
         del loss
@@ -191,7 +191,7 @@ def test_parameters_and_buffers_are_never_offloaded():
     with fuyou.offload_activations(model, plan="host", min_bytes=0, verbose=False) as h:
         _, loss = model(x, y)
         assert h.weights_seen == counter.weights
-        assert h.store.bytes_moved_out == sum(counter.per_layer.values())
+        assert h.store.traffic.bytes_moved_out == sum(counter.per_layer.values())
         loss.backward()
     _, ref_loss = ref_model(x, y)
     ref_loss.backward()
@@ -272,11 +272,11 @@ def test_ssd_tier_beyond_the_host_budget_is_bit_identical(daemon):
         store = h.store
         assert store.peak_ssd_bytes > 0 and store.ssd_bytes == 0
     assert_identical(ref, got)
-    assert store.ssd.bytes_spilled > 0  # all spills are written by remove()'s close
-    assert store.ssd.drops >= 3  # one per step at least: nothing alive after each backward
+    assert store.ssd.stats.bytes_spilled > 0  # all spills are written by remove()'s close
+    assert store.ssd.stats.drops >= 3  # one per step at least: nothing alive after each backward
     stats = _native().AdminClient.connect(address=daemon.address).get_stats()
-    assert stats["activation_spilled_bytes_total"] >= store.ssd.bytes_spilled
-    assert stats["activation_recalled_bytes_total"] == store.ssd.bytes_recalled
+    assert stats["activation_spilled_bytes_total"] >= store.ssd.stats.bytes_spilled
+    assert stats["activation_recalled_bytes_total"] == store.ssd.stats.bytes_recalled
     assert not any(_activation_files(daemon).values()), _activation_files(daemon)
 
 
@@ -296,9 +296,9 @@ def test_planner_ssd_choice_runs_beside_the_optimizer(daemon):
             assert h.choices == list(plan.choices)
             got = train(model, steps=3)
             assert h.store.ssd.session is not session_opt.pipeline.session
-            assert h.store.ssd._address == session_opt._address
+            assert h.store.ssd.owned_job.address == session_opt._address
             assert h.store.peak_ssd_bytes > 0
-        assert h.store.ssd.bytes_spilled > 0
+        assert h.store.ssd.stats.bytes_spilled > 0
         assert_identical(train(small_gpt(), steps=3), got)
     finally:
         session_opt.close()
@@ -376,8 +376,46 @@ def test_ssd_tier_user_limit_is_refused_clearly(tmp_path):
         with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
                                        ssd=d.address, verbose=False) as h:
             got = train(model, steps=2)
-        assert h.store.ssd.failed_spills > 0
-        assert h.store.ssd.last_error.code == "RESOURCE_EXHAUSTED"
+        assert h.store.ssd.stats.failed_spills > 0
+        assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
+        assert_identical(ref, got)
+    finally:
+        d.stop()
+
+
+def test_ssd_tier_storage_budget_is_refused_clearly(tmp_path):
+    """The scratch is admitted by the daemon's storage budget as a registration
+    is (max_storage_bytes_per_user here): a spill over it is refused, naming
+    the setting, and the session goes on."""
+    from conftest import require_daemon
+    d = fuyou.EmbeddedDaemon(data_dir=str(tmp_path / "data"), socket_path=str(tmp_path / "d.sock"),
+                             extra_args=["--dram-budget", "64MiB", "--max-storage-per-user", "12KiB"],
+                             binary=require_daemon())
+    try:
+        s = _native().Session.open(job="storage", num_slots=2, slot_bytes=16384, address=d.address)
+        s.spill_activation(1, b"x" * 8192)
+        with pytest.raises(fuyou.FuyouError, match="max_storage_bytes_per_user") as info:
+            s.spill_activation(2, b"y" * 8192)  # 16 KiB in all: over the budget
+        assert info.value.code == "RESOURCE_EXHAUSTED"
+        for word in ("12288 bytes", "--max-storage-per-user", "the session goes on"):
+            assert word in str(info.value), str(info.value)
+        s.spill_activation(3, b"z" * 4096)  # the session goes on: 12 KiB fit
+        out = bytearray(8192)
+        s.recall_activation(1, out)
+        assert bytes(out) == b"x" * 8192
+        s.drop_activations()
+        s.spill_activation(4, b"w" * 12288)  # the drop gave it all back
+        s.close()
+        # A run over the budget: the spills refused keep their host copies, and
+        # the gradients are still bit-identical.
+        ref = train(small_gpt(), steps=2)
+        model = small_gpt()
+        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                       ssd=d.address, verbose=False) as h:
+            got = train(model, steps=2)
+        assert h.store.ssd.stats.failed_spills > 0
+        assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
+        assert "max_storage_bytes_per_user" in str(h.store.ssd.stats.last_error)
         assert_identical(ref, got)
     finally:
         d.stop()
@@ -486,8 +524,8 @@ def test_composes_with_stream_parameters(backend, plan):
                 opt.zero_grad(set_to_none=True)
                 weights.append(opt.export_checkpoint()["model"])
             if handle is not None:
-                assert handle._stream is stream
-                assert handle.weights_seen > 0 and handle.store.bytes_moved_out > 0
+                assert handle.weights.stream is stream
+                assert handle.weights_seen > 0 and handle.store.traffic.bytes_moved_out > 0
                 handle.remove()
         finally:
             stream.close()
@@ -550,7 +588,7 @@ def test_cuda_host_offload_is_bit_identical_and_frees_device_memory():
     model = copy.deepcopy(base)
     with fuyou.offload_activations(model, plan="host", min_bytes=0, verbose=False) as h:
         held, grads = run(model, h)
-        assert h.store.bytes_moved_out > 0
+        assert h.store.traffic.bytes_moved_out > 0
     for a, b in zip(ref_grads, grads):
         assert torch.equal(a, b)
     assert held < ref_held  # measured by the allocator, not by the hooks
@@ -572,6 +610,6 @@ def test_cuda_ssd_tier_is_bit_identical(daemon):
     with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
                                    ssd=daemon.address, verbose=False) as h:
         grads = run(model)
-    assert h.store.ssd.bytes_spilled > 0 and h.store.ssd.failed_spills == 0
+    assert h.store.ssd.stats.bytes_spilled > 0 and h.store.ssd.stats.failed_spills == 0
     for a, b in zip(ref, grads):
         assert torch.equal(a, b)
