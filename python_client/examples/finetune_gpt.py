@@ -126,7 +126,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
     p.add_argument("--daemon-threads", type=int, default=0,
                    help="--daemon embedded: the embedded fuyoud's optimizer worker threads "
-                        "(--threads); 0 = fuyoud's default, all cores")
+                        "(--threads); 0 = as fuyou.AdamW's embedded daemon: on the CPU the "
+                        "cores torch leaves (at least 1), else fuyoud's default, all cores")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines instead)")
     args = p.parse_args(argv)
@@ -245,8 +246,11 @@ def start_embedded_daemon(args):
         extra += ["--dram-budget", args.dram_budget]
     if args.commit_every > 0:
         extra += ["--commit-every-steps", str(args.commit_every)]
-    if args.daemon_threads > 0:
-        extra += ["--threads", str(args.daemon_threads)]
+    threads = args.daemon_threads
+    if threads == 0 and args.device == "cpu":  # as fuyou.AdamW's own embedded daemon
+        threads = fuyou.daemon.threads_beside_cpu_training(torch.get_num_threads())
+    if threads > 0:
+        extra += ["--threads", str(threads)]
     daemon = fuyou.EmbeddedDaemon(extra_args=extra)
     args.daemon_address = daemon.address
     args.daemon_pid = daemon.pid

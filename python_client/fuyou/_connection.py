@@ -47,13 +47,16 @@ class DaemonConnection:
         self.slot_bytes = 0
         self._data_parallel = data_parallel
 
-    def resolve(self, address: Optional[str], embedded: Optional[bool]) -> None:
-        """Chooses the daemon (may start the shared embedded one); a collective
-        in a data-parallel group."""
+    def resolve(self, address: Optional[str], embedded: Optional[bool],
+                embedded_threads: Optional[int] = None) -> None:
+        """Chooses the daemon (may start the shared embedded one, with
+        `embedded_threads` optimizer threads when given); a collective in a
+        data-parallel group."""
         if self._data_parallel is not None:
             self.address, self.daemon = self._data_parallel.connect(address, embedded)
         else:
-            self.address, self.daemon = resolve_address(address, embedded)
+            self.address, self.daemon = resolve_address(address, embedded,
+                                                        embedded_threads=embedded_threads)
 
     def open_first(self, num_slots: int, slot_bytes: int):
         """The optimizer's first session, with `num_slots` slots of `slot_bytes`

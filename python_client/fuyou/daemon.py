@@ -344,16 +344,26 @@ def _stop_at_exit(ref) -> None:
             pass
 
 
+def threads_beside_cpu_training(torch_threads: int) -> int:
+    """fuyoud's optimizer threads (``--threads``) when it shares this machine's
+    cores with a training on the CPU that runs `torch_threads` intra-op threads:
+    the cores those leave, at least one. More would only preempt backward's
+    threads (on 2 cores, 2 daemon threads beside torch made the main job's step
+    slower than 1: 493 vs 459 ms, benchmarks/RESULTS.md)."""
+    return max(1, (os.cpu_count() or 1) - max(1, int(torch_threads)))
+
+
 def resolve_address(address: Optional[str], embedded: Optional[bool],
-                    probe_timeout: float = 2.0) -> tuple[str, Optional[EmbeddedDaemon]]:
+                    probe_timeout: float = 2.0, *,
+                    embedded_threads: Optional[int] = None) -> tuple[str, Optional[EmbeddedDaemon]]:
     """Decides where a job connects: returns (gRPC target, embedded daemon or None).
 
     - `address` given: used as is; DaemonUnavailable when its socket does not accept.
     - else the default socket (FUYOU_SOCKET / system / per-user) when it accepts,
       unless embedded is True;
     - else, unless embedded is False or $FUYOU_EMBEDDED=0, the process's shared
-      EmbeddedDaemon (started on first use; give it back with
-      release_shared_embedded).
+      EmbeddedDaemon (started on first use, with ``--threads
+      embedded_threads`` when given; give it back with release_shared_embedded).
     """
     if address:
         address = to_address(address)
@@ -375,7 +385,7 @@ def resolve_address(address: Optional[str], embedded: Optional[bool],
         _require_listening(path, "unix:" + path, probe_timeout,
                            hint=f" An embedded daemon was not started because {why}.")
         return "unix:" + path, None
-    daemon = acquire_shared_embedded()
+    daemon = acquire_shared_embedded(embedded_threads)
     return daemon.address, daemon
 
 
@@ -385,15 +395,17 @@ _SHARED: Optional[EmbeddedDaemon] = None
 _SHARED_USERS = 0
 
 
-def acquire_shared_embedded() -> EmbeddedDaemon:
+def acquire_shared_embedded(threads: Optional[int] = None) -> EmbeddedDaemon:
     """The process's shared embedded daemon, started on first use: every optimizer
     that needs an embedded fuyoud opens its own job on this one (one fuyoud per
-    data directory; a second would find the storage in use). Pair each call with
-    :func:`release_shared_embedded`."""
+    data directory; a second would find the storage in use). `threads`: its
+    ``--threads`` when this call starts it (None: fuyoud's default, every core).
+    Pair each call with :func:`release_shared_embedded`."""
     global _SHARED, _SHARED_USERS
     with _SHARED_LOCK:
         if _SHARED is None or not _SHARED.running():
-            _SHARED, _SHARED_USERS = EmbeddedDaemon(), 0
+            extra = () if threads is None else ("--threads", str(int(threads)))
+            _SHARED, _SHARED_USERS = EmbeddedDaemon(extra_args=extra), 0
         _SHARED_USERS += 1
         return _SHARED
 

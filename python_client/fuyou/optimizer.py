@@ -24,7 +24,7 @@ from ._sharded_mode import ShardedResidentMode
 from ._state_view import StateView
 from ._streamed import StreamedMode
 from ._torch_format import torch_indices
-from .daemon import EmbeddedDaemon
+from .daemon import EmbeddedDaemon, threads_beside_cpu_training
 
 __all__ = ["AdamW"]
 
@@ -124,7 +124,10 @@ class AdamW(torch.optim.Optimizer):
             install_weights=mode_class.INSTALL_WEIGHTS, moments_dtype=moments_dtype)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
-        self._connection.resolve(address, embedded)  # one fuyoud per node in a group
+        # An embedded fuyoud beside a training on the CPU gets the cores torch leaves.
+        on_cpu = any(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
+        self._connection.resolve(address, embedded,  # one fuyoud per node in a group
+                                 threads_beside_cpu_training(torch.get_num_threads()) if on_cpu else None)
         session = None
         try:
             session = self._connection.open_first(num_slots + mode_class.EXTRA_SLOTS, slot_bytes)

@@ -209,6 +209,23 @@ def test_two_optimizers_share_the_embedded_daemon(no_fuyoud):
     assert not daemon.running()
 
 
+def test_an_embedded_daemon_beside_a_cpu_training_takes_the_cores_torch_leaves(no_fuyoud):
+    """Beside a training on the CPU, the embedded fuyoud's optimizer threads are
+    the cores torch's threads leave, at least one: more only preempt backward."""
+    cores = os.cpu_count() or 1
+    assert fuyou.daemon.threads_beside_cpu_training(cores) == 1
+    assert fuyou.daemon.threads_beside_cpu_training(cores + 4) == 1
+    assert fuyou.daemon.threads_beside_cpu_training(0) == max(1, cores - 1)
+    model = torch.nn.Linear(8, 4)
+    opt = fuyou.AdamW(model.parameters(), job="cpu-share", timeout=20.0)
+    try:
+        args = opt.embedded_daemon.args
+        threads = args[args.index("--threads") + 1]
+        assert int(threads) == fuyou.daemon.threads_beside_cpu_training(torch.get_num_threads()), args
+    finally:
+        opt.close()
+
+
 # -------------------------------------------------------------- exit without close
 EXIT_SCRIPT = r"""
 import logging, sys, time
