@@ -7,6 +7,8 @@ when such an import comes back."""
 from __future__ import annotations
 
 import importlib.util
+import pathlib
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,61 @@ def test_a_module_over_the_line_limit_fails(tmp_path):
     pkg = _package(tmp_path, {"__init__.py": "", "_big.py": "x = 1\n" * 501})
     _report, failures = check_layout.measure(pkg)
     assert failures == ["_big.py: 501 lines (> 500)"]
+
+
+# ------------------------------------------------ daemon/: who includes whom
+DAEMON = pathlib.Path(__file__).resolve().parents[2] / "daemon"
+
+
+def daemon_include_edges():
+    """(folder, included folder) for every #include "<folder>/..." between the
+    daemon's own folders, tests left out (they may reach across)."""
+    folders = {p.name for p in DAEMON.iterdir() if p.is_dir()}
+    edges = {}
+    for path in DAEMON.rglob("*"):
+        if path.suffix not in (".h", ".cc") or path.stem.endswith("_test") or path.parent == DAEMON:
+            continue
+        here = path.relative_to(DAEMON).parts[0]
+        for line in path.read_text().splitlines():
+            m = re.match(r'\s*#include "([a-z_]+)/', line)
+            if m and m.group(1) in folders and m.group(1) != here:
+                edges.setdefault((here, m.group(1)), str(path.relative_to(DAEMON)))
+    return edges
+
+
+def readme_layers():
+    """The "Who includes whom" listing of daemon/README.md: folder -> folders."""
+    text = (DAEMON / "README.md").read_text()
+    block = text.split("## Who includes whom", 1)[1].split("```", 2)[1]
+    layers = {}
+    for line in block.splitlines():
+        if "──►" not in line:
+            continue
+        left, right = line.split("──►", 1)
+        right = re.sub(r"\([^)]*\)", "", right)
+        layers[left.strip()] = {name.strip() for name in right.split(",") if name.strip()}
+    return layers
+
+
+def test_every_daemon_include_is_in_the_readme_listing_and_the_folders_form_no_cycle():
+    edges = daemon_include_edges()
+    layers = readme_layers()
+    assert edges, "no include between the daemon's folders found: the check reads nothing"
+    unlisted = {f"{a} -> {b} ({where})" for (a, b), where in edges.items() if b not in layers.get(a, set())}
+    assert not unlisted, f"includes the daemon/README.md listing does not allow: {sorted(unlisted)}"
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    seen, done = set(), set()
+
+    def visit(node, path):
+        assert node not in seen or node in done, f"include cycle among daemon folders: {path + [node]}"
+        if node in done:
+            return
+        seen.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
