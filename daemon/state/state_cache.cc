@@ -111,7 +111,7 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   const size_t size = storage::AlignedBuffer::RoundedSize(bytes);
   std::optional<storage::AlignedBuffer> reused;
-  while (!(reused = spares_.Take(size, filled_bytes)) && bytes_in_use_ + spares_.bytes() + bytes > budget_bytes_) {
+  while (!(reused = spares_.Take(size)) && bytes_in_use_ + spares_.bytes() + bytes > budget_bytes_) {
     if (spares_.FreeOne()) continue;  // one of another size: no use now
     // A prefetch evicts only entries needed after it (never another prefetch
     // not used yet: that one was read for a use that comes sooner, and
@@ -128,6 +128,10 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   if (reused) {
     buffer = *std::move(reused);
     bytes_in_use_ += buffer.size();
+    // Not yet published: zeroed outside the lock, as a fresh mapping's pages would be.
+    lock.unlock();
+    storage::SpareBuffers::ZeroFrom(buffer, filled_bytes);
+    lock.lock();
   } else {
     bytes_in_use_ += bytes;  // reserved before the allocation, released on failure
     lock.unlock();

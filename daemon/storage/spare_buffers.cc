@@ -6,14 +6,17 @@
 
 namespace fuyou::storage {
 
-std::optional<AlignedBuffer> SpareBuffers::Take(size_t size, size_t keep) {
+std::optional<AlignedBuffer> SpareBuffers::Take(size_t size) {
   auto it = std::find_if(buffers_.rbegin(), buffers_.rend(), [&](const AlignedBuffer& b) { return b.size() == size; });
   if (it == buffers_.rend()) return std::nullopt;
   AlignedBuffer buffer = std::move(*it);
   buffers_.erase(std::next(it).base());
-  keep = std::min(keep, size);
-  std::memset(buffer.data() + keep, 0, size - keep);
   return buffer;
+}
+
+void SpareBuffers::ZeroFrom(AlignedBuffer& buffer, size_t keep) {
+  keep = std::min(keep, buffer.size());
+  std::memset(buffer.data() + keep, 0, buffer.size() - keep);
 }
 
 void SpareBuffers::Put(AlignedBuffer buffer) {

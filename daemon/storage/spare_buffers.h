@@ -4,11 +4,11 @@
 // again: a fresh anonymous mapping costs a page fault and the kernel's zeroing
 // of every page, as much CPU as the read's own checksum.
 //
-// Contract: Take(size) returns a buffer of exactly `size` usable bytes whose
-// bytes [0, keep) are whatever its last user left and whose bytes [keep, size)
-// are zero (the caller fills [0, keep) itself before anyone reads them), or
-// none. At most `max_buffers` are kept; Put beyond that frees the buffer. Not
-// thread-safe: the owner (StateCache) guards it with its own mutex.
+// Contract: Take(size) returns a buffer of exactly `size` usable bytes holding
+// whatever its last user left, or none: the taker zeroes what it does not fill
+// itself (ZeroFrom) before anyone reads it, so no bytes pass from one job to
+// another. At most `max_buffers` are kept; Put beyond that frees the buffer.
+// Not thread-safe: the owner (StateCache) guards it with its own mutex.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +25,10 @@ class SpareBuffers {
   explicit SpareBuffers(size_t max_buffers) : max_buffers_(max_buffers) {}
 
   // A kept buffer of `size` bytes (AlignedBuffer::size(), i.e. already
-  // rounded), zero from `keep` on; nullopt when none has that size.
-  std::optional<AlignedBuffer> Take(size_t size, size_t keep);
+  // rounded), as its last user left it; nullopt when none has that size.
+  std::optional<AlignedBuffer> Take(size_t size);
+  // Zeroes `buffer` from byte `keep` on (all of it when keep is 0).
+  static void ZeroFrom(AlignedBuffer& buffer, size_t keep);
   // Keeps `buffer` (empty ones are ignored), or frees it when full.
   void Put(AlignedBuffer buffer);
   // Frees one kept buffer (the oldest); false when none is kept.

@@ -25,9 +25,10 @@ TEST(SpareBuffersTest, ATakenBufferIsTheSameMappingZeroedFromKeepOn) {
   spares.Put(std::move(buffer));
   EXPECT_EQ(spares.bytes(), 3u * 4096);
 
-  auto taken = spares.Take(3 * 4096, /*keep=*/4096 + 100);
+  auto taken = spares.Take(3 * 4096);
   ASSERT_TRUE(taken.has_value());
   EXPECT_EQ(taken->data(), mapping) << "reused, not mapped anew";
+  SpareBuffers::ZeroFrom(*taken, /*keep=*/4096 + 100);
   EXPECT_TRUE(AllEqual(taken->data(), taken->data() + 4096 + 100, 0xab)) << "the caller's part is left as it was";
   EXPECT_TRUE(AllEqual(taken->data() + 4096 + 100, taken->data() + taken->size(), 0))
       << "the rest reads as a fresh mapping: no bytes of the last user";
@@ -37,9 +38,9 @@ TEST(SpareBuffersTest, ATakenBufferIsTheSameMappingZeroedFromKeepOn) {
 TEST(SpareBuffersTest, OnlyAnExactSizeIsTaken) {
   SpareBuffers spares(2);
   spares.Put(Filled(2 * 4096, 1));
-  EXPECT_FALSE(spares.Take(4096, 0).has_value());
-  EXPECT_FALSE(spares.Take(3 * 4096, 0).has_value());
-  EXPECT_TRUE(spares.Take(2 * 4096, 0).has_value());
+  EXPECT_FALSE(spares.Take(4096).has_value());
+  EXPECT_FALSE(spares.Take(3 * 4096).has_value());
+  EXPECT_TRUE(spares.Take(2 * 4096).has_value());
 }
 
 TEST(SpareBuffersTest, BeyondTheLimitTheOldestIsFreedAndFreeOneEmptiesIt) {
@@ -48,7 +49,7 @@ TEST(SpareBuffersTest, BeyondTheLimitTheOldestIsFreedAndFreeOneEmptiesIt) {
   spares.Put(Filled(2 * 4096, 2));
   spares.Put(Filled(3 * 4096, 3));
   EXPECT_EQ(spares.count(), 2u);
-  EXPECT_FALSE(spares.Take(4096, 0).has_value()) << "the oldest went first";
+  EXPECT_FALSE(spares.Take(4096).has_value()) << "the oldest went first";
   EXPECT_TRUE(spares.FreeOne());
   EXPECT_EQ(spares.bytes(), 3u * 4096);
   EXPECT_TRUE(spares.FreeOne());
