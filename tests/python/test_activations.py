@@ -371,16 +371,24 @@ def test_ssd_tier_user_limit_is_refused_clearly(tmp_path):
         s.close()
         # A run over the limit: the spills refused keep their host copies (logged),
         # and the gradients are still bit-identical.
-        ref = train(small_gpt(), steps=2)
-        model = small_gpt()
-        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
-                                       ssd=d.address, verbose=False) as h:
-            got = train(model, steps=2)
-        assert h.store.ssd.stats.failed_spills > 0
-        assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
-        assert_identical(ref, got)
+        assert_a_run_over_the_limit_stays_identical(d.address, "max_activation_bytes_per_user")
     finally:
         d.stop()
+
+
+def assert_a_run_over_the_limit_stays_identical(address, setting):
+    """Trains through an SSD plan on a daemon whose `setting` refuses spills: the
+    refused ones keep their host copies (logged), and the gradients are still
+    bit-identical to a run without offload."""
+    ref = train(small_gpt(), steps=2)
+    model = small_gpt()
+    with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
+                                   ssd=address, verbose=False) as h:
+        got = train(model, steps=2)
+    assert h.store.ssd.stats.failed_spills > 0
+    assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
+    assert setting in str(h.store.ssd.stats.last_error)
+    assert_identical(ref, got)
 
 
 def test_ssd_tier_storage_budget_is_refused_clearly(tmp_path):
@@ -406,17 +414,7 @@ def test_ssd_tier_storage_budget_is_refused_clearly(tmp_path):
         s.drop_activations()
         s.spill_activation(4, b"w" * 12288)  # the drop gave it all back
         s.close()
-        # A run over the budget: the spills refused keep their host copies, and
-        # the gradients are still bit-identical.
-        ref = train(small_gpt(), steps=2)
-        model = small_gpt()
-        with fuyou.offload_activations(model, plan=SSD, host_budget=0, min_bytes=0,
-                                       ssd=d.address, verbose=False) as h:
-            got = train(model, steps=2)
-        assert h.store.ssd.stats.failed_spills > 0
-        assert h.store.ssd.stats.last_error.code == "RESOURCE_EXHAUSTED"
-        assert "max_storage_bytes_per_user" in str(h.store.ssd.stats.last_error)
-        assert_identical(ref, got)
+        assert_a_run_over_the_limit_stays_identical(d.address, "max_storage_bytes_per_user")
     finally:
         d.stop()
 
