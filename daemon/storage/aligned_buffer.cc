@@ -13,7 +13,6 @@
 namespace fuyou::storage {
 namespace {
 
-constexpr size_t kPageSize = 4096;
 constexpr size_t kHugePageSize = size_t{2} << 20;
 
 size_t RoundUp(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
@@ -29,7 +28,7 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   // Only 4 KiB rounding: the DRAM budget counts these bytes, and rounding a
   // 3 MiB chunk to 4 MiB would waste a quarter of it. The whole 2 MiB pages
   // inside get huge pages; a partial one at the end keeps 4 KiB pages.
-  const size_t size = RoundUp(bytes, kPageSize);
+  const size_t size = RoundedSize(bytes);
   // A mapping is only page-aligned; for huge pages map one extra huge page and
   // trim both ends so the kept range starts on a 2 MiB boundary.
   const size_t map_size = huge ? size + kHugePageSize : size;

@@ -16,7 +16,8 @@ class AlignedBuffer {
   // Maps `bytes` rounded up to 4096; at least 2 MiB starts on a 2 MiB boundary
   // (huge pages). RESOURCE_EXHAUSTED on failure.
   static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);
-  // The size() a buffer allocated for `bytes` has: `bytes` rounded up to 4096.
+  // The size() a buffer allocated for `bytes` has: `bytes` rounded up to 4096
+  // (Allocate uses it; StateCache looks up a spare of that size).
   static size_t RoundedSize(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
