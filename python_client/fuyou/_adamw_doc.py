@@ -198,5 +198,8 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             (None: the default group when torch.distributed is initialised
             with more than one rank). Each rank trains the job
             ``<job>.rank<r>-of<w>`` on one fuyoud per node and owns whole
-            chunks; see README "Data parallel" and ``_data_parallel.py``.
+            chunks, each reduced to its owner during backward; see README
+            "Data parallel", ``_data_parallel.py`` and ``_dp_overlap.py``.
+            False: a single-process optimizer on ``job`` although
+            torch.distributed is initialised (a rank's own model, say).
     """

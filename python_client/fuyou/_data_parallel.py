@@ -15,13 +15,16 @@ group, or ``fuyou.AdamW(..., process_group=group)``) each rank's optimizer:
   balanced by bytes and the same on every rank. Whole chunks: each chunk's
   states live in one rank's daemon files, and its I/O (read, update, write
   back) stays as large as without data parallelism;
-- averages the gradients at step() unless every rank already holds the same
-  (DDP averaged them: ``average_gradients``), sends only its chunks, and after
-  the commit broadcasts each chunk's new weights from its owner
+- has each chunk's gradients reduced to its owner during backward
+  (_dp_overlap.py), or, when every rank already holds the same (DDP averaged
+  them), averages nothing (``average_gradients``); sends only its chunks, and
+  after the commit broadcasts each chunk's new weights from its owner
   (``broadcast_weights``).
 
-Collectives use the group's backend: CUDA tensors for NCCL, CPU ones for gloo
-(which has no reduce_scatter: the gradients are all-reduced whole).
+``process_group=False`` opts out: a plain single-process optimizer on `job`
+itself, though torch.distributed is initialised.
+
+Collectives use the group's backend: CUDA tensors for NCCL, CPU ones for gloo.
 """
 
 from __future__ import annotations
@@ -45,9 +48,17 @@ BUCKET_BYTES = 32 << 20  # gradients all-reduced together
 
 def for_optimizer(process_group, job: str, offload_params: bool,
                   init_from) -> Optional["DataParallel"]:
-    """The data-parallel side of an optimizer, or None: torch.distributed not
-    initialised (and no `process_group`), or a group of one rank (which trains
-    as a single process, on `job` itself)."""
+    """The data-parallel side of an optimizer, or None: `process_group` False
+    (the opt-out), torch.distributed not initialised (and no `process_group`),
+    or a group of one rank (each of which trains as a single process, on `job`
+    itself)."""
+    if process_group is False:
+        return None
+    if process_group is True:
+        raise InvalidArgument(
+            f"fuyou.AdamW of job {job!r}: process_group=True is not a process group; pass "
+            "None (the default group when torch.distributed is initialised), a group, or "
+            "False (a single-process optimizer)")
     if process_group is None and not (dist.is_available() and dist.is_initialized()):
         return None
     group = process_group if process_group is not None else dist.group.WORLD

@@ -277,13 +277,15 @@ class ChunkPipeline:
         self.slots.submit(job)
         return True
 
-    def redo(self, c: Chunk, grad_scale: float, reason: int) -> None:
-        """Sends chunk `c` again in this step with its gradients as they are now:
-        the daemon drops its update of the step and updates again from the
-        committed states. Its earlier new weights (in flight or staged) are dropped."""
+    def redo(self, c: Chunk, grad_scale: float, reason: int,
+             packed: Optional[Tuple[torch.Tensor, Tuple[int, ...]]] = None) -> None:
+        """Sends chunk `c` again in this step with its gradients as they are now
+        (or `packed`, as ``send`` takes it): the daemon drops its update of the
+        step and updates again from the committed states. Its earlier new
+        weights (in flight or staged) are dropped."""
         self._drop_earlier(c.chunk_id)
         earlier = self.step.take(c.chunk_id)
-        self.send(c, grad_scale, redo=reason, earlier=earlier)
+        self.send(c, grad_scale, redo=reason, earlier=earlier, packed=packed)
         self._count_redo(reason)
 
     def replay(self, c: Chunk, grad_scale: float, grad_ops, reason: int) -> None:

@@ -7,14 +7,21 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   checks that all ranks' jobs are new or resumed at the same step, then each
   chunk's weights are broadcast from its owner (a resumed owner installed the
   daemon's).
-- Backward: no hooks (no overlap in this slice): the gradients are whole only
-  after they are averaged over the ranks, at step().
-- step(): the gradients averaged (``average_gradients``; skipped when every
-  rank already has the same, as after DDP); with loss scaling, an inf/nan in
-  any averaged gradient skips the step on every rank alike; ``max_grad_norm``
-  clips by the global norm (the ranks' sums of squares of their chunks
-  all-reduced); the own chunks sent, the step committed in this rank's job,
-  and every chunk's new weights broadcast from its owner.
+- Backward (the hooks, always installed): each chunk complete for the step's
+  last pass is reduced to its owner at once, and the owner sends the average
+  to its daemon as soon as it is there (``ChunkReductions``, _dp_overlap.py:
+  the round, the order, the accumulation and DDP rules); with overlap off
+  everything starts at step().
+- step(): ``settle`` (the rest of the round, the chunks changed since sent
+  reduced again, DDP detected), then ``finish_reduced_step``: an inf/nan in
+  any averaged chunk (loss scaling) skips the step on every rank;
+  ``max_grad_norm`` clips by the global norm (the owners' sums of squares
+  all-reduced); the own chunks sent or redone, the step committed in this
+  rank's job, and every chunk's new weights broadcast from its owner.
+- Under DDP (its all-reduce already averaged ``.grad``): nothing is reduced
+  again (``average_gradients`` finds every rank's the same), the own chunks go
+  from ``.grad`` at step() as in the resident mode, and the global norm and
+  the overflow are agreed as above.
 - Between steps: state_dict, export_checkpoint, ``opt.state[p]`` and
   load_state_dict raise (each rank's job holds only its chunks' states).
 """
@@ -25,6 +32,7 @@ from typing import List
 
 import torch
 
+from ._dp_overlap import ChunkReductions, finish_reduced_step
 from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
@@ -40,28 +48,87 @@ class ShardedResidentMode(ResidentMode):
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel
         super().__init__(opt, pipeline, session)
-        self._overlap = False
+        self._overlap = True  # the hooks count every pass; whether they start: hook_grad_scale
+        self.reductions = ChunkReductions(self.dp, pipeline)
+        self._sent_unaveraged: List = []  # own chunks sent from a round DDP made moot
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
         self.dp.broadcast_weights()
 
+    # ------------------------------------------------------------ hooks
+    def grad_arriving(self, index: int) -> None:
+        """A pass reaching a chunk reduced this round: the loop accumulates
+        (step() reduces the chunk again; the pipeline learns the passes)."""
+        if self.pipeline.hooks_live() and not self.reductions.ddp_averages \
+                and self.reductions.arriving(index):
+            self.pipeline.step.mark_accumulating()
+
+    def grad_accumulated(self, index: int) -> None:
+        """Starts the reductions this pass completed; sends the own chunks whose
+        average arrived."""
+        pipeline = self.pipeline
+        if not pipeline.hooks_live():
+            return
+        try:
+            pipeline.count_pass(index)  # the passes the pipeline learns at commit
+            if self.reductions.ddp_averages:
+                return  # DDP reduces; the own chunks go at step()
+            grad_scale = pipeline.hook_grad_scale()
+            arrived = self.reductions.accumulated(index, may_start=grad_scale is not None)
+            if grad_scale is None:
+                return
+            for c in arrived:
+                pipeline.send(c, grad_scale, speculative=True, packed=self.reductions.averaged(c))
+                self.reductions.mark_sent(c, in_backward=True)
+        except BaseException as e:
+            pipeline.failed = e
+            raise
+
+    # ------------------------------------------------------------ step
     def finish_step(self, scaler, max_grad_norm) -> bool:
-        """Averages the gradients, then the resident step on this rank's chunks,
-        then the new weights of every chunk from its owner. Every rank commits
-        or skips the step alike."""
-        params = self.pipeline.params
-        self.dp.average_gradients(params)
-        if scaler.enabled and not _all_finite(params):
-            self.pipeline.step.mark_overflow()  # the same on every rank: the same grads
-        committed = super().finish_step(scaler, max_grad_norm)
+        """The step on the gradients fuyou reduced (or DDP averaged), then the
+        new weights of every chunk from its owner. Every rank commits or skips
+        the step alike."""
+        reductions = self.reductions
+        if not reductions.ddp_averages and not reductions.settle():
+            self.dp.steps_averaged += 1  # fuyou reduced this step's gradients
+            committed = finish_reduced_step(self.pipeline, reductions, scaler, max_grad_norm)
+        else:
+            self._sent_unaveraged = self.pipeline.step.sent_chunks()
+            committed = self._finish_averaged(scaler, max_grad_norm)
+        reductions.finish_round()
         if committed:
             self.dp.broadcast_weights()
         return committed
 
+    def _finish_averaged(self, scaler, max_grad_norm) -> bool:
+        """The resident step on this rank's chunks from ``.grad``, averaged
+        here unless every rank already holds the same (DDP)."""
+        params = self.pipeline.params
+        if self.dp.average_gradients(params):
+            self.reductions.ddp_averages = False  # not DDP after all: reduce in backward again
+        if scaler.enabled and not _all_finite(params):
+            self.pipeline.step.mark_overflow()  # the same on every rank: the same grads
+        return super().finish_step(scaler, max_grad_norm)
+
     def _settle(self, inv_scale: float, clipping: bool) -> List[float]:
         squares = super()._settle(inv_scale, clipping)
+        stale, self._sent_unaveraged = self._sent_unaveraged, []
+        self._changed += [c for c in stale if c not in self._changed]  # sent from a moot round
         if not clipping:
             return []
         return [self.dp.global_sum(sum(squares), self.pipeline.params[0])]
+
+    def zero_grad(self) -> None:
+        """A round begun in a step the loop skipped is finished (every rank
+        starts its next one at the same collective), then as the resident mode."""
+        pipeline = self.pipeline
+        if pipeline.attached and pipeline.failed is None:
+            try:
+                self.reductions.finish_round()
+            except BaseException as e:
+                pipeline.failed = e
+                raise
+        super().zero_grad()
 
     def close(self) -> None:
         """Closes this rank's session, then waits for every rank, so that the

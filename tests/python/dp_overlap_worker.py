@@ -1,0 +1,135 @@
+"""One rank of the overlap tests (test_dp_overlap.py).
+
+``dp_overlap_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--micro K]
+[--declare] [--no-overlap] [--edit-grads] [--loss-scale] [--inf-at S]
+[--solo] [--steps N]``: joins a gloo group over a FileStore and trains
+dp_worker.py's MLP with fuyou.AdamW on this rank's batches, comparing every
+weight after every step with torch.optim.AdamW run here on the averaged
+gradient (what DDP + torch.optim.AdamW gives). Records, per step, the
+reduction counters (``opt._mode.reductions.counts``) after each backward pass
+(before step()) and after step(). ``--micro K``: K backward passes a step
+(``--declare``: ``accumulation_steps=K``); ``--edit-grads``: every gradient
+halved between backward and step(); ``--inf-at S``: rank 1 puts an inf into
+a gradient of the last layer (a chunk rank 0 owns) before step() of step S
+(loss scaling skips the step on every rank); ``--solo``: ``process_group=False``,
+each rank a single-process job on its own daemon, against torch on its own
+batches.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fuyou
+from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
+
+
+def reference(args, world: int, ranks):
+    """Weights after each step: torch.optim.AdamW on the mean gradient of
+    `ranks`' batches (skipped steps leave them as they are)."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    out = []
+    for step in range(args.steps):
+        if step != args.inf_at:
+            for r in ranks:
+                for m in range(args.micro):
+                    (loss_of(model, *batch(step, r, m)) / (len(ranks) * args.micro)).backward()
+            if args.edit_grads:
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
+            if args.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append([p.detach().clone() for p in model.parameters()])
+    return out
+
+
+def counts_of(opt) -> dict:
+    reductions = getattr(opt._mode, "reductions", None)
+    return dataclasses.asdict(reductions.counts) if reductions is not None else {}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for name in ("rank", "world"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("store")
+    ap.add_argument("out")
+    for flag in ("--ddp", "--clip", "--declare", "--no-overlap", "--edit-grads",
+                 "--loss-scale", "--solo"):
+        ap.add_argument(flag, action="store_true")
+    ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--inf-at", type=int, default=-1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--chunk-bytes", type=int, default=2048)
+    args = ap.parse_args()
+    result = {"rank": args.rank}
+    dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
+                            rank=args.rank, world_size=args.world)
+    opt = None
+    try:
+        ranks = [args.rank] if args.solo else list(range(args.world))
+        ref = reference(args, args.world, ranks)
+        model = make_model()
+        trained = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
+        extra = {}
+        if args.solo:  # each rank alone: its own job and its own embedded daemon
+            os.environ["FUYOU_DATA_DIR"] = os.environ["FUYOU_DATA_DIR"] + f".solo{args.rank}"
+            os.environ["FUYOU_SOCKET"] = os.environ["FUYOU_SOCKET"] + f".solo{args.rank}"
+            extra["process_group"] = False
+        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                          job=f"solo{args.rank}" if args.solo else "ov",
+                          chunk_bytes=args.chunk_bytes, overlap=not args.no_overlap,
+                          max_grad_norm=MAX_NORM if args.clip else None,
+                          accumulation_steps=args.micro if args.declare else 1,
+                          loss_scale="dynamic" if args.loss_scale else None, **extra)
+        dp = opt._data_parallel
+        result.update(job=opt.job, data_parallel=dp is not None,
+                      all_chunks=len(dp.all_chunks) if dp else opt.num_chunks,
+                      own_chunks=opt.num_chunks)
+        worst, per_step = [], []
+        for step in range(args.steps):
+            seen = []
+            for m in range(args.micro):
+                loss = opt.scale_loss(loss_of(trained, *batch(step, args.rank, m)) / args.micro)
+                if args.ddp and m < args.micro - 1:
+                    with trained.no_sync():
+                        loss.backward()
+                else:
+                    loss.backward()
+                seen.append(counts_of(opt))
+            if args.edit_grads:
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
+            if step == args.inf_at and args.rank == 1:
+                # in the last layer, a chunk rank 0 owns: rank 1 learns of it from rank 0
+                list(model.parameters())[-1].grad[0] = float("inf")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            per_step.append({"after_pass": seen, "after_step": counts_of(opt)})
+            worst.append(max(violation(a, b) for a, b in zip(ref[step], model.parameters())))
+        result.update(worst=worst, per_step=per_step, skipped=opt.skipped_steps,
+                      committed=opt.committed_step,
+                      steps_averaged=dp.steps_averaged if dp else None,
+                      speculative=opt.loop_stats.speculative_updates)
+        opt.close()
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+        if opt is not None:
+            opt.close()
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Data parallel, the overlap with backward (issue 24): each chunk's gradients
+reduced to its owner while backward goes on (fuyou/_dp_overlap.py), checked
+against torch.optim.AdamW on the averaged gradient after every step, with the
+reduction counters read after each backward pass, before step(). Also
+``process_group=False``. Real gloo ranks (dp_overlap_worker.py), one fuyoud."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import require_daemon
+
+HERE = Path(__file__).resolve().parent
+RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
+
+
+def run_ranks(tmp: Path, world: int, *flags: str) -> list:
+    """Runs `world` ranks of dp_overlap_worker.py; their results by rank, each
+    checked to have matched torch after every step. No default socket
+    answers: rank 0 starts the node's embedded fuyoud on ``tmp/data``."""
+    env = dict(os.environ, FUYOU_DAEMON=require_daemon(), FUYOU_SOCKET=str(tmp / "none.sock"),
+               FUYOU_DATA_DIR=str(tmp / "data"),
+               PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
+    env.pop("FUYOU_EMBEDDED", None)
+    outs = [tmp / f"rank{r}.json" for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "dp_overlap_worker.py"), str(r),
+                               str(world), str(tmp / "store"), str(outs[r]), *flags],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank did not finish; its output:\n" + p.communicate()[0].decode())
+    results = []
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
+        res = json.loads(out.read_text())
+        assert "error" not in res, res.get("traceback")
+        assert max(res["worst"]) <= 0.0, f"rank {r} differs from torch: {res['worst']}"
+        results.append(res)
+    return results
+
+
+def started_before_step(res: dict, step: int, micro: int = -1) -> int:
+    """Reductions started in backward during `step` up to backward pass `micro`."""
+    before = res["per_step"][step - 1]["after_step"] if step else {"started_in_backward": 0}
+    return res["per_step"][step]["after_pass"][micro]["started_in_backward"] - \
+        before["started_in_backward"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_chunk_is_reduced_during_backward_and_matches_torch(tmp_path, world):
+    results = run_ranks(tmp_path, world, "--clip")
+    n = results[0]["all_chunks"]
+    assert n >= world and sum(r["own_chunks"] for r in results) == n
+    for res in results:
+        # every chunk's reduction started in backward, none waited for step()
+        assert [started_before_step(res, s) for s in range(3)] == [n, n, n]
+        last = res["per_step"][-1]["after_step"]
+        assert last["started_at_step"] == 0 and last["reduced_again"] == 0
+        assert last["rounds"] == 3 and res["steps_averaged"] == 0
+        assert res["committed"] == 3
+    # the owners sent averaged chunks to their daemons before step() (timing
+    # decides how many: the last chunk's reduce ends after backward)
+    assert sum(r["speculative"] for r in results) >= 1
+
+
+def test_overlap_off_starts_every_reduction_at_step(tmp_path):
+    results = run_ranks(tmp_path, 2, "--no-overlap", "--clip")
+    n = results[0]["all_chunks"]
+    for res in results:
+        assert [started_before_step(res, s) for s in range(3)] == [0, 0, 0]
+        assert res["per_step"][-1]["after_step"]["started_at_step"] == 3 * n
+        assert res["speculative"] == 0
+
+
+def test_declared_accumulation_reduces_only_after_the_last_micro_batch(tmp_path):
+    results = run_ranks(tmp_path, 2, "--micro", "2", "--declare")
+    n = results[0]["all_chunks"]
+    for res in results:
+        for s in range(3):
+            assert started_before_step(res, s, micro=0) == 0
+            assert started_before_step(res, s, micro=1) == n
+        assert res["per_step"][-1]["after_step"]["reduced_again"] == 0
+
+
+def test_undeclared_accumulation_is_reduced_again_then_learned(tmp_path):
+    results = run_ranks(tmp_path, 2, "--micro", "2")
+    n = results[0]["all_chunks"]
+    for res in results:
+        # step 0: reduced after the first pass, reduced again at step()
+        assert started_before_step(res, 0, micro=0) == n
+        assert res["per_step"][0]["after_step"]["reduced_again"] == n
+        # learned at the commit: later steps wait for the second pass
+        for s in (1, 2):
+            assert started_before_step(res, s, micro=0) == 0
+            assert started_before_step(res, s, micro=1) == n
+        assert res["per_step"][-1]["after_step"]["reduced_again"] == n
+
+
+def test_gradients_edited_before_step_are_reduced_again(tmp_path):
+    results = run_ranks(tmp_path, 2, "--edit-grads", "--clip")
+    n = results[0]["all_chunks"]
+    for res in results:
+        assert res["per_step"][-1]["after_step"]["reduced_again"] == 3 * n
+
+
+def test_ddp_is_detected_once_and_not_reduced_again(tmp_path):
+    results = run_ranks(tmp_path, 2, "--ddp", "--clip", "--micro", "2")
+    n = results[0]["all_chunks"]
+    for res in results:
+        counts = res["per_step"][-1]["after_step"]
+        assert counts["rounds_dropped_for_ddp"] == 1  # the first step found DDP's average
+        assert started_before_step(res, 0) == n
+        assert started_before_step(res, 1) == 0 and started_before_step(res, 2) == 0
+        assert res["steps_averaged"] == 0  # nothing averaged again
+
+
+@pytest.mark.parametrize("clip", [[], ["--clip"]], ids=["no-clip", "clip"])
+def test_an_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path, clip):
+    results = run_ranks(tmp_path, 2, "--loss-scale", "--inf-at", "1", *clip)
+    for res in results:
+        assert res["skipped"] == 1 and res["committed"] == 2
+        assert res["per_step"][1]["after_step"]["reduced_again"] >= 1  # the edited chunk
+
+
+def test_process_group_false_is_a_single_process_optimizer(tmp_path):
+    results = run_ranks(tmp_path, 2, "--solo")
+    for r, res in enumerate(results):
+        assert not res["data_parallel"] and res["job"] == f"solo{r}"
+        assert res["own_chunks"] == res["all_chunks"] and res["committed"] == 3
