@@ -14,6 +14,8 @@
 #   deploy/main-job.sh --optimizer torch        # the whole run with torch.optim.AdamW
 #   deploy/main-job.sh --steps 400 --model tiny --batch-size 16 --seq-len 128
 #   deploy/main-job.sh --commit-every 10        # fuyoud --commit-every-steps 10
+#   deploy/main-job.sh --ddp [--nproc N]        # N data-parallel ranks (default 2) under
+#                                               # torchrun, one fuyoud (see below)
 #
 # Each run starts from empty daemon state (runs/main-job/fuyou-data is wiped), so
 # the job is new every time; set KEEP_STATE=1 to keep it and resume the job.
@@ -46,11 +48,32 @@ fi
 # runs under the same setting.
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 
+# Data parallel (--ddp): N ranks under torch's own launcher (torchrun), gloo on
+# the CPU, nccl on CUDA; each rank trains the job <job>.rank<r>-of<N>; local rank
+# 0 starts the embedded fuyoud and the other ranks of the node find it.
+# --redirects/--tee 9:1: torch 1.13's torchrun on Python 3.11 cannot parse its
+# own defaults ("0"); a mapping for a local rank 9 (none in a job of fewer than
+# 10 ranks) avoids that and redirects nothing.
+launch=(/usr/bin/python3)
+args=()
+nproc=2
+while (($#)); do
+  case $1 in
+    --nproc) nproc=$2; shift ;;
+    --ddp) launch=(/usr/bin/python3 -m torch.distributed.run --standalone); args+=("$1") ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
+if [[ ${launch[*]} == *torch.distributed.run* ]]; then
+  launch+=(--nproc_per_node="$nproc" --redirects 9:1 --tee 9:1)
+fi
+
 start=$(date +%s)
 # --base-lr 3e-4: at 1e-3 and above the base run's loss jumps (3 -> 6-12) around its
 # 10th step before it recovers; 3e-4 trains without a spike to a lower held-out loss.
-/usr/bin/python3 python_client/examples/finetune_gpt.py \
+"${launch[@]}" python_client/examples/finetune_gpt.py \
   --job gpt-finetune-demo --daemon embedded --model main --batch-size 4 --seq-len 64 \
   --base-lr 3e-4 --base-steps 30 --steps 60 --eval-every 20 --eval-batches 4 --chunk-bytes 4194304 \
-  --dram-budget 64MiB --serial-steps 5 --compare-steps 10 "$@"
+  --dram-budget 64MiB --serial-steps 5 --compare-steps 10 ${args[@]+"${args[@]}"}
 echo "main-job: finished in $(( $(date +%s) - start )) s"

@@ -46,6 +46,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import ddp_launch  # noqa: E402
 from gpt import GPT, PRESETS, ByteTokenizer  # noqa: E402
 
 DATA_DIR = HERE / "data"
@@ -129,6 +130,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "(--threads); 0 = as fuyou.AdamW's embedded daemon: on the CPU the "
                         "cores torch leaves (at least 1), else fuyoud's default, all cores")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--ddp", action="store_true",
+                   help="data parallel, one rank of a torchrun job (/usr/bin/python3 -m "
+                        "torch.distributed.run --nproc_per_node=N finetune_gpt.py --ddp ...): "
+                        "gloo on the CPU, nccl on CUDA, the model in DistributedDataParallel, "
+                        "each rank its own batches (the global batch is N x --batch-size); "
+                        "fuyou.AdamW shards its states over the ranks (jobs "
+                        "<job>.rank<r>-of<N>) and the ranks of a node share one fuyoud (local "
+                        "rank 0 starts it with --daemon embedded); rank 0 prints and writes "
+                        "the outputs; no torch comparison (see ddp_launch.py)")
+    p.add_argument("--ddp-model", choices=["ddp", "plain"], default="ddp",
+                   help="--ddp: ddp = the model in DistributedDataParallel (DDP's all-reduce "
+                        "averages the gradients; fuyou sees it and reduces nothing); plain = "
+                        "no wrapper: fuyou.AdamW reduces each chunk to the rank that owns it "
+                        "during backward and that rank's update overlaps the rest of backward")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines instead)")
     args = p.parse_args(argv)
     if args.seq_len > PRESETS[args.model].block_size:
@@ -240,6 +255,8 @@ def start_embedded_daemon(args):
     one with the daemon's defaults); returns it, or None for auto/external."""
     if args.daemon != "embedded" or "fuyou" not in (args.optimizer, args.base_optimizer):
         return None
+    if not ddp_launch.node_leader(args):  # --ddp: the node's one fuyoud is local rank 0's
+        return None
     fuyou = import_fuyou()
     extra = []
     if args.dram_budget:
@@ -338,13 +355,13 @@ def train(model: GPT, opt, data: TextDataset, steps: int, peak_lr: float, args,
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(seed)
-    tokens_per_step = args.batch_size * args.seq_len
+    tokens_per_step = args.batch_size * args.seq_len * ddp_launch.world_size(args)
     history = {"step": [], "loss": [], "eval_step": [], "eval_loss": [],
                "fb_s": [], "opt_s": [], "step_s": [], "serial": [], "read_gbps": [],
                "write_gbps": [], "client_cpu_s": [], "daemon_cpu_s": []}
     daemon_pid = getattr(args, "daemon_pid", None) if hasattr(opt, "overlap") else None
     serial_steps = set(range(1, 1 + serial)) if hasattr(opt, "overlap") else set()
-    cuda = args.device == "cuda"
+    cuda = args.device.startswith("cuda")
     bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True,
                disable=args.no_progress, file=sys.stdout)
     t0 = time.perf_counter()
@@ -420,9 +437,10 @@ def train_base_model(model: GPT, args, tokenizer: ByteTokenizer) -> List[float]:
         if args.base_optimizer == "fuyou":
             opt.close()
     path = args.out_dir / "base.pt"
-    torch.save({"model": model.state_dict(), "model_preset": args.model,
-                "base_steps": args.base_steps,
-                "base_loss": hist["loss"]}, path)
+    if ddp_launch.is_main(args):  # --ddp: every rank trained the same base model
+        torch.save({"model": model.state_dict(), "model_preset": args.model,
+                    "base_steps": args.base_steps,
+                    "base_loss": hist["loss"]}, path)
     print(f"base model: held-out loss {evaluate(model, data, args):.3f} on {data.name}; "
           f"saved {path}")
     return hist["loss"]
@@ -478,6 +496,8 @@ def run_torch_comparison(model: GPT, start_weights: dict, data: TextDataset, arg
     returns its tokens/s, or why it did not run. The fuyou model's weights are put
     back afterwards."""
     steps = min(args.compare_steps, args.steps)
+    if args.ddp:
+        return {"ran": False, "why": "--ddp (torch.optim.AdamW would step each rank alone)"}
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     need = 2 * param_bytes  # exp_avg and exp_avg_sq, in the weights' dtype
     free = _available_memory(args.device)
@@ -657,6 +677,8 @@ def fmt_bytes(n: float) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if args.ddp:
+        ddp_launch.join(args)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -673,7 +695,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _run(args, model, dtype, tokenizer)
     finally:
         if daemon is not None:
-            daemon.stop()
+            daemon.stop()  # after opt.close(): its barrier waits for every rank's close
+        ddp_launch.leave(args)
 
 
 def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
@@ -694,6 +717,7 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
     ft_data = TextDataset(FINETUNE_CORPUS, tokenizer)
     start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
+    trained = ddp_launch.wrap(model, args)  # --ddp: DistributedDataParallel
     # Made before the "before" evaluation: a resumed fuyou job replaces the weights.
     opt = make_optimizer(args.optimizer, model.parameters(), args.lr, args, job=args.job,
                          grad_clip=args.grad_clip)
@@ -710,8 +734,8 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
         print(f"fine-tuning: {args.steps} steps on {ft_data.name} "
               f"({len(ft_data.train):,} training bytes) with {args.optimizer} AdamW; "
               f"held-out loss before {ft_before:.3f}")
-        hist = train(model, opt, ft_data, args.steps, args.lr, args, desc="fine-tune",
-                     seed=args.seed + 1, grad_clip=args.grad_clip, poller=poller,
+        hist = train(trained, opt, ft_data, args.steps, args.lr, args, desc="fine-tune",
+                     seed=ddp_launch.rank_seed(args.seed + 1, args), grad_clip=args.grad_clip, poller=poller,
                      eval_data=ft_data,
                      serial=min(args.serial_steps, max(args.steps - 3, 0))
                      if args.optimizer == "fuyou" and not args.no_overlap else 0)
@@ -745,7 +769,14 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
             summary = summarize(args, model, hist, metrics, poller, compare)
             metrics["summary"] = summary
         ckpt_path = args.out_dir / "finetuned.pt"
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+        try:
+            optimizer_state = opt.state_dict()
+        except NotImplementedError as e:  # a data-parallel job's states are per rank
+            print(f"note: the checkpoint has no optimizer state: {e}")
+            optimizer_state = None
+        if not ddp_launch.is_main(args):
+            return 0
+        torch.save({"model": model.state_dict(), "optimizer": optimizer_state,
                     "model_preset": args.model, "args": {k: str(v) for k, v in vars(args).items()},
                     "metrics": {k: v for k, v in metrics.items() if k != "daemon_stats"}},
                    ckpt_path)
