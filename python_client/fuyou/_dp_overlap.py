@@ -49,6 +49,7 @@ under DDP).
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -85,8 +86,7 @@ class _Reduction:
     after the reduce, their average and the ranks that had each), the work,
     and what was sent (fingerprint, segments without gradient)."""
 
-    __slots__ = ("flat", "work", "fingerprint", "local_missing", "missing", "finished",
-                 "sent_to_daemon")
+    __slots__ = ("flat", "work", "fingerprint", "local_missing", "missing", "finished")
 
     def __init__(self, flat, work, fp, local_missing):
         self.flat = flat
@@ -95,7 +95,6 @@ class _Reduction:
         self.local_missing = local_missing  # this rank's segments without a gradient
         self.missing = local_missing  # on the owner, once finished: no rank's
         self.finished = False  # the owner's average is in `flat` (or a non-owner let go)
-        self.sent_to_daemon = False
 
 
 class ChunkReductions:
@@ -121,6 +120,7 @@ class ChunkReductions:
         self._ready: set = set()  # complete for the step's last pass, not started
         self._reached: set = set()  # started chunks a later pass reached
         self._by_id: Dict[int, _Reduction] = {}
+        self._unfinished: collections.deque = collections.deque()  # chunk ids, in start order
         self._again: set = set()  # chunk ids reduced a second time this round
         self._counted_pass = False
 
@@ -185,6 +185,7 @@ class ChunkReductions:
                            group=dp.group, async_op=True)
         again = c.chunk_id in self._by_id
         self._by_id[c.chunk_id] = _Reduction(flat, work, fp, missing)
+        self._unfinished.append(c.chunk_id)
         if again:
             self._again.add(c.chunk_id)
             self.counts.reduced_again += 1
@@ -221,17 +222,24 @@ class ChunkReductions:
         return True
 
     def _finished_own(self) -> List[Chunk]:
+        """Finishes the reductions done so far, oldest first (a non-owner's
+        buffer goes at once); this rank's chunks among them."""
         out = []
-        for cid, r in self._by_id.items():
+        while self._unfinished:
+            cid = self._unfinished[0]
             c = self.plan.chunk(cid)
-            if not r.sent_to_daemon and self.owns(c) and self._finish(c, r, wait=False):
+            if not self._finish(c, self._by_id[cid], wait=False):
+                break
+            self._unfinished.popleft()
+            if self.owns(c):
                 out.append(c)
         return out
 
     def wait_all(self) -> None:
         """Waits for every reduction started this round (in the order started)."""
-        for cid, r in self._by_id.items():
-            self._finish(self.plan.chunk(cid), r, wait=True)
+        while self._unfinished:
+            cid = self._unfinished.popleft()
+            self._finish(self.plan.chunk(cid), self._by_id[cid], wait=True)
 
     def averaged(self, c: Chunk) -> Tuple[torch.Tensor, Tuple[int, ...]]:
         """This rank's chunk `c` averaged over the ranks, laid out as the chunk,
@@ -240,10 +248,8 @@ class ChunkReductions:
         r = self._by_id[c.chunk_id]
         return r.flat, r.missing
 
-    def mark_sent(self, c: Chunk, in_backward: bool) -> None:
-        self._by_id[c.chunk_id].sent_to_daemon = True
-        if in_backward:
-            self.counts.sent_in_backward += 1
+    def count_sent_in_backward(self) -> None:
+        self.counts.sent_in_backward += 1
 
     def reduced_again(self, c: Chunk) -> bool:
         return c.chunk_id in self._again

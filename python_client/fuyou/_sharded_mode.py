@@ -76,9 +76,10 @@ class ShardedResidentMode(ResidentMode):
             arrived = self.reductions.accumulated(index, may_start=grad_scale is not None)
             if grad_scale is None:
                 return
-            for c in arrived:
-                pipeline.send(c, grad_scale, speculative=True, packed=self.reductions.averaged(c))
-                self.reductions.mark_sent(c, in_backward=True)
+            for c in arrived:  # (those not sent now go at step())
+                if pipeline.send(c, grad_scale, speculative=True,
+                                 packed=self.reductions.averaged(c)):
+                    self.reductions.count_sent_in_backward()
         except BaseException as e:
             pipeline.failed = e
             raise

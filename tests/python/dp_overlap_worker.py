@@ -11,7 +11,8 @@ reduction counters (``opt._mode.reductions.counts``) after each backward pass
 (``--declare``: ``accumulation_steps=K``); ``--edit-grads``: every gradient
 halved between backward and step(); ``--inf-at S``: rank 1 puts an inf into
 a gradient of the last layer (a chunk rank 0 owns) before step() of step S
-(loss scaling skips the step on every rank); ``--solo``: ``process_group=False``,
+(loss scaling skips the step on every rank); ``--drop-last R,..``: those
+ranks set the last parameter's ``.grad`` to None before step(); ``--solo``: ``process_group=False``,
 each rank a single-process job on its own daemon, against torch on its own
 batches.
 """
@@ -32,18 +33,30 @@ from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, 
 
 def reference(args, world: int, ranks):
     """Weights after each step: torch.optim.AdamW on the mean gradient of
-    `ranks`' batches (skipped steps leave them as they are)."""
+    `ranks`' batches (skipped steps leave them as they are); the last
+    parameter's gradient of the ranks in --drop-last left out (zeros, as DDP
+    does; None when every rank drops it: torch does not update it)."""
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     out = []
     for step in range(args.steps):
         if step != args.inf_at:
+            total = [None] * len(params)
             for r in ranks:
+                opt.zero_grad(set_to_none=True)
                 for m in range(args.micro):
                     (loss_of(model, *batch(step, r, m)) / (len(ranks) * args.micro)).backward()
+                for i, p in enumerate(params):
+                    if i == len(params) - 1 and r in args.drop_last:
+                        continue
+                    total[i] = p.grad.clone() if total[i] is None else total[i] + p.grad
+            for p, g in zip(params, total):
+                p.grad = g
             if args.edit_grads:
                 for p in model.parameters():
-                    p.grad.mul_(0.5)
+                    if p.grad is not None:
+                        p.grad.mul_(0.5)
             if args.clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
             opt.step()
@@ -68,6 +81,7 @@ def main():
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--inf-at", type=int, default=-1)
+    ap.add_argument("--drop-last", type=lambda v: [int(r) for r in v.split(",")], default=[])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--chunk-bytes", type=int, default=2048)
     args = ap.parse_args()
@@ -109,6 +123,8 @@ def main():
             if args.edit_grads:
                 for p in model.parameters():
                     p.grad.mul_(0.5)
+            if args.rank in args.drop_last:  # a parameter without a gradient on this rank
+                list(model.parameters())[-1].grad = None
             if step == args.inf_at and args.rank == 1:
                 # in the last layer, a chunk rank 0 owns: rank 1 learns of it from rank 0
                 list(model.parameters())[-1].grad[0] = float("inf")

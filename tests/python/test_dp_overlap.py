@@ -68,7 +68,7 @@ def test_every_chunk_is_reduced_during_backward_and_matches_torch(tmp_path, worl
         assert [started_before_step(res, s) for s in range(3)] == [n, n, n]
         last = res["per_step"][-1]["after_step"]
         assert last["started_at_step"] == 0 and last["reduced_again"] == 0
-        assert last["rounds"] == 3 and res["steps_averaged"] == 0
+        assert last["rounds"] == 3 and res["steps_averaged"] == 3  # by fuyou, no DDP
         assert res["committed"] == 3
     # the owners sent averaged chunks to their daemons before step() (timing
     # decides how many: the last chunk's reduce ends after backward)
@@ -113,6 +113,15 @@ def test_gradients_edited_before_step_are_reduced_again(tmp_path):
     n = results[0]["all_chunks"]
     for res in results:
         assert res["per_step"][-1]["after_step"]["reduced_again"] == 3 * n
+
+
+@pytest.mark.parametrize("drop", ["1", "0,1"], ids=["one-rank", "every-rank"])
+def test_a_parameter_without_gradient_takes_zeros_or_is_not_updated(tmp_path, drop):
+    # one rank without it: averaged with zeros, as DDP does; no rank: not updated
+    # at all (no weight decay), as torch leaves a parameter whose .grad is None
+    results = run_ranks(tmp_path, 2, "--drop-last", drop)
+    for res in results:
+        assert res["per_step"][-1]["after_step"]["reduced_again"] >= 3  # the edited chunk
 
 
 def test_ddp_is_detected_once_and_not_reduced_again(tmp_path):
