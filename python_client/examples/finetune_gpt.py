@@ -28,6 +28,12 @@ binary comes from $FUYOU_DAEMON, e.g. build/daemon/fuyoud). deploy/main-job.sh
 runs this script with everything set up.
 
     /usr/bin/python3 python_client/examples/finetune_gpt.py --optimizer torch
+
+--ddp: one rank of a data-parallel torchrun job (ddp_launch.py; README "The
+main job"):
+
+    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
+        --redirects 9:1 --tee 9:1 python_client/examples/finetune_gpt.py --ddp
 """
 from __future__ import annotations
 
