@@ -37,6 +37,14 @@ Rules that keep every rank's collectives in the same order:
   replaced), until a step finds the gradients not averaged.
 - *A round begun is finished*: zero_grad() after a backward without step()
   (a skipped step) starts the rest of the round and drops it.
+- *A group of their own.* The reductions and the agreements of step() run on
+  a process group made for them (``dist.new_group`` over the default group's
+  ranks, when the optimizer's group is the default one), so a collective of
+  the loop's own (a loss all-reduced for logging between backward and step())
+  never pairs with a reduction that one rank started in backward and another
+  only at step(). A group passed as ``process_group=`` is used as it is (a
+  new group must be made by every rank of the default group alike): the loop
+  then must not use it between backward and step().
 
 ``finish_reduced_step`` is step() on the averaged gradients: an inf/nan in any
 reduced chunk (loss scaling) or a non-finite norm skips the step on every rank
@@ -111,7 +119,20 @@ class ChunkReductions:
         self.passes = PassCounter(1)
         self.counts = ReductionCounts()
         self.ddp_averages = False  # learned: the loop's gradients arrive averaged (DDP)
+        self._own_group = dp.group is None or dp.group is dist.group.WORLD
+        # every rank of the default group makes it, in the same order (optimizers alike)
+        self.group = dist.new_group(backend=dp.backend) if self._own_group else dp.group
         self._reset()
+
+    def close(self) -> None:
+        """Lets the group made for the reductions go (not a collective)."""
+        group, self.group = self.group, None
+        if self._own_group and group is not None:
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group(group)
+            except Exception:  # the default group went first (interpreter exit)
+                pass
 
     # ------------------------------------------------------------ round state
     def _reset(self) -> None:
@@ -182,7 +203,7 @@ class ChunkReductions:
                 piece.copy_(g.detach().reshape(-1)[seg.start:seg.end])
         flat[n:] = torch.tensor([0.0 if i in missing else 1.0 for i in range(k)], dtype=dtype)
         work = dist.reduce(flat, dst=dp._src(dp.owner_of[c.chunk_id]), op=dist.ReduceOp.SUM,
-                           group=dp.group, async_op=True)
+                           group=self.group, async_op=True)
         again = c.chunk_id in self._by_id
         self._by_id[c.chunk_id] = _Reduction(flat, work, fp, missing)
         self._unfinished.append(c.chunk_id)
@@ -285,7 +306,7 @@ class ChunkReductions:
         """Ends the round (after the step's commit or abort); a round begun in a
         step the loop skipped (zero_grad after backward) is finished first, so
         every rank's next round starts at the same collective."""
-        if self._cursor > 0 or self._counted_pass:
+        if self.round_open:
             self.start_rest()
             self.wait_all()
             self.counts.rounds += 1
@@ -318,7 +339,7 @@ class ChunkReductions:
     def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
         dev = self.dp._device(self.pipeline.params[0])
         t = t.to(dev)
-        dist.all_reduce(t, op=op, group=self.dp.group)
+        dist.all_reduce(t, op=op, group=self.group)
         return t.cpu()
 
     # ------------------------------------------------------------ the own chunks

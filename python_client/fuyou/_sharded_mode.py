@@ -137,6 +137,7 @@ class ShardedResidentMode(ResidentMode):
         try:
             super().close()
         finally:
+            self.reductions.close()
             self.dp.barrier()
 
     def quiesce(self) -> None:

@@ -12,7 +12,9 @@ reduction counters (``opt._mode.reductions.counts``) after each backward pass
 halved between backward and step(); ``--inf-at S``: rank 1 puts an inf into
 a gradient of the last layer (a chunk rank 0 owns) before step() of step S
 (loss scaling skips the step on every rank); ``--drop-last R,..``: those
-ranks set the last parameter's ``.grad`` to None before step(); ``--solo``: ``process_group=False``,
+ranks set the last parameter's ``.grad`` to None before step(); ``--no-overlap-rank R``: overlap off on rank R alone; ``--log-loss``: the
+loss all-reduced on the default group between backward and step();
+``--solo``: ``process_group=False``,
 each rank a single-process job on its own daemon, against torch on its own
 batches.
 """
@@ -77,9 +79,10 @@ def main():
     ap.add_argument("store")
     ap.add_argument("out")
     for flag in ("--ddp", "--clip", "--declare", "--no-overlap", "--edit-grads",
-                 "--loss-scale", "--solo"):
+                 "--loss-scale", "--solo", "--log-loss"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--no-overlap-rank", type=int, default=-1)
     ap.add_argument("--inf-at", type=int, default=-1)
     ap.add_argument("--drop-last", type=lambda v: [int(r) for r in v.split(",")], default=[])
     ap.add_argument("--steps", type=int, default=3)
@@ -101,7 +104,8 @@ def main():
             extra["process_group"] = False
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                           job=f"solo{args.rank}" if args.solo else "ov",
-                          chunk_bytes=args.chunk_bytes, overlap=not args.no_overlap,
+                          chunk_bytes=args.chunk_bytes,
+                          overlap=not args.no_overlap and args.rank != args.no_overlap_rank,
                           max_grad_norm=MAX_NORM if args.clip else None,
                           accumulation_steps=args.micro if args.declare else 1,
                           loss_scale="dynamic" if args.loss_scale else None, **extra)
@@ -123,6 +127,8 @@ def main():
             if args.edit_grads:
                 for p in model.parameters():
                     p.grad.mul_(0.5)
+            if args.log_loss:  # the loop's own collective between backward and step()
+                dist.all_reduce(loss.detach().clone())
             if args.rank in args.drop_last:  # a parameter without a gradient on this rank
                 list(model.parameters())[-1].grad = None
             if step == args.inf_at and args.rank == 1:

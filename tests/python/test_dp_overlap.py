@@ -84,6 +84,15 @@ def test_overlap_off_starts_every_reduction_at_step(tmp_path):
         assert res["speculative"] == 0
 
 
+def test_a_loop_collective_between_backward_and_step_does_not_pair_with_a_reduction(tmp_path):
+    # rank 0 starts every reduction in backward, rank 1 (overlap off) at step();
+    # the loss all-reduced on the default group in between meets rank 1 first
+    results = run_ranks(tmp_path, 2, "--no-overlap-rank", "1", "--log-loss", "--clip")
+    n = results[0]["all_chunks"]
+    assert [started_before_step(results[0], s) for s in range(3)] == [n, n, n]
+    assert [started_before_step(results[1], s) for s in range(3)] == [0, 0, 0]
+
+
 def test_declared_accumulation_reduces_only_after_the_last_micro_batch(tmp_path):
     results = run_ranks(tmp_path, 2, "--micro", "2", "--declare")
     n = results[0]["all_chunks"]
