@@ -24,6 +24,7 @@ from ._stream import ParameterStream, stream_parameters
 from ._activations import ActivationOffload, offload_activations
 from ._sizes import parse_size
 from . import _sharded
+from ._dp_overlap import skip_ddp_allreduce
 
 __all__ = [
     "AdamW",
@@ -47,6 +48,7 @@ __all__ = [
     "admin_client",
     "default_socket_path",
     "find_daemon_binary",
+    "skip_ddp_allreduce",
 ]
 
 __version__ = "0.1.0"

@@ -46,6 +46,12 @@ Rules that keep every rank's collectives in the same order:
   new group must be made by every rank of the default group alike): the loop
   then must not use it between backward and step().
 
+``skip_ddp_allreduce(ddp_model)`` replaces DDP's all-reduce instead: a comm
+hook that reduces nothing leaves each rank's own gradients in ``.grad``, and
+fuyou's reductions (with the owners' daemon updates during backward) average
+them. For a DDP model whose every trainable parameter a fuyou.AdamW of the
+same group trains.
+
 ``finish_reduced_step`` is step() on the averaged gradients: an inf/nan in any
 reduced chunk (loss scaling) or a non-finite norm skips the step on every rank
 (one all-reduce of [sum of squares, overflow]); ``max_grad_norm`` clips by the
@@ -73,7 +79,7 @@ from ._mode import clip_coefficient
 from ._passes import PassCounter
 from ._protocol import ABORT_OVERFLOW, REDO_CLIPPED, REDO_GRADIENTS_CHANGED
 
-__all__ = ["ChunkReductions", "ReductionCounts", "finish_reduced_step"]
+__all__ = ["ChunkReductions", "ReductionCounts", "finish_reduced_step", "skip_ddp_allreduce"]
 
 
 @dataclass
@@ -406,3 +412,24 @@ def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
     pipeline.commit()
     scaler.update(overflow=False)
     return True
+
+
+def _reduce_nothing(state, bucket):
+    """A DDP comm hook: the bucket as it is (this rank's gradients, undivided)."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def skip_ddp_allreduce(model) -> None:
+    """Makes DistributedDataParallel `model` all-reduce nothing: each rank's
+    ``.grad`` keeps its own gradients, and ``fuyou.AdamW`` (of the same group,
+    over all of the model's trainable parameters) reduces each chunk to its
+    owner during backward, the owners' daemon updates overlapping the rest of
+    backward (with DDP's own all-reduce they wait for step()). Call it once,
+    before the first backward. Only for a model that fuyou.AdamW trains: any
+    other optimizer would step on each rank's own gradients."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"skip_ddp_allreduce takes a DistributedDataParallel model, not "
+                        f"{type(model).__name__}")
+    model.register_comm_hook(None, _reduce_nothing)

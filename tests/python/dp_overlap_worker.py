@@ -14,6 +14,7 @@ a gradient of the last layer (a chunk rank 0 owns) before step() of step S
 (loss scaling skips the step on every rank); ``--drop-last R,..``: those
 ranks set the last parameter's ``.grad`` to None before step(); ``--no-overlap-rank R``: overlap off on rank R alone; ``--log-loss``: the
 loss all-reduced on the default group between backward and step();
+``--skip-ddp-allreduce``: DDP reduces nothing (fuyou.skip_ddp_allreduce);
 ``--solo``: ``process_group=False``,
 each rank a single-process job on its own daemon, against torch on its own
 batches.
@@ -79,7 +80,7 @@ def main():
     ap.add_argument("store")
     ap.add_argument("out")
     for flag in ("--ddp", "--clip", "--declare", "--no-overlap", "--edit-grads",
-                 "--loss-scale", "--solo", "--log-loss"):
+                 "--loss-scale", "--solo", "--log-loss", "--skip-ddp-allreduce"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--no-overlap-rank", type=int, default=-1)
@@ -97,6 +98,8 @@ def main():
         ref = reference(args, args.world, ranks)
         model = make_model()
         trained = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
+        if args.skip_ddp_allreduce:
+            fuyou.skip_ddp_allreduce(trained)
         extra = {}
         if args.solo:  # each rank alone: its own job and its own embedded daemon
             os.environ["FUYOU_DATA_DIR"] = os.environ["FUYOU_DATA_DIR"] + f".solo{args.rank}"

@@ -144,6 +144,17 @@ def test_ddp_is_detected_once_and_not_reduced_again(tmp_path):
         assert res["steps_averaged"] == 0  # nothing averaged again
 
 
+def test_ddp_told_to_reduce_nothing_leaves_the_overlap_to_fuyou(tmp_path):
+    results = run_ranks(tmp_path, 2, "--ddp", "--skip-ddp-allreduce", "--clip", "--micro", "2",
+                        "--declare")
+    n = results[0]["all_chunks"]
+    for res in results:
+        counts = res["per_step"][-1]["after_step"]
+        assert counts["rounds_dropped_for_ddp"] == 0 and counts["reduced_again"] == 0
+        assert [started_before_step(res, s) for s in range(3)] == [n, n, n]
+        assert res["steps_averaged"] == 3  # by fuyou
+
+
 @pytest.mark.parametrize("clip", [[], ["--clip"]], ids=["no-clip", "clip"])
 def test_an_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path, clip):
     results = run_ranks(tmp_path, 2, "--loss-scale", "--inf-at", "1", *clip)
