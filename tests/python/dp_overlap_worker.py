@@ -14,7 +14,8 @@ a gradient of the last layer (a chunk rank 0 owns) before step() of step S
 (loss scaling skips the step on every rank); ``--drop-last R,..``: those
 ranks set the last parameter's ``.grad`` to None before step(); ``--no-overlap-rank R``: overlap off on rank R alone; ``--log-loss``: the
 loss all-reduced on the default group between backward and step();
-``--skip-ddp-allreduce``: DDP reduces nothing (fuyou.skip_ddp_allreduce);
+``--pause-in-backward``: every rank waits for the others, then half a
+second, before the first layer's gradient; ``--skip-ddp-allreduce``: DDP reduces nothing (fuyou.skip_ddp_allreduce);
 ``--solo``: ``process_group=False``,
 each rank a single-process job on its own daemon, against torch on its own
 batches.
@@ -25,6 +26,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -80,7 +82,8 @@ def main():
     ap.add_argument("store")
     ap.add_argument("out")
     for flag in ("--ddp", "--clip", "--declare", "--no-overlap", "--edit-grads",
-                 "--loss-scale", "--solo", "--log-loss", "--skip-ddp-allreduce"):
+                 "--loss-scale", "--solo", "--log-loss", "--skip-ddp-allreduce",
+                 "--pause-in-backward"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--no-overlap-rank", type=int, default=-1)
@@ -113,6 +116,12 @@ def main():
                           accumulation_steps=args.micro if args.declare else 1,
                           loss_scale="dynamic" if args.loss_scale else None, **extra)
         dp = opt._data_parallel
+        if args.pause_in_backward:  # before the first layer's gradient: every rank has
+            def pause(grad):  # started the last layers' reductions; they end meanwhile
+                dist.barrier()
+                time.sleep(0.5)
+                return grad
+            model[0].weight.register_hook(pause)
         result.update(job=opt.job, data_parallel=dp is not None,
                       all_chunks=len(dp.all_chunks) if dp else opt.num_chunks,
                       own_chunks=opt.num_chunks)
