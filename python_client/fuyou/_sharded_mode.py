@@ -18,10 +18,12 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   ``max_grad_norm`` clips by the global norm (the owners' sums of squares
   all-reduced); the own chunks sent or redone, the step committed in this
   rank's job, and every chunk's new weights broadcast from its owner.
-- Under DDP (its all-reduce already averaged ``.grad``): nothing is reduced
-  again (``average_gradients`` finds every rank's the same), the own chunks go
-  from ``.grad`` at step() as in the resident mode, and the global norm and
-  the overflow are agreed as above.
+- Under DDP (its all-reduce already averaged ``.grad``; kept, not replaced):
+  nothing is reduced again (``average_gradients`` finds every rank's the
+  same), the own chunks go from ``.grad`` at step() as in the resident mode,
+  and the global norm and the overflow are agreed as above. With
+  ``fuyou.skip_ddp_allreduce(ddp_model)`` DDP reduces nothing and the
+  reductions above replace its all-reduce.
 - Between steps: state_dict, export_checkpoint, ``opt.state[p]`` and
   load_state_dict raise (each rank's job holds only its chunks' states).
 """
