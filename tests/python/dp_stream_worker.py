@@ -1,0 +1,113 @@
+"""One rank of test_dp_stream.py: offload_params=True and
+fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
+
+``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]``:
+joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
+(its parameters are placeholders; each module's weights are fetched from the
+rank's fuyoud), with clipping on, on this rank's batches from step A to B.
+After every step every weight, read with ``model.state_dict()`` (a local call),
+is compared with torch.optim.AdamW run here on the averaged gradients of all
+ranks' batches from step 0 (dp_worker.reference). Steps after the second use
+``zero_grad()`` with torch 1.x's default (zeros, not None). At the end: the
+optimizer's state dict (a collective) against torch's, and a
+``model.state_dict()`` on rank 0 alone.
+"""
+
+import argparse
+import copy
+import json
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fuyou
+from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
+
+CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
+
+
+def reference_states(steps: int, world: int):
+    """torch.optim.AdamW's weights after each step and its state dict after the last."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    weights = []
+    for step in range(steps):
+        for r in range(world):
+            (loss_of(model, *batch(step, r)) / world).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    return weights, copy.deepcopy(opt.state_dict())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for name in ("rank", "world"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("store")
+    ap.add_argument("out")
+    ap.add_argument("--steps-from", type=int, default=0)
+    ap.add_argument("--steps-to", type=int, default=5)
+    args = ap.parse_args()
+    res = {"rank": args.rank}
+    dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
+                            rank=args.rank, world_size=args.world)
+    opt = None
+    try:
+        ref, ref_sd = reference_states(args.steps_to, args.world)
+        model = make_model()
+        if args.steps_from:  # a resumed job has the daemon's weights: start elsewhere
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                          job="s", chunk_bytes=CHUNK_BYTES, max_grad_norm=MAX_NORM,
+                          offload_params=True)
+        handle = fuyou.stream_parameters(model, opt, device_budget="1MiB", prefetch=1)
+        dp = opt._data_parallel
+        res.update(job=opt.job, resumed=opt.resumed, own_chunks=opt.num_chunks,
+                   all_chunks=len(dp.all_chunks), placeholders=all(
+                       p.numel() == 0 for p in model.parameters()))
+        if args.steps_from:
+            res["start"] = max(violation(a, b) for a, b in
+                               zip(ref[args.steps_from - 1], model.state_dict().values()))
+        worst = []
+        for step in range(args.steps_from, args.steps_to):
+            loss_of(model, *batch(step, args.rank)).backward()
+            opt.step()
+            if step < 2:
+                opt.zero_grad(set_to_none=True)
+            else:
+                opt.zero_grad()  # torch 1.x: zeros
+            weights = list(model.state_dict().values())
+            worst.append(max(violation(a, b) for a, b in zip(ref[step], weights)))
+        sd = opt.state_dict()
+        states = -1.0
+        for i, st in ref_sd["state"].items():
+            if float(sd["state"][i]["step"]) != float(st["step"]):
+                states = float("inf")
+            for key in ("exp_avg", "exp_avg_sq"):
+                states = max(states, violation(st[key], sd["state"][i][key]))
+        res.update(worst=worst, states=states, committed=opt.committed_step,
+                   fetches=handle.fetches)
+        dist.barrier()
+        if args.rank == 0:  # a local call: no other rank takes part
+            alone = list(model.state_dict().values())
+            res["alone"] = max(violation(a, b) for a, b in zip(ref[args.steps_to - 1], alone))
+        dist.barrier()
+        opt.close()
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()
+        if opt is not None:
+            opt.close()
+    with open(args.out, "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""offload_params=True and fuyou.stream_parameters in a data-parallel job
+(issue 24; python_client/fuyou/_sharded_streamed.py): two real gloo ranks
+(dp_stream_worker.py) sharing one embedded fuyoud, each fetching its modules'
+weights from its own job, each updating its own chunks, against
+torch.optim.AdamW on the averaged, clipped gradients; then a resume."""
+
+from __future__ import annotations
+
+from dp_ranks import run_worker
+
+
+def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
+    first = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-to", "5", name="first")
+    for res in first:
+        assert res["placeholders"], res  # the weights live in the daemon
+        assert res["job"] == f"s.rank{res['rank']}-of2"
+        assert len(res["worst"]) == 5 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
+        assert res["committed"] == 5 and res["fetches"] > 0
+    # every chunk owned by one rank, each rank updating some
+    assert [r["all_chunks"] for r in first] == [3, 3]
+    assert sum(r["own_chunks"] for r in first) == 3 and all(r["own_chunks"] for r in first)
+    assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
+    again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
+                       "--steps-to", "7", name="again")
+    for res in again:
+        assert res["resumed"] and res["start"] <= 0.0, res
+        assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["committed"] == 7 and res["states"] <= 0.0
