@@ -199,4 +199,9 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             with more than one rank). Each rank trains the job
             ``<job>.rank<r>-of<w>`` on one fuyoud per node and owns whole
             chunks; see README "Data parallel" and ``_data_parallel.py``.
+            There :meth:`state_dict`, :meth:`load_state_dict` and
+            :meth:`export_checkpoint` are collectives over the whole job (call
+            them on every rank; _sharded_states.py), ``opt.state`` is the
+            rank's own, and ``offload_params`` keeps a copy of every chunk in
+            each rank's job (_sharded_streamed.py).
     """

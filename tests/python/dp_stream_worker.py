@@ -10,7 +10,8 @@ is compared with torch.optim.AdamW run here on the averaged gradients of all
 ranks' batches from step 0 (dp_worker.reference). Steps after the second use
 ``zero_grad()`` with torch 1.x's default (zeros, not None). At the end: the
 optimizer's state dict (a collective) against torch's, and a
-``model.state_dict()`` on rank 0 alone.
+``model.state_dict()`` on rank 0 alone; then (not resumed) a
+``model.load_state_dict`` on rank 0 alone, which the next step() refuses.
 """
 
 import argparse
@@ -91,13 +92,24 @@ def main():
                 states = float("inf")
             for key in ("exp_avg", "exp_avg_sq"):
                 states = max(states, violation(st[key], sd["state"][i][key]))
+        ck = opt.export_checkpoint(None, model)  # a collective: the whole job's masters
+        export = max(violation(a, ck["model"][name]) for a, (name, _) in
+                     zip(ref[args.steps_to - 1], model.named_parameters()))
         res.update(worst=worst, states=states, committed=opt.committed_step,
-                   fetches=handle.fetches)
+                   fetches=handle.fetches, export=export)
         dist.barrier()
         if args.rank == 0:  # a local call: no other rank takes part
             alone = list(model.state_dict().values())
             res["alone"] = max(violation(a, b) for a, b in zip(ref[args.steps_to - 1], alone))
         dist.barrier()
+        if not args.steps_from:  # model.load_state_dict on rank 0 only: step() refuses
+            if args.rank == 0:
+                model.load_state_dict(model.state_dict())
+            loss_of(model, *batch(args.steps_to, args.rank)).backward()
+            try:
+                opt.step()
+            except fuyou.FailedPrecondition as e:
+                res["uneven_load"] = str(e)
         opt.close()
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"

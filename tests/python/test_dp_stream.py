@@ -16,11 +16,14 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
         assert res["job"] == f"s.rank{res['rank']}-of2"
         assert len(res["worst"]) == 5 and max(res["worst"]) <= 0.0, res["worst"]
         assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
+        assert res["export"] <= 0.0, res  # export_checkpoint: every chunk's master
         assert res["committed"] == 5 and res["fetches"] > 0
     # every chunk owned by one rank, each rank updating some
     assert [r["all_chunks"] for r in first] == [3, 3]
     assert sum(r["own_chunks"] for r in first) == 3 and all(r["own_chunks"] for r in first)
     assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
+    for res in first:  # model.load_state_dict on rank 0 alone: refused on every rank
+        assert "call model.load_state_dict on every rank" in res["uneven_load"], res
     again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
                        "--steps-to", "7", name="again")
     for res in again:
