@@ -31,8 +31,8 @@ The step, on every rank alike:
    others, then the gradients are averaged (``average_gradients``: not again
    after DDP); with loss scaling an inf/nan anywhere skips the step on every
    rank; ``max_grad_norm`` clips by the global norm (the owners' sums of
-   squares all-reduced); each rank sends its own chunks (the streamed mode's
-   ``send_unsent``), commits its job, and the other ranks' gradients go;
+   squares all-reduced); each rank sends its own chunks from ``.grad``,
+   commits its job, and every gradient goes (``.grad`` is None after step());
 3. the owners' new masters reach every rank's copies (``refresh_copies``)
    and the weight cache is dropped, so the next forward fetches the new
    weights everywhere.
@@ -60,7 +60,6 @@ import torch
 import torch.distributed as dist
 
 from ._errors import FailedPrecondition
-from ._freed_grad import FreedGrad
 from ._protocol import STATE_MASTER
 from ._streamed import StreamedMode
 
@@ -79,8 +78,8 @@ class ShardedStreamedMode(StreamedMode):
         self.offload.after_registration = self._registered
 
     # ------------------------------------------------------------ hooks
-    # grad_arriving is the streamed mode's: a FreedGrad makes way, the block
-    # is held for backward (no chunk is sent during backward, so nothing else).
+    # grad_arriving is the streamed mode's: the block is held for backward (no
+    # chunk is sent during backward, and no FreedGrad is made, so nothing else).
 
     def grad_accumulated(self, index: int) -> None:
         """The gradient stays in .grad until step() averages it; once every
@@ -123,21 +122,22 @@ class ShardedStreamedMode(StreamedMode):
             return []
         return [self.dp.global_sum(sum(squares), self.pipeline.params[0])]
 
+    def _send_unsent(self, grad_scale: float) -> None:
+        """Sends every own chunk from ``.grad`` (the sender thread copies them;
+        nothing is freed in between, as a parameter may span two of the
+        chunks); the step's end drops every gradient (``.grad`` is None after
+        step() on every rank: the daemon of the chunk's owner has it)."""
+        pipeline = self.pipeline
+        for c in pipeline.plan.chunks:
+            if c.chunk_id not in pipeline.step.sent:
+                pipeline.send(c, grad_scale)
+                if pipeline.step.overflow:
+                    break
+        pipeline.wait_sent()
+
     def _zeros_where_others_have_grads(self, params) -> None:
         """A parameter with a gradient on some ranks gets zeros on the others
-        (as DDP gives it), and a zeroed FreedGrad (zero_grad(set_to_none=False)
-        after the last step) real zeros, shaped as the parameter, not as its
-        placeholder."""
-        for p, shape in zip(params, self.pipeline.param_shapes):
-            g = p.grad
-            if isinstance(g, FreedGrad):
-                if not g.record.zeroed:
-                    raise FailedPrecondition(
-                        f"data-parallel job {self.dp.base_job!r}: {g.record.name} still holds "
-                        "the gradients of the last step (fuyou freed them); call zero_grad() "
-                        "after step()")
-                p.grad = None
-                _set_zero_grad(p, shape)
+        (as DDP gives it), shaped as the parameter, not as its placeholder."""
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
         dist.all_reduce(has, group=self.dp.group)
         for p, shape, n in zip(params, self.pipeline.param_shapes, has.tolist()):

@@ -1,7 +1,8 @@
 """One rank of test_dp_stream.py: offload_params=True and
 fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
-``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]``:
+``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
+[--chunk-bytes N]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), with clipping on, on this rank's batches from step A to B.
@@ -52,6 +53,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--steps-from", type=int, default=0)
     ap.add_argument("--steps-to", type=int, default=5)
+    ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
@@ -65,7 +67,7 @@ def main():
                 for p in model.parameters():
                     p.add_(1.0)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                          job="s", chunk_bytes=CHUNK_BYTES, max_grad_norm=MAX_NORM,
+                          job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM,
                           offload_params=True)
         handle = fuyou.stream_parameters(model, opt, device_budget="1MiB", prefetch=1)
         dp = opt._data_parallel

@@ -10,7 +10,11 @@ from dp_ranks import run_worker
 
 
 def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
-    first = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-to", "5", name="first")
+    # 1 KiB chunks: 9 chunks, a weight split over two of one rank's and another
+    # over both ranks' (a module's own chunks may have two owners)
+    split = ("--chunk-bytes", "1024")
+    first = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-to", "5", *split,
+                       name="first")
     for res in first:
         assert res["placeholders"], res  # the weights live in the daemon
         assert res["job"] == f"s.rank{res['rank']}-of2"
@@ -19,13 +23,13 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
         assert res["export"] <= 0.0, res  # export_checkpoint: every chunk's master
         assert res["committed"] == 5 and res["fetches"] > 0
     # every chunk owned by one rank, each rank updating some
-    assert [r["all_chunks"] for r in first] == [3, 3]
-    assert sum(r["own_chunks"] for r in first) == 3 and all(r["own_chunks"] for r in first)
+    assert [r["all_chunks"] for r in first] == [9, 9]
+    assert sum(r["own_chunks"] for r in first) == 9 and all(r["own_chunks"] for r in first)
     assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
     for res in first:  # model.load_state_dict on rank 0 alone: refused on every rank
         assert "call model.load_state_dict on every rank" in res["uneven_load"], res
     again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
-                       "--steps-to", "7", name="again")
+                       "--steps-to", "7", *split, name="again")
     for res in again:
         assert res["resumed"] and res["start"] <= 0.0, res
         assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
