@@ -13,7 +13,10 @@ batches (dp_worker.py's model, data and tolerance; clipping on):
 - job "c": a fresh job loads the saved fuyou state dict;
 - job "d": a fresh job starts from the export with ``init_from``;
 - job "a" again: resumes at step 2 and loads its own state dict (no import);
-- job "f": the ranks load different state dicts; the sharded export.
+- job "f": the ranks load different state dicts; the sharded export;
+- job "g": a fresh job starts with ``init_from`` a sharded checkpoint, which
+  rank 0 exported from a single-process job "single" trained on the global
+  batch to step 2 before the group was formed.
 
 Each continuation trains to step 5 and is compared after every step with
 torch.optim.AdamW run here on the averaged gradients from step 0. Writes the
@@ -190,10 +193,25 @@ def phase_f(rank, weights, here: Path, res):
     opt.close()
 
 
+def single_process_export(world: int, here: Path) -> None:
+    """Job "single" trained on the global batch to step SAVED by one process
+    (torch.distributed not initialised yet), exported as a sharded checkpoint."""
+    model = make_model()
+    opt = fuyou_opt(model, "single")
+    for step in range(SAVED):
+        average_backward(model, step, world)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    fuyou.export_checkpoint(opt, here / "sharded", model, shard_bytes=4096)
+    opt.close()
+
+
 def main():
     rank, world, store_path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     here = Path(out).parent
     res = {"rank": rank}
+    if rank == 0:  # the others wait in init_process_group
+        single_process_export(world, here)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
                             world_size=world)
     try:
@@ -209,6 +227,8 @@ def main():
         res["a_again"] = continued(rank, "a", None, ref_weights, ref_sds,
                                    load=torch.load(here / "fuyou_sd.pt"))
         phase_f(rank, weights, here, res)
+        res["g"] = continued(rank, "g", None, ref_weights, ref_sds,
+                             init_from=str(here / "sharded"))
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()

@@ -28,8 +28,9 @@ def test_state_dict_export_load_and_init_from_round_trip_with_two_ranks(tmp_path
         assert res["a_export_written"]
         # torch.optim.AdamW continues from fuyou's state dict
         assert _within(res["torch_from_fuyou"]), res["torch_from_fuyou"]
-        # fresh jobs from torch's state dict, from fuyou's, from the export
-        for phase in ("b", "c", "d"):
+        # fresh jobs from torch's state dict, from fuyou's, from the export, and
+        # from a single-process job's sharded export
+        for phase in ("b", "c", "d", "g"):
             got = res[phase]
             assert _within(got["worst"]), (r, phase, got)
             assert got["start"] <= 0.0 and got["end_state"] <= 0.0, (r, phase, got)
