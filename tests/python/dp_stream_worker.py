@@ -2,14 +2,16 @@
 fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
-[--chunk-bytes N]``:
+[--chunk-bytes N] [--accumulate] [--overflow-at S]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), with clipping on, on this rank's batches from step A to B.
 After every step every weight, read with ``model.state_dict()`` (a local call),
 is compared with torch.optim.AdamW run here on the averaged gradients of all
 ranks' batches from step 0 (dp_worker.reference). Steps after the second use
-``zero_grad()`` with torch 1.x's default (zeros, not None). At the end: the
+``zero_grad()`` with torch 1.x's default (zeros, not None). ``--accumulate``:
+two backward passes a step; ``--overflow-at S``: dynamic loss scaling, and an
+inf in rank 1's loss at step S, which every rank skips. At the end: the
 optimizer's state dict (a collective) against torch's, and a
 ``model.state_dict()`` on rank 0 alone; then (not resumed) a
 ``model.load_state_dict`` on rank 0 alone, which the next step() refuses.
@@ -30,14 +32,19 @@ from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, 
 CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
 
 
-def reference_states(steps: int, world: int):
-    """torch.optim.AdamW's weights after each step and its state dict after the last."""
+def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1):
+    """torch.optim.AdamW's weights after each step and its state dict after the
+    last; `micro` batches a step per rank; step `skipped` is not taken."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     weights = []
     for step in range(steps):
+        if step == skipped:
+            weights.append([p.detach().clone() for p in model.parameters()])
+            continue
         for r in range(world):
-            (loss_of(model, *batch(step, r)) / world).backward()
+            for m in range(micro):
+                (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -54,13 +61,16 @@ def main():
     ap.add_argument("--steps-from", type=int, default=0)
     ap.add_argument("--steps-to", type=int, default=5)
     ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
+    ap.add_argument("--accumulate", action="store_true")
+    ap.add_argument("--overflow-at", type=int, default=-1)
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
                             rank=args.rank, world_size=args.world)
     opt = None
     try:
-        ref, ref_sd = reference_states(args.steps_to, args.world)
+        micro = 2 if args.accumulate else 1
+        ref, ref_sd = reference_states(args.steps_to, args.world, micro, args.overflow_at)
         model = make_model()
         if args.steps_from:  # a resumed job has the daemon's weights: start elsewhere
             with torch.no_grad():
@@ -68,7 +78,8 @@ def main():
                     p.add_(1.0)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                           job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM,
-                          offload_params=True)
+                          offload_params=True,
+                          loss_scale="dynamic" if args.overflow_at >= 0 else None)
         handle = fuyou.stream_parameters(model, opt, device_budget="1MiB", prefetch=1)
         dp = opt._data_parallel
         res.update(job=opt.job, resumed=opt.resumed, own_chunks=opt.num_chunks,
@@ -79,7 +90,11 @@ def main():
                                zip(ref[args.steps_from - 1], model.state_dict().values()))
         worst = []
         for step in range(args.steps_from, args.steps_to):
-            loss_of(model, *batch(step, args.rank)).backward()
+            for m in range(micro):
+                loss = loss_of(model, *batch(step, args.rank, m)) / micro
+                if step == args.overflow_at and args.rank == 1:
+                    loss = loss * float("inf")  # an inf on one rank skips the step on all
+                opt.scale_loss(loss).backward()
             opt.step()
             if step < 2:
                 opt.zero_grad(set_to_none=True)
@@ -98,6 +113,7 @@ def main():
         export = max(violation(a, ck["model"][name]) for a, (name, _) in
                      zip(ref[args.steps_to - 1], model.named_parameters()))
         res.update(worst=worst, states=states, committed=opt.committed_step,
+                   skipped=opt.skipped_steps, loss_scale=opt.loss_scale,
                    fetches=handle.fetches, export=export)
         dist.barrier()
         if args.rank == 0:  # a local call: no other rank takes part

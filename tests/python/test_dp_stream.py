@@ -34,3 +34,13 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
         assert res["resumed"] and res["start"] <= 0.0, res
         assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
         assert res["committed"] == 7 and res["states"] <= 0.0
+
+
+def test_two_streamed_ranks_accumulate_and_skip_an_overflow_on_one_rank(tmp_path):
+    results = run_worker("dp_stream_worker.py", tmp_path, 2, "--accumulate",
+                         "--overflow-at", "2", "--steps-to", "4")
+    for res in results:
+        assert len(res["worst"]) == 4 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["skipped"] == 1 and res["committed"] == 3, res
+        assert res["loss_scale"] == 2.0 ** 15  # backed off once, on every rank
+        assert res["states"] <= 0.0, res
