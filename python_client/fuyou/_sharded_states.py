@@ -258,22 +258,16 @@ def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
     """Checks `state_dict` on every rank, then imports each rank's share of it
     (see the module doc). A collective."""
     dp, pipeline = opt._data_parallel, opt.pipeline
+    local: dict = {}  # this rank's action and import plan
 
-    def check():
-        action = _load_action(opt, state_dict, extra)
-        plan = None
-        if action == "import":  # streamed: the daemons keep their weights (the model's)
-            plan = _checkpoint.plan_import(opt, pipeline, state_dict,
-                                           masters_from_model=opt.offload is None)
-        return action, plan, _digest(state_dict)
+    def check():  # what the ranks compare: the action and the state dict's digest
+        local["action"] = _load_action(opt, state_dict, extra)
+        if local["action"] == "import":  # streamed: the daemons keep their weights
+            local["plan"] = _checkpoint.plan_import(opt, pipeline, state_dict,
+                                                    masters_from_model=opt.offload is None)
+        return local["action"], _digest(state_dict)
 
-    local = {}
-
-    def checked():
-        local["action"], local["plan"], digest = check()
-        return local["action"], digest
-
-    views = _together(dp, checked, "load_state_dict")
+    views = _together(dp, check, "load_state_dict")
     if len(set(views)) > 1:
         said = ", ".join(f"rank {r}: {a} ({d[:8]})" for r, (a, d) in enumerate(views))
         raise InvalidArgument(

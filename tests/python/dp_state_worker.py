@@ -187,6 +187,10 @@ def phase_f(rank, weights, here: Path, res):
         first = next(iter(sd["state"].values()))
         first["exp_avg"].mul_(2)
     res["f_different"] = error_of(lambda: opt.load_state_dict(sd))
+    bad = torch.load(here / "fuyou_sd.pt")
+    if rank == 0:  # wrong on rank 0 only: rank 1 hears of it
+        bad["state"][max(bad["state"])]["exp_avg"] = torch.zeros(3)
+    res["f_bad_shape"] = error_of(lambda: opt.load_state_dict(bad))
     res["f_sharded_export"] = error_of(
         lambda: fuyou.export_checkpoint(opt, here / f"sharded{rank}", shard_bytes=1 << 20))
     res["f_state_untouched"] = len(opt.state) == 0  # nothing was imported

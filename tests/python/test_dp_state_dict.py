@@ -41,6 +41,10 @@ def test_state_dict_export_load_and_init_from_round_trip_with_two_ranks(tmp_path
         assert again["end_state"] <= 0.0 and again["committed"] == 5, again
         # different state dicts on the ranks: refused on every rank, nothing written
         assert "the ranks loaded different state dicts" in res["f_different"], res
+        # a wrong shape on rank 0 raises on every rank, before anything is written
+        assert "has shape (3,)" in res["f_bad_shape"], res["f_bad_shape"]
+        assert ("InvalidArgument" if r == 0 else "another rank failed: rank 0: "
+                "InvalidArgument") in res["f_bad_shape"], res["f_bad_shape"]
         assert res["f_state_untouched"]
         assert "NotImplementedError" in res["f_sharded_export"]
         assert "opt.export_checkpoint(path) on every rank" in res["f_sharded_export"]
