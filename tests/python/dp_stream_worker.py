@@ -80,6 +80,11 @@ def main():
                           job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM,
                           offload_params=True,
                           loss_scale="dynamic" if args.overflow_at >= 0 else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(make_model())  # a collective
+        try:
+            fuyou.stream_parameters(ddp, opt)
+        except NotImplementedError as e:
+            res["ddp"] = str(e)
         handle = fuyou.stream_parameters(model, opt, device_budget="1MiB", prefetch=1)
         dp = opt._data_parallel
         res.update(job=opt.job, resumed=opt.resumed, own_chunks=opt.num_chunks,

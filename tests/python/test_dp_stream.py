@@ -17,6 +17,7 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
                        name="first")
     for res in first:
         assert res["placeholders"], res  # the weights live in the daemon
+        assert "stream the module itself (ddp.module) without DDP" in res["ddp"]
         assert res["job"] == f"s.rank{res['rank']}-of2"
         assert len(res["worst"]) == 5 and max(res["worst"]) <= 0.0, res["worst"]
         assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
