@@ -13,7 +13,10 @@ Each rank's job ``<job>.rank<r>-of<w>`` holds only its own chunks' states
   step), so ``torch.optim.AdamW.load_state_dict`` of a single process
   continues from it exactly. It is a **collective**: call it on every rank
   (``sd = opt.state_dict(); if rank == 0: torch.save(sd, path)``), as with
-  FSDP; called on one rank only it waits in the collective. Each rank reads
+  FSDP; called on one rank alone it raises FailedPrecondition after the
+  optimizer's ``timeout`` (``_all_ranks_arrive``: a count of the calls in the
+  group's store, so that it never waits in a collective no other rank
+  entered). Each rank reads
   its chunks' moments from its daemon and the ranks all-gather them
   (``all_gather_object``), so every rank holds the moments of the whole model
   for a moment: the same ``state_dict_max_bytes`` limit as one process keeps
@@ -47,7 +50,9 @@ Each rank's job ``<job>.rank<r>-of<w>`` holds only its own chunks' states
 from __future__ import annotations
 
 import hashlib
+import time
 import warnings
+import weakref
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -64,6 +69,52 @@ __all__ = ["build_state_dict", "load_daemon_states", "export_state", "state_owne
 
 
 # --------------------------------------------------------------------- collectives
+_GATE_POLL_S = 0.005
+_gates: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # dp -> [instance, calls]
+_instances: Dict[str, int] = {}  # base job -> DataParallel objects gated in this process
+
+
+def _group_store(group):
+    """The torch.distributed store of `group` (a private table of torch's), or
+    None where this torch has none: then no gate."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+        entry = c10d._pg_map.get(group if group is not None else c10d.GroupMember.WORLD)
+        return entry[1] if entry is not None else None
+    except Exception:
+        return None
+
+
+def _all_ranks_arrive(opt, what: str) -> None:
+    """Waits until every rank of the group has called `what` (state_dict,
+    load_state_dict, export_checkpoint) as often as this one, at most the
+    optimizer's ``timeout``: a counter per call in the group's store. A call
+    on one rank alone then raises FailedPrecondition on it, instead of waiting
+    in a collective that no other rank enters (gloo's 30 minutes, or for ever)."""
+    dp = opt._data_parallel
+    store = _group_store(dp.group)
+    if store is None:
+        return
+    gate = _gates.get(dp)
+    if gate is None:  # the ranks make their optimizers in the same order
+        _instances[dp.base_job] = _instances.get(dp.base_job, 0) + 1
+        gate = _gates[dp] = [_instances[dp.base_job], 0]
+    key = f"fuyou.collective/{dp.base_job}/{gate[0]}/{gate[1]}"
+    arrived = store.add(key, 1)
+    deadline = time.monotonic() + opt.timeout
+    while arrived < dp.world_size:
+        if time.monotonic() > deadline:
+            store.add(key, -1)  # the next call on this rank waits on the same count
+            raise FailedPrecondition(
+                f"{what} of data-parallel job {dp.base_job!r} is a collective: only "
+                f"{arrived} of the {dp.world_size} ranks called it within {opt.timeout:g} s "
+                "(the optimizer's timeout); call it on every rank, e.g. "
+                "sd = opt.state_dict(); if rank == 0: torch.save(sd, path)")
+        time.sleep(_GATE_POLL_S)
+        arrived = store.add(key, 0)
+    gate[1] += 1
+
+
 def _together(dp, work: Callable[[], object], what: str) -> List[object]:
     """Runs `work` on this rank and all-gathers the results; when any rank's
     raised, every rank raises (a rank whose own work failed raises its own
@@ -144,6 +195,7 @@ def build_state_dict(opt) -> dict:
     """The full state dict of a data-parallel `opt` on every rank (see the
     module doc). A collective."""
     opt._check_usable()
+    _all_ranks_arrive(opt, "opt.state_dict()")
     dp, pipeline = opt._data_parallel, opt.pipeline
     size = _checkpoint.moment_bytes(pipeline)  # every parameter's: the whole model
     limit = opt.state_dict_max_bytes
@@ -257,6 +309,7 @@ def _load_action(opt, state_dict: dict, extra: Optional[dict]) -> str:
 def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
     """Checks `state_dict` on every rank, then imports each rank's share of it
     (see the module doc). A collective."""
+    _all_ranks_arrive(opt, "opt.load_state_dict()")
     dp, pipeline = opt._data_parallel, opt.pipeline
     local: dict = {}  # this rank's action and import plan
 
@@ -293,6 +346,7 @@ def export_state(opt, model: Optional[torch.nn.Module]) -> dict:
     """The single-process checkpoint dict of the whole data-parallel job on
     every rank (_checkpoint.export_state over every rank's chunks). A
     collective; between steps."""
+    _all_ranks_arrive(opt, "opt.export_checkpoint()")
     dp = opt._data_parallel
     whole = _gather_whole_job(opt, with_masters=True, what="export_checkpoint")
     checkpoint = _checkpoint.export_state(opt, whole, model)

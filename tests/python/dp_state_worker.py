@@ -13,7 +13,8 @@ batches (dp_worker.py's model, data and tolerance; clipping on):
 - job "c": a fresh job loads the saved fuyou state dict;
 - job "d": a fresh job starts from the export with ``init_from``;
 - job "a" again: resumes at step 2 and loads its own state dict (no import);
-- job "f": the ranks load different state dicts; the sharded export;
+- job "f": ``state_dict()`` on rank 0 alone, then on both; the ranks load
+  different state dicts; the sharded export;
 - job "g": a fresh job starts with ``init_from`` a sharded checkpoint, which
   rank 0 exported from a single-process job "single" trained on the global
   batch to step 2 before the group was formed.
@@ -181,7 +182,11 @@ def continued(rank, job, weights, ref_weights, ref_sds, load=None, **kw):
 def phase_f(rank, weights, here: Path, res):
     model = make_model()
     model.load_state_dict(weights)
-    opt = fuyou_opt(model, "f")
+    opt = fuyou_opt(model, "f", timeout=3.0)
+    if rank == 0:  # alone: an error after the timeout, not a wait in the collective
+        res["f_alone"] = error_of(opt.state_dict)
+    dist.barrier()
+    res["f_after"] = error_of(opt.state_dict)  # together again: it works
     sd = torch.load(here / "fuyou_sd.pt")
     if rank == 1:
         first = next(iter(sd["state"].values()))

@@ -39,6 +39,11 @@ def test_state_dict_export_load_and_init_from_round_trip_with_two_ranks(tmp_path
         again = res["a_again"]
         assert again["start"] <= 0.0 and _within(again["worst"]), again
         assert again["end_state"] <= 0.0 and again["committed"] == 5, again
+        # state_dict() on rank 0 alone: an error naming the habit, then both work
+        if r == 0:
+            assert "is a collective: only 1 of the 2 ranks called it" in res["f_alone"], res
+            assert "if rank == 0: torch.save(sd, path)" in res["f_alone"]
+        assert res["f_after"] == "", res["f_after"]
         # different state dicts on the ranks: refused on every rank, nothing written
         assert "the ranks loaded different state dicts" in res["f_different"], res
         # a wrong shape on rank 0 raises on every rank, before anything is written
