@@ -139,6 +139,7 @@ class ShardedStreamedMode(StreamedMode):
         """A parameter with a gradient on some ranks gets zeros on the others
         (as DDP gives it), shaped as the parameter, not as its placeholder."""
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        has = has.to(self.dp._device(params[0]))  # NCCL reduces CUDA tensors
         dist.all_reduce(has, group=self.dp.group)
         for p, shape, n in zip(params, self.pipeline.param_shapes, has.tolist()):
             if n > 0 and p.grad is None:
