@@ -2,7 +2,7 @@
 fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
-[--chunk-bytes N] [--accumulate] [--overflow-at S]``:
+[--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), with clipping on, on this rank's batches from step A to B.
@@ -11,7 +11,9 @@ is compared with torch.optim.AdamW run here on the averaged gradients of all
 ranks' batches from step 0 (dp_worker.reference). Steps after the second use
 ``zero_grad()`` with torch 1.x's default (zeros, not None). ``--accumulate``:
 two backward passes a step; ``--overflow-at S``: dynamic loss scaling, and an
-inf in rank 1's loss at step S, which every rank skips. At the end: the
+inf in rank 1's loss at step S, which every rank skips; ``--load-torch``: torch.optim.AdamW's state dict at
+step A loaded into the resumed job (each rank imports its chunks' moments; the
+daemons keep the weights). At the end: the
 optimizer's state dict (a collective) against torch's, and a
 ``model.state_dict()`` on rank 0 alone; then (not resumed) a
 ``model.load_state_dict`` on rank 0 alone, which the next step() refuses.
@@ -63,6 +65,7 @@ def main():
     ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
     ap.add_argument("--accumulate", action="store_true")
     ap.add_argument("--overflow-at", type=int, default=-1)
+    ap.add_argument("--load-torch", action="store_true")
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
@@ -93,6 +96,8 @@ def main():
         if args.steps_from:
             res["start"] = max(violation(a, b) for a, b in
                                zip(ref[args.steps_from - 1], model.state_dict().values()))
+        if args.load_torch:  # torch.optim.AdamW's moments at the resumed step, imported
+            opt.load_state_dict(reference_states(args.steps_from, args.world, micro)[1])
         worst = []
         for step in range(args.steps_from, args.steps_to):
             for m in range(micro):

@@ -29,8 +29,9 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
     assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
     for res in first:  # model.load_state_dict on rank 0 alone: refused on every rank
         assert "call model.load_state_dict on every rank" in res["uneven_load"], res
+    # resumed, and torch.optim.AdamW's own state dict of step 5 loaded into it
     again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
-                       "--steps-to", "7", *split, name="again")
+                       "--steps-to", "7", "--load-torch", *split, name="again")
     for res in again:
         assert res["resumed"] and res["start"] <= 0.0, res
         assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
