@@ -77,6 +77,7 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
         if optimizer.pipeline.step.in_step:
             raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
                                      "call it after step()")
+        optimizer._mode.check_sharded_export()
         optimizer._mode.quiesce()  # states are read only with no fetch in flight
         return _sharded.export_sharded(optimizer, optimizer.pipeline, path, model,
                                        int(shard_bytes))

@@ -200,6 +200,11 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             ``<job>.rank<r>-of<w>`` on one fuyoud per node and owns whole
             chunks, each reduced to its owner during backward; see README
             "Data parallel", ``_data_parallel.py`` and ``_dp_overlap.py``.
+            There :meth:`state_dict`, :meth:`load_state_dict` and
+            :meth:`export_checkpoint` are collectives over the whole job (call
+            them on every rank; _sharded_states.py), ``opt.state`` is the
+            rank's own, and ``offload_params`` keeps a copy of every chunk in
+            each rank's job (_sharded_streamed.py).
             False: a single-process optimizer on ``job`` although
             torch.distributed is initialised (a rank's own model, say).
     """

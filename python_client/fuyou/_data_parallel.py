@@ -64,15 +64,6 @@ def for_optimizer(process_group, job: str, offload_params: bool,
     group = process_group if process_group is not None else dist.group.WORLD
     if dist.get_world_size(group) == 1:
         return None
-    if offload_params:
-        raise NotImplementedError(
-            f"fuyou.AdamW of job {job!r}: offload_params=True with data parallelism "
-            f"(a process group of {dist.get_world_size(group)} ranks) is not implemented "
-            "yet; use the resident mode (offload_params=False) or one rank")
-    if init_from is not None:
-        raise NotImplementedError(
-            f"fuyou.AdamW of job {job!r}: init_from with data parallelism is not "
-            "implemented yet; import on one rank, or start the ranks without init_from")
     return DataParallel(group, job)
 
 
@@ -268,7 +259,7 @@ class DataParallel:
             flat.div_(self.world_size)
             pos = 0
             for p in b:
-                n = p.numel()
+                n = p.grad.numel()  # a streamed parameter is a placeholder
                 p.grad.detach().copy_(flat[pos:pos + n].view_as(p.grad))
                 pos += n
         self.steps_averaged += 1

@@ -84,6 +84,11 @@ class OffloadedParams:
         self._streams: list = []  # the ParameterStreams on the model
         self.state_dict_hooks = None  # a StreamedStateDict once fuyou.stream_parameters ran
         self.weights_loaded = 0  # model.load_state_dict calls that wrote new weights
+        # A data-parallel rank's (_sharded_streamed.py): the chunks of the plan
+        # this rank sends (all of them: every chunk is registered), and what runs
+        # once every module is registered.
+        self.own_chunks = lambda chunks: chunks
+        self.after_registration = None
 
     @property
     def _lock(self):
@@ -126,7 +131,7 @@ class OffloadedParams:
                 raise InvalidArgument(f"offload_params for job {opt.job!r}: {e}") from None
             if [id(p) for p in unique] != [id(p) for p in self._pipeline.params]:
                 raise InvalidArgument("the optimizer's parameters changed since it was made")
-            self._pipeline.set_chunks(chunks)
+            self._pipeline.set_chunks(self.own_chunks(chunks))
             self.layout.fill(model, modules, by_module, self._pipeline.params)
 
     def uses(self, module: torch.nn.Module) -> List[Block]:
@@ -228,6 +233,8 @@ class OffloadedParams:
             if self.registered:
                 pipeline.set_device()
                 pipeline.slots.pin()
+                if self.after_registration is not None:
+                    self.after_registration()
             return resumed_any
 
     def _replace_param(self, old: torch.nn.Parameter, new: torch.nn.Parameter) -> None:

@@ -24,8 +24,9 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   and the global norm and the overflow are agreed as above. With
   ``fuyou.skip_ddp_allreduce(ddp_model)`` DDP reduces nothing and the
   reductions above replace its all-reduce.
-- Between steps: state_dict, export_checkpoint, ``opt.state[p]`` and
-  load_state_dict raise (each rank's job holds only its chunks' states).
+- Between steps: state_dict, load_state_dict and export_checkpoint are
+  collectives over the ranks' jobs, ``opt.state[p]`` is this rank's
+  (_sharded_states.py); the sharded export (``shard_bytes=``) raises.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
 
-_STATES_PER_RANK = ("the states of a data-parallel job are split over the ranks' jobs "
-                    "({job}.rank<r>-of<w>); reading or writing them as one (state_dict, "
-                    "export_checkpoint, opt.state[p], load_state_dict) is not implemented yet")
+_SHARDED_EXPORT = ("fuyou.export_checkpoint(..., shard_bytes=) of data-parallel job {job!r} "
+                   "is not implemented: its states are split over the ranks' jobs "
+                   "({job}.rank<r>-of<w>); call opt.export_checkpoint(path) on every rank "
+                   "(one file, written by rank 0)")
 
 
 class ShardedResidentMode(ResidentMode):
@@ -142,14 +144,8 @@ class ShardedResidentMode(ResidentMode):
             self.reductions.close()
             self.dp.barrier()
 
-    def quiesce(self) -> None:
-        raise NotImplementedError(_STATES_PER_RANK.format(job=self.dp.base_job))
-
-    def check_import(self, job: str) -> None:
-        raise NotImplementedError(_STATES_PER_RANK.format(job=self.dp.base_job))
-
-    def check_fork(self, source: str, job: str) -> None:
-        raise NotImplementedError(_STATES_PER_RANK.format(job=self.dp.base_job))
+    def check_sharded_export(self) -> None:
+        raise NotImplementedError(_SHARDED_EXPORT.format(job=self.dp.base_job))
 
 
 def _all_finite(params: List[torch.Tensor]) -> bool:

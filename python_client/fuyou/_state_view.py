@@ -6,7 +6,9 @@ parameter's states at the last committed step (between steps only) into a
 read-only mapping of fp32 copies: in-place changes to those tensors do not reach
 the daemon, and assigning into ``opt.state`` or ``opt.state[p]`` raises
 TypeError (load_state_dict is the way to set moments). A parameter of the
-optimizer never updated has an empty mapping, as in torch.
+optimizer never updated has an empty mapping, as in torch. In a
+data-parallel group it holds this rank's parameters only, and another rank's
+raises (_sharded_states.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import _checkpoint
+from . import _checkpoint, _sharded_states
 from ._errors import FailedPrecondition
 
 __all__ = ["StateView"]
@@ -44,6 +46,13 @@ class StateView(Mapping):
                 return None
         raise KeyError(p)
 
+    def _local(self, pidx) -> bool:
+        """Whether this rank holds the parameter's states (always, outside a
+        data-parallel group)."""
+        opt = self._opt
+        return getattr(opt, "_data_parallel", None) is None or \
+            _sharded_states.local_param(opt, pidx)
+
     def _count(self, pidx) -> int:
         pipeline = self._opt._pipeline
         counts = [t for c in pipeline.plan.of_param(pidx)
@@ -55,6 +64,8 @@ class StateView(Mapping):
         if not torch.is_tensor(p):
             raise KeyError(p)
         pidx = self._index(p)
+        if pidx is not None and not self._local(pidx):
+            raise _sharded_states.state_owner_error(self._opt, pidx)
         if pidx is None or self._count(pidx) == 0:
             return types.MappingProxyType({})
         opt = self._opt
@@ -74,13 +85,14 @@ class StateView(Mapping):
             pidx = self._index(p)
         except KeyError:
             return False
-        return pidx is not None and self._count(pidx) > 0
+        return pidx is not None and self._local(pidx) and self._count(pidx) > 0
 
     def _updated(self):
         pipeline = self._opt._pipeline
         if pipeline is None:
             return []
-        return [p for pidx, p in enumerate(pipeline.params) if self._count(pidx) > 0]
+        return [p for pidx, p in enumerate(pipeline.params)
+                if self._local(pidx) and self._count(pidx) > 0]
 
     def __iter__(self):
         return iter(self._updated())

@@ -84,6 +84,12 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
     beyond it, it raises and names ``fuyou.export_checkpoint(opt, path, model,
     shard_bytes=...)``, which writes a sharded checkpoint one chunk at a time.
     """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise NotImplementedError(
+            "fuyou.stream_parameters of a DistributedDataParallel model: DDP keeps views of "
+            "every parameter's storage, which a streamed parameter does not have; stream the "
+            "module itself (ddp.module) without DDP: in a data-parallel group fuyou.AdamW "
+            "averages the gradients at step()")
     offload: Optional[OffloadedParams] = getattr(optimizer, "offload", None)
     if offload is None:
         raise InvalidArgument("fuyou.stream_parameters needs the model's optimizer opened as "

@@ -298,7 +298,7 @@ class StreamedStateDict:
         weights = offload.weights
         weights.drop_cache()  # also waits for the fetches in flight
         touched = []
-        for c in pipeline.plan.chunks:
+        for c in (c for b in offload.blocks for c in b.chunks):  # a data-parallel rank's copies too
             if any(seg.param_index in values for seg in c.segments):
                 touched.append(c)
         for c in touched:

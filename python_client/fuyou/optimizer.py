@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import _checkpoint, _data_parallel, _lifetime, _optimizer_state
+from . import _checkpoint, _data_parallel, _lifetime, _optimizer_state, _sharded_states
 from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
@@ -21,6 +21,7 @@ from ._protocol import Hyper
 from ._resident import ResidentMode
 from ._settings import OptimizerSettings, Setting
 from ._sharded_mode import ShardedResidentMode
+from ._sharded_streamed import ShardedStreamedMode
 from ._state_view import StateView
 from ._streamed import StreamedMode
 from ._torch_format import torch_indices
@@ -46,9 +47,9 @@ SET_TO_NONE_DEFAULT = _torch_set_to_none_default()
 
 def _mode_class(offload_params: bool, data_parallel) -> type:
     """The step mode for the constructor's arguments: the one place that chooses
-    (for_optimizer refuses offload_params in a data-parallel group)."""
+    (for_optimizer refuses what a data-parallel group cannot do)."""
     if data_parallel is not None:
-        return ShardedResidentMode
+        return ShardedStreamedMode if offload_params else ShardedResidentMode
     return StreamedMode if offload_params else ResidentMode
 
 
@@ -115,7 +116,7 @@ class AdamW(torch.optim.Optimizer):
         mode_class = _mode_class(offload_params, self._data_parallel)
         chunks, trainable, slot_bytes = mode_class.plan(self.param_groups, self.chunk_bytes,
                                                         num_slots, init_from)
-        if self._data_parallel is not None:
+        if self._data_parallel is not None and not offload_params:  # streamed: at bind
             chunks = self._data_parallel.take_shard(chunks)
         pipeline = ChunkPipeline(
             chunks, trainable, lock=self._lock, hyper=self._hyper,
@@ -132,7 +133,9 @@ class AdamW(torch.optim.Optimizer):
         try:
             session = self._connection.open_first(num_slots + mode_class.EXTRA_SLOTS, slot_bytes)
             self._mode = mode_class(self, pipeline, session)
-            if plan is not None:
+            if plan is not None and self._data_parallel is not None:
+                _sharded_states.import_together(self, pipeline, plan)  # then broadcast
+            elif plan is not None:
                 _checkpoint.apply_import(self, pipeline, plan)
         except BaseException:
             pipeline.detach()  # its sender thread and pinned slots, before the mapping goes
@@ -302,15 +305,20 @@ class AdamW(torch.optim.Optimizer):
         the same parameter groups. ``model`` given: ``"model"`` is its state_dict
         with fp32 master weights for the trainable parameters; otherwise it maps
         each parameter's index (as in the optimizer state) to fp32 weights.
-        Call it between steps."""
+        Call it between steps. In a data-parallel group: the whole job's, on every
+        rank, a collective; ``path`` is written by rank 0 (_sharded_states.py)."""
+        dp = self._data_parallel
         with self._lock:
             self._check_usable()
             if self._pipeline.step.in_step:
                 raise FailedPrecondition(
                     f"export_checkpoint of job {self.job!r} during a step: call it after step()")
             self._mode.quiesce()
-            checkpoint = _checkpoint.export_state(self, self._pipeline, model)
-        if path is not None:
+            if dp is not None:
+                checkpoint = _sharded_states.export_state(self, model)
+            else:
+                checkpoint = _checkpoint.export_state(self, self._pipeline, model)
+        if path is not None and (dp is None or dp.rank == 0):
             torch.save(checkpoint, path)
         return checkpoint
 
@@ -323,11 +331,13 @@ class AdamW(torch.optim.Optimizer):
         and a warning says to use :meth:`export_checkpoint`; so too (with a warning)
         during a step (backward without step()). ``"fuyou"`` holds the job,
         committed step, loss scaler and chunk layout, so that a fuyou.AdamW of the
-        same job loads it without reading anything."""
+        same job loads it without reading anything. In a data-parallel group: the
+        whole job's state dict on every rank, a collective (_sharded_states.py)."""
         for hook in list(getattr(self, "_optimizer_state_dict_pre_hooks", {}).values()):
             hook(self)  # torch 2.x's register_state_dict_pre_hook
         with self._lock:
-            sd = _optimizer_state.build_state_dict(self)
+            sd = (_optimizer_state if self._data_parallel is None
+                  else _sharded_states).build_state_dict(self)
         for hook in list(getattr(self, "_optimizer_state_dict_post_hooks", {}).values()):
             result = hook(self, sd)  # torch 2.x's register_state_dict_post_hook
             if result is not None:
@@ -348,14 +358,16 @@ class AdamW(torch.optim.Optimizer):
         offload_params the daemon's weights stay (they are the model's: load the
         model's state dict into the streamed model first) and only the moments
         and step counts are imported; the model must be registered
-        (``fuyou.stream_parameters``) first."""
+        (``fuyou.stream_parameters``) first. In a data-parallel group: on every
+        rank, each importing its chunks' share, a collective (_sharded_states.py)."""
         if not isinstance(state_dict, dict) or "param_groups" not in state_dict:
             raise InvalidArgument("load_state_dict takes an optimizer state dict "
                                   "(param_groups, state)")
         extra = state_dict.get("fuyou")
         with self._lock:
             self._check_usable()
-            _optimizer_state.load_daemon_states(self, state_dict, extra)
+            (_optimizer_state if self._data_parallel is None
+             else _sharded_states).load_daemon_states(self, state_dict, extra)
             stateless = {"state": {}, "param_groups": state_dict["param_groups"]}
             super().load_state_dict(stateless)
             for group in self.param_groups:  # a torch state dict lacks fuyou's group keys

@@ -1,0 +1,153 @@
+"""One rank of test_dp_stream.py: offload_params=True and
+fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
+
+``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
+[--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]``:
+joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
+(its parameters are placeholders; each module's weights are fetched from the
+rank's fuyoud), with clipping on, on this rank's batches from step A to B.
+After every step every weight, read with ``model.state_dict()`` (a local call),
+is compared with torch.optim.AdamW run here on the averaged gradients of all
+ranks' batches from step 0 (dp_worker.reference). Steps after the second use
+``zero_grad()`` with torch 1.x's default (zeros, not None). ``--accumulate``:
+two backward passes a step; ``--overflow-at S``: dynamic loss scaling, and an
+inf in rank 1's loss at step S, which every rank skips; ``--load-torch``: torch.optim.AdamW's state dict at
+step A loaded into the resumed job (each rank imports its chunks' moments; the
+daemons keep the weights). At the end: the
+optimizer's state dict (a collective) against torch's, and a
+``model.state_dict()`` on rank 0 alone; then (not resumed) a
+``model.load_state_dict`` on rank 0 alone, which the next step() refuses.
+"""
+
+import argparse
+import copy
+import json
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fuyou
+from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
+
+CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
+
+
+def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1):
+    """torch.optim.AdamW's weights after each step and its state dict after the
+    last; `micro` batches a step per rank; step `skipped` is not taken."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    weights = []
+    for step in range(steps):
+        if step == skipped:
+            weights.append([p.detach().clone() for p in model.parameters()])
+            continue
+        for r in range(world):
+            for m in range(micro):
+                (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    return weights, copy.deepcopy(opt.state_dict())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for name in ("rank", "world"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("store")
+    ap.add_argument("out")
+    ap.add_argument("--steps-from", type=int, default=0)
+    ap.add_argument("--steps-to", type=int, default=5)
+    ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
+    ap.add_argument("--accumulate", action="store_true")
+    ap.add_argument("--overflow-at", type=int, default=-1)
+    ap.add_argument("--load-torch", action="store_true")
+    args = ap.parse_args()
+    res = {"rank": args.rank}
+    dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
+                            rank=args.rank, world_size=args.world)
+    opt = None
+    try:
+        micro = 2 if args.accumulate else 1
+        ref, ref_sd = reference_states(args.steps_to, args.world, micro, args.overflow_at)
+        model = make_model()
+        if args.steps_from:  # a resumed job has the daemon's weights: start elsewhere
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                          job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM,
+                          offload_params=True,
+                          loss_scale="dynamic" if args.overflow_at >= 0 else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(make_model())  # a collective
+        try:
+            fuyou.stream_parameters(ddp, opt)
+        except NotImplementedError as e:
+            res["ddp"] = str(e)
+        handle = fuyou.stream_parameters(model, opt, device_budget="1MiB", prefetch=1)
+        dp = opt._data_parallel
+        res.update(job=opt.job, resumed=opt.resumed, own_chunks=opt.num_chunks,
+                   all_chunks=len(dp.all_chunks), placeholders=all(
+                       p.numel() == 0 for p in model.parameters()))
+        if args.steps_from:
+            res["start"] = max(violation(a, b) for a, b in
+                               zip(ref[args.steps_from - 1], model.state_dict().values()))
+        if args.load_torch:  # torch.optim.AdamW's moments at the resumed step, imported
+            opt.load_state_dict(reference_states(args.steps_from, args.world, micro)[1])
+        worst = []
+        for step in range(args.steps_from, args.steps_to):
+            for m in range(micro):
+                loss = loss_of(model, *batch(step, args.rank, m)) / micro
+                if step == args.overflow_at and args.rank == 1:
+                    loss = loss * float("inf")  # an inf on one rank skips the step on all
+                opt.scale_loss(loss).backward()
+            opt.step()
+            if step < 2:
+                opt.zero_grad(set_to_none=True)
+            else:
+                opt.zero_grad()  # torch 1.x: zeros
+            weights = list(model.state_dict().values())
+            worst.append(max(violation(a, b) for a, b in zip(ref[step], weights)))
+        sd = opt.state_dict()
+        states = -1.0
+        for i, st in ref_sd["state"].items():
+            if float(sd["state"][i]["step"]) != float(st["step"]):
+                states = float("inf")
+            for key in ("exp_avg", "exp_avg_sq"):
+                states = max(states, violation(st[key], sd["state"][i][key]))
+        ck = opt.export_checkpoint(None, model)  # a collective: the whole job's masters
+        export = max(violation(a, ck["model"][name]) for a, (name, _) in
+                     zip(ref[args.steps_to - 1], model.named_parameters()))
+        res.update(worst=worst, states=states, committed=opt.committed_step,
+                   skipped=opt.skipped_steps, loss_scale=opt.loss_scale,
+                   fetches=handle.fetches, export=export)
+        dist.barrier()
+        if args.rank == 0:  # a local call: no other rank takes part
+            alone = list(model.state_dict().values())
+            res["alone"] = max(violation(a, b) for a, b in zip(ref[args.steps_to - 1], alone))
+        dist.barrier()
+        if not args.steps_from:  # model.load_state_dict on rank 0 only: step() refuses
+            if args.rank == 0:
+                model.load_state_dict(model.state_dict())
+            loss_of(model, *batch(args.steps_to, args.rank)).backward()
+            try:
+                opt.step()
+            except fuyou.FailedPrecondition as e:
+                res["uneven_load"] = str(e)
+        opt.close()
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()
+        if opt is not None:
+            opt.close()
+    with open(args.out, "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

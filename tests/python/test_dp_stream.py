@@ -1,0 +1,48 @@
+"""offload_params=True and fuyou.stream_parameters in a data-parallel job
+(issue 24; python_client/fuyou/_sharded_streamed.py): two real gloo ranks
+(dp_stream_worker.py) sharing one embedded fuyoud, each fetching its modules'
+weights from its own job, each updating its own chunks, against
+torch.optim.AdamW on the averaged, clipped gradients; then a resume."""
+
+from __future__ import annotations
+
+from dp_ranks import run_worker
+
+
+def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
+    # 1 KiB chunks: 9 chunks, a weight split over two of one rank's and another
+    # over both ranks' (a module's own chunks may have two owners)
+    split = ("--chunk-bytes", "1024")
+    first = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-to", "5", *split,
+                       name="first")
+    for res in first:
+        assert res["placeholders"], res  # the weights live in the daemon
+        assert "stream the module itself (ddp.module) without DDP" in res["ddp"]
+        assert res["job"] == f"s.rank{res['rank']}-of2"
+        assert len(res["worst"]) == 5 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
+        assert res["export"] <= 0.0, res  # export_checkpoint: every chunk's master
+        assert res["committed"] == 5 and res["fetches"] > 0
+    # every chunk owned by one rank, each rank updating some
+    assert [r["all_chunks"] for r in first] == [9, 9]
+    assert sum(r["own_chunks"] for r in first) == 9 and all(r["own_chunks"] for r in first)
+    assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
+    for res in first:  # model.load_state_dict on rank 0 alone: refused on every rank
+        assert "call model.load_state_dict on every rank" in res["uneven_load"], res
+    # resumed, and torch.optim.AdamW's own state dict of step 5 loaded into it
+    again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
+                       "--steps-to", "7", "--load-torch", *split, name="again")
+    for res in again:
+        assert res["resumed"] and res["start"] <= 0.0, res
+        assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["committed"] == 7 and res["states"] <= 0.0
+
+
+def test_two_streamed_ranks_accumulate_and_skip_an_overflow_on_one_rank(tmp_path):
+    results = run_worker("dp_stream_worker.py", tmp_path, 2, "--accumulate",
+                         "--overflow-at", "2", "--steps-to", "4")
+    for res in results:
+        assert len(res["worst"]) == 4 and max(res["worst"]) <= 0.0, res["worst"]
+        assert res["skipped"] == 1 and res["committed"] == 3, res
+        assert res["loss_scale"] == 2.0 ** 15  # backed off once, on every rank
+        assert res["states"] <= 0.0, res
