@@ -139,8 +139,9 @@ Future<uint64_t> ActivationSpill::Recall(uint64_t key, std::span<std::byte> out)
                     -> absl::StatusOr<uint64_t> {
             absl::Status status = read;
             if (!status.ok()) {
-              status = absl::Status(read.code(), fmt::format("activation {}: cannot read it back from {} (offset {}): {}",
-                                                             key, file, entry.location.offset, read.message()));
+              status = absl::Status(read.code(),
+                                    fmt::format("activation {}: cannot read it back from {} (offset {}): {}", key,
+                                                file, entry.location.offset, read.message()));
             } else if (XXH3_64bits(lent.bytes.data(), entry.bytes) != entry.checksum) {
               status = absl::DataLossError(fmt::format(
                   "activation {}: the {} bytes read back from {} (offset {}) do not match their checksum", key,

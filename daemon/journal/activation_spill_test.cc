@@ -49,7 +49,8 @@ class ActivationSpillTest : public ::testing::Test {
     };
     quota.give = [this](uint64_t bytes) { taken_ -= bytes; };
     return std::make_unique<ActivationSpill>(
-        scratch_->ForSession(session, ScratchCharge{.budget = storage, .uid = ::geteuid(), .what = "the activation scratch"}),
+        scratch_->ForSession(session,
+                             ScratchCharge{.budget = storage, .uid = ::geteuid(), .what = "the activation scratch"}),
         std::move(quota));
   }
 

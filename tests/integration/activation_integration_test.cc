@@ -195,6 +195,23 @@ TEST_F(ActivationTest, ASpillInFlightHoldsUpNoOtherMessageOfTheSession) {
   EXPECT_TRUE(ScratchFiles().empty());
 }
 
+TEST_F(ActivationTest, AClientWithoutRequestIdsGetsItsAnswersInOrder) {
+  // Request id 0 (a client older than ids) cannot match answers that come out
+  // of order: its spill is answered before the message after it.
+  const fs::path gate = dir_.path() / "release";
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=write:HOLD:until={}:dir=activations", gate.string())});
+  auto session = Open("no-ids");
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Send(Spill(1, 0, 4096)));
+  ASSERT_TRUE(session->Send(Recall(99, 1)));
+  { std::ofstream(gate.string()) << "go"; }  // only now can the spill complete
+  const v1::DaemonMessage first = session->Read();
+  const v1::DaemonMessage second = session->Read();
+  EXPECT_TRUE(first.has_activation_spilled()) << Describe(first);
+  EXPECT_EQ(second.error().code(), 5) << Describe(second);
+  ASSERT_TRUE(session->Close().ok());
+}
+
 TEST_F(ActivationTest, TheStepsEndAnswersTheSpillsInFlightFirstAndLeavesNothing) {
   // Spills in flight when the step ends are answered before it, and their
   // scratch is gone after it. (A session's end waits for them the same way:
