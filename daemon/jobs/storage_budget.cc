@@ -95,7 +95,7 @@ absl::StatusOr<StorageBudget::Grant> StorageBudget::Admit(uid_t uid, uint64_t by
           "per-user storage limit max_storage_bytes_per_user ({} bytes; they reserve {} now{}); nothing was written. "
           "Delete jobs (fuyouctl jobs delete) or raise [limits] max_storage_bytes_per_user / --max-storage-per-user",
           what, uid, bytes, uid, scratch != 0 ? " and scratch" : "", after, limit, used + pending + scratch,
-          scratch != 0 ? fmt::format(", {} of them spilled activations", scratch) : ""));
+          scratch != 0 ? fmt::format(", {} of them scratch: spilled activations and gradient journals", scratch) : ""));
     }
   }
   const uint64_t share = (bytes + roots_.size() - 1) / roots_.size();

@@ -12,8 +12,9 @@
 //
 // Registrations in flight count until their Grant is dropped (after the
 // extents are fallocated, when the disk shows them), so two that race cannot
-// both take the last bytes. Scratch outside the jobs (spilled activations,
-// journal/activation_spill.h) is admitted the same way, and then held
+// both take the last bytes. Scratch outside the jobs (spilled activations and
+// gradient journals: JournalSpillFiles::Allocate, journal/journal_scratch.h) is
+// admitted the same way, and then held
 // (HoldScratch) until it is freed: counted with the uid's jobs against
 // max_bytes_per_user; the free space on the paths shows it already.
 // Thread-safe.

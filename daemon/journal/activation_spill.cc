@@ -8,108 +8,163 @@
 
 namespace fuyou {
 
-ActivationSpill::ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota,
-                                 StorageCharge storage)
-    : files_(std::move(files)), quota_(std::move(quota)), storage_(std::move(storage)) {}
+absl::StatusOr<BounceBuffers::Lent> BounceBuffers::Take(uint64_t bytes) {
+  std::unique_lock lock(mutex_);
+  Buffer* free = nullptr;
+  size_t index = 0;
+  returned_.wait(lock, [&] {
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      if (!buffers_[i].lent) {
+        free = &buffers_[i];
+        index = i;
+        return true;
+      }
+    }
+    return false;
+  });
+  if (free->memory.size() < bytes) {
+    free->memory = storage::AlignedBuffer();  // the old one goes first
+    FUYOU_ASSIGN_OR_RETURN(free->memory, storage::AlignedBuffer::Allocate(bytes));
+  }
+  free->lent = true;
+  return Lent{index, free->memory.span().first(bytes)};
+}
+
+void BounceBuffers::Give(size_t index) {
+  {
+    std::lock_guard lock(mutex_);
+    buffers_[index].lent = false;
+  }
+  returned_.notify_one();
+}
+
+void BounceBuffers::Trim() {
+  std::lock_guard lock(mutex_);
+  for (Buffer& buffer : buffers_) {
+    if (!buffer.lent) buffer.memory = storage::AlignedBuffer();
+  }
+}
+
+ActivationSpill::ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota)
+    : files_(std::move(files)), quota_(std::move(quota)) {}
 
 ActivationSpill::~ActivationSpill() { Drop(); }
 
-absl::StatusOr<std::span<std::byte>> ActivationSpill::Bounce(uint64_t bytes) {
-  if (bounce_.size() < bytes) {
-    bounce_ = storage::AlignedBuffer();  // the old one goes first
-    FUYOU_ASSIGN_OR_RETURN(bounce_, storage::AlignedBuffer::Allocate(bytes));
-  }
-  return bounce_.span().first(bytes);
-}
+void ActivationSpill::WaitForTransfers() { in_flight_.WaitAll().IgnoreError(); }
 
-absl::Status ActivationSpill::Spill(uint64_t key, std::span<const std::byte> bytes) {
+Future<void> ActivationSpill::Spill(uint64_t key, std::span<const std::byte> bytes) {
   if (files_ == nullptr) {
-    return absl::FailedPreconditionError("fuyoud has no storage path for activation scratch files");
+    return MakeReadyFuture<void>(
+        absl::FailedPreconditionError("fuyoud has no storage path for activation scratch files"));
   }
-  if (bytes.empty()) return absl::InvalidArgumentError(fmt::format("activation {}: nothing to spill (0 bytes)", key));
-  if (entries_.contains(key)) {
-    return absl::InvalidArgumentError(fmt::format(
-        "activation {} is already spilled in this session; recall it or drop the activations first", key));
+  if (bytes.empty()) {
+    return MakeReadyFuture<void>(
+        absl::InvalidArgumentError(fmt::format("activation {}: nothing to spill (0 bytes)", key)));
+  }
+  if (auto found = entries_.find(key); found != entries_.end()) {
+    const Future<void>& written = found->second.written;
+    if (!written.ready() || written.result().ok()) {
+      return MakeReadyFuture<void>(absl::InvalidArgumentError(fmt::format(
+          "activation {} is already spilled in this session; recall it or drop the activations first", key)));
+    }
+    entries_.erase(found);  // its write failed (and was answered so): the key may be spilled again
   }
   if (entries_.size() >= kMaxActivations) {
-    return absl::ResourceExhaustedError(fmt::format(
+    return MakeReadyFuture<void>(absl::ResourceExhaustedError(fmt::format(
         "the session already has {} activations spilled, the most one session may hold; recall or drop some",
-        entries_.size()));
+        entries_.size())));
   }
   // bytes.size() <= one slot, far below overflow.
   const uint64_t padded = (bytes.size() + storage::kBlockSize - 1) / storage::kBlockSize * storage::kBlockSize;
-  if (quota_.take) FUYOU_RETURN_IF_ERROR(quota_.take(padded));
-  StorageBudget::Grant grant;  // until the blocks are allocated, when the free space shows them
-  if (storage_.budget != nullptr) {
-    auto admitted = storage_.budget->Admit(storage_.uid, padded, storage_.what);
-    if (!admitted.ok()) {
-      if (quota_.give) quota_.give(padded);
-      return absl::Status(admitted.status().code(),
-                          fmt::format("activation {}: {}; the session goes on (recall or drop activations, or keep "
-                                      "this one in host memory)",
-                                      key, admitted.status().message()));
-    }
-    grant = std::move(*admitted);
+  if (quota_.take) {
+    if (absl::Status taken = quota_.take(padded); !taken.ok()) return MakeReadyFuture<void>(taken);
   }
-  auto location = files_->Allocate(padded);
+  auto location = files_->Allocate(padded);  // admitted by the storage budget first
   if (!location.ok()) {
     if (quota_.give) quota_.give(padded);
-    return absl::Status(location.status().code(),
-                        fmt::format("activation {}: {}", key, location.status().message()));
+    const bool refused = absl::IsResourceExhausted(location.status());
+    return MakeReadyFuture<void>(absl::Status(
+        location.status().code(),
+        fmt::format("activation {}: {}{}", key, location.status().message(),
+                    refused ? "; the session goes on (recall or drop activations, or keep this one in host memory)"
+                            : "")));
   }
   charged_ += padded;  // the blocks are allocated until Drop, whatever happens below
-  if (storage_.budget != nullptr) storage_.budget->HoldScratch(storage_.uid, padded);
-  grant.Reset();
-  FUYOU_ASSIGN_OR_RETURN(std::span<std::byte> buffer, Bounce(padded));
-  std::memcpy(buffer.data(), bytes.data(), bytes.size());
-  std::memset(buffer.data() + bytes.size(), 0, padded - bytes.size());  // written, not checksummed: deterministic
-  const uint64_t checksum = XXH3_64bits(buffer.data(), bytes.size());
-  if (absl::Status written = files_->Write(*location, buffer); !written.ok()) {
-    return absl::Status(written.code(), fmt::format("activation {}: cannot write {} bytes to {} (offset {}): {}", key,
-                                                    padded, files_->path(location->file).string(), location->offset,
-                                                    written.message()));
-  }
-  entries_.emplace(key, Entry{*location, bytes.size(), checksum});
-  return absl::OkStatus();
+  absl::StatusOr<BounceBuffers::Lent> lent = bounce_->Take(padded);
+  if (!lent.ok()) return MakeReadyFuture<void>(lent.status());
+  std::memcpy(lent->bytes.data(), bytes.data(), bytes.size());
+  std::memset(lent->bytes.data() + bytes.size(), 0, padded - bytes.size());  // written, not checksummed: deterministic
+  const uint64_t checksum = XXH3_64bits(lent->bytes.data(), bytes.size());
+  const std::string file = files_->path(location->file).string();
+  Future<void> written = files_->WriteAsync(*location, lent->bytes)
+                             .Then([bounce = bounce_, index = lent->index, key, padded, file,
+                                    offset = location->offset](const absl::Status& status) {
+                               bounce->Give(index);
+                               if (status.ok()) return status;
+                               return absl::Status(status.code(),
+                                                   fmt::format("activation {}: cannot write {} bytes to {} (offset "
+                                                               "{}): {}",
+                                                               key, padded, file, offset, status.message()));
+                             });
+  in_flight_.Add(written);
+  entries_.emplace(key, Entry{*location, bytes.size(), checksum, written});
+  return written;
 }
 
-absl::StatusOr<uint64_t> ActivationSpill::Recall(uint64_t key, std::span<std::byte> out) {
+Future<uint64_t> ActivationSpill::Recall(uint64_t key, std::span<std::byte> out) {
   auto found = entries_.find(key);
   if (found == entries_.end()) {
-    return absl::NotFoundError(fmt::format(
+    return MakeReadyFuture<uint64_t>(absl::NotFoundError(fmt::format(
         "activation {} is not spilled in this session (never spilled, already recalled, or dropped at the end of "
         "the step)",
-        key));
+        key)));
   }
   const Entry entry = found->second;
   if (out.size() < entry.bytes) {
-    return absl::InvalidArgumentError(
+    return MakeReadyFuture<uint64_t>(absl::InvalidArgumentError(
         fmt::format("activation {} is {} bytes, more than the {} bytes it should be recalled into", key, entry.bytes,
-                    out.size()));
+                    out.size())));
   }
   entries_.erase(found);
-  FUYOU_ASSIGN_OR_RETURN(std::span<std::byte> buffer, Bounce(entry.location.bytes));
-  const std::filesystem::path path = files_->path(entry.location.file);
-  if (absl::Status read = files_->Read(entry.location, buffer); !read.ok()) {
-    return absl::Status(read.code(), fmt::format("activation {}: cannot read it back from {} (offset {}): {}", key,
-                                                 path.string(), entry.location.offset, read.message()));
+  if (absl::Status written = entry.written.status(); !written.ok()) {  // waits for a write still in flight
+    return MakeReadyFuture<uint64_t>(absl::Status(
+        written.code(), fmt::format("activation {} cannot be recalled: its spill failed: {}", key, written.message())));
   }
-  if (XXH3_64bits(buffer.data(), entry.bytes) != entry.checksum) {
-    return absl::DataLossError(fmt::format(
-        "activation {}: the {} bytes read back from {} (offset {}) do not match their checksum", key, entry.bytes,
-        path.string(), entry.location.offset));
-  }
-  std::memcpy(out.data(), buffer.data(), entry.bytes);
-  return entry.bytes;
+  absl::StatusOr<BounceBuffers::Lent> lent = bounce_->Take(entry.location.bytes);
+  if (!lent.ok()) return MakeReadyFuture<uint64_t>(lent.status());
+  const std::string file = files_->path(entry.location.file).string();
+  Future<uint64_t> recalled =
+      files_->ReadAsync(entry.location, lent->bytes)
+          .Then([bounce = bounce_, lent = *lent, key, entry, file, out](const absl::Status& read)
+                    -> absl::StatusOr<uint64_t> {
+            absl::Status status = read;
+            if (!status.ok()) {
+              status = absl::Status(read.code(),
+                                    fmt::format("activation {}: cannot read it back from {} (offset {}): {}", key,
+                                                file, entry.location.offset, read.message()));
+            } else if (XXH3_64bits(lent.bytes.data(), entry.bytes) != entry.checksum) {
+              status = absl::DataLossError(fmt::format(
+                  "activation {}: the {} bytes read back from {} (offset {}) do not match their checksum", key,
+                  entry.bytes, file, entry.location.offset));
+            } else {
+              std::memcpy(out.data(), lent.bytes.data(), entry.bytes);
+            }
+            bounce->Give(lent.index);
+            if (!status.ok()) return status;
+            return entry.bytes;
+          });
+  in_flight_.Add(recalled.Then([](const absl::StatusOr<uint64_t>& result) { return result.status(); }));
+  return recalled;
 }
 
 ActivationSpill::Dropped ActivationSpill::Drop() {
+  WaitForTransfers();
   Dropped dropped{static_cast<uint32_t>(entries_.size()), charged_};
   entries_.clear();
-  if (files_ != nullptr && charged_ != 0) files_->Clear();
+  if (files_ != nullptr && charged_ != 0) files_->Clear();  // gives the storage budget's charge back
   if (quota_.give && charged_ != 0) quota_.give(charged_);
-  if (storage_.budget != nullptr && charged_ != 0) storage_.budget->GiveScratch(storage_.uid, charged_);
   charged_ = 0;
+  bounce_->Trim();
   return dropped;
 }
 

@@ -19,84 +19,122 @@
 //
 // Limits: at most kMaxActivations spilled at once, every byte of scratch
 // charged to the user through `quota` (SessionQuota::TakeActivations) before it
-// is allocated, and admitted by the daemon's StorageBudget (`storage`): the
+// is allocated, and admitted by the daemon's StorageBudget through the
+// scratch files' charge (JournalSpillFiles::Allocate, journal_scratch.h): the
 // scratch and the user's jobs stay within max_storage_bytes_per_user, and a
 // spill leaves the free space kept on the paths (commits, reserved_free) as a
-// registration must. Each spill is admitted as if striped over the paths, as
-// the spills together are; from its allocation to Drop it is held
-// (StorageBudget::HoldScratch).
+// registration must.
 //
-// The bounce buffer (O_DIRECT needs aligned memory; the bytes are copied out
-// of the client's slot first, so a client that changes its slot during the
-// write cannot make the checksum disagree with what was written) is as large
-// as the largest request so far, at most one slot.
+// Asynchronous (issue 23: a spill must not hold up the session's stream):
+// Spill and Recall check, charge and place on the caller's thread, then start
+// the transfer through the io engine and return its Future, which is set on
+// an I/O completion thread. A spill's bytes are copied out of the caller's
+// memory (the client's slot) into a bounce buffer before Spill returns, so a
+// client that changes its slot during the write cannot make the checksum
+// disagree with what was written; a recall's continuation checks the checksum
+// and copies into `out` on the completion thread. Bounce buffers (O_DIRECT
+// needs aligned memory) come from a pool of kMaxTransfers, each as large as
+// the largest request so far (at most one slot): a transfer beyond that waits
+// on the caller's thread for one to come back. Drop (and the destructor) wait
+// for every transfer in flight first.
 //
-// Not thread-safe: the session serialises its use.
+// Not thread-safe: the session serialises its calls; completions touch only
+// the bounce pool, which has its own lock.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
+#include <vector>
 #include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
-#include "jobs/storage_budget.h"
+#include "common/future.h"
 #include "journal/grad_journal.h"
 #include "journal/journal_scratch.h"
 #include "storage/aligned_buffer.h"
 
 namespace fuyou {
 
-// Where an ActivationSpill's scratch is admitted besides its quota: `budget`
-// (null: not checked) for `uid`, `what` naming it in refusals.
-struct ActivationStorageCharge {
-  StorageBudget* budget = nullptr;
-  uid_t uid = 0;
-  std::string what = "the activation scratch";
+// The bounce buffers of one ActivationSpill's transfers in flight: at most
+// `capacity` lent at once. Thread-safe (Give runs on completion threads).
+class BounceBuffers {
+ public:
+  explicit BounceBuffers(size_t capacity) : buffers_(capacity) {}
+  struct Lent {
+    size_t index = 0;
+    std::span<std::byte> bytes;  // aligned, exactly the bytes asked for
+  };
+  // A buffer of at least `bytes`, waiting while all are lent; RESOURCE_EXHAUSTED
+  // when the memory cannot be had.
+  absl::StatusOr<Lent> Take(uint64_t bytes);
+  void Give(size_t index);
+  // Frees the memory of the buffers not lent.
+  void Trim();
+
+ private:
+  struct Buffer {
+    storage::AlignedBuffer memory;
+    bool lent = false;
+  };
+  std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<Buffer> buffers_;  // guarded by mutex_
 };
 
 class ActivationSpill {
  public:
   // Most activations one session has spilled at once.
   static constexpr size_t kMaxActivations = 65536;
-
-  using StorageCharge = ActivationStorageCharge;
+  // Most transfers (spills and recalls) of one session in flight at once.
+  static constexpr size_t kMaxTransfers = 4;
 
   // `files` may be null (the daemon has no scratch): every Spill is then
   // FAILED_PRECONDITION. `quota.take`/`give` (may be empty: no limit) are
-  // charged the scratch bytes (whole blocks), and so is `storage`.
-  ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota, StorageCharge storage = {});
+  // charged the scratch bytes (whole blocks); the files' own charge admits
+  // them in the storage budget.
+  ActivationSpill(std::unique_ptr<JournalSpillFiles> files, JournalQuotaHooks quota);
   ~ActivationSpill();  // Drop(), then the files are unlinked
   ActivationSpill(const ActivationSpill&) = delete;
   ActivationSpill& operator=(const ActivationSpill&) = delete;
 
-  // Writes `bytes` (not empty) to the scratch under `key` and returns when it
-  // is written. Refused, with nothing kept:
+  // Starts writing `bytes` (not empty) to the scratch under `key`; `bytes`
+  // may be reused once Spill returns. The Future is ready when they are
+  // written (OK), or holds the engine's error (the key is then forgotten at
+  // the next Spill or Recall of it; the blocks stay charged until Drop).
+  // Refused at once (a ready Future), with nothing kept:
   //   INVALID_ARGUMENT    `key` is already spilled, or `bytes` is empty;
   //   RESOURCE_EXHAUSTED  kMaxActivations are spilled, the user's limit
   //                       (max_activation_bytes_per_user), the storage budget
   //                       (max_storage_bytes_per_user, the free space kept),
   //                       or a full device;
-  //   FAILED_PRECONDITION the daemon has no scratch;
-  //   the engine's code   the write failed (the blocks stay charged until Drop).
-  absl::Status Spill(uint64_t key, std::span<const std::byte> bytes);
+  //   FAILED_PRECONDITION the daemon has no scratch.
+  Future<void> Spill(uint64_t key, std::span<const std::byte> bytes);
 
-  // Reads `key`'s bytes into the start of `out` and forgets the key; returns
-  // their length. NOT_FOUND: `key` is not spilled (never, or already
-  // recalled or dropped); INVALID_ARGUMENT: `out` is shorter than the
-  // activation; DATA_LOSS: what was read back does not match its checksum
-  // (file and offset named; the key is forgotten). An I/O error forgets it too.
-  absl::StatusOr<uint64_t> Recall(uint64_t key, std::span<std::byte> out);
+  // Starts reading `key`'s bytes into the start of `out` and forgets the key;
+  // the Future holds their length once they are in `out` (which must stay
+  // alive until it is ready). A key whose spill is still being written waits
+  // for that write first, on the caller's thread (clientlib never sends one:
+  // it recalls only what was answered). NOT_FOUND: `key` is not spilled
+  // (never, already recalled, or dropped); INVALID_ARGUMENT: `out` is shorter
+  // than the activation (the key is kept); DATA_LOSS: what was read back does
+  // not match its checksum (file and offset named). Any error but
+  // INVALID_ARGUMENT forgets the key.
+  Future<uint64_t> Recall(uint64_t key, std::span<std::byte> out);
 
   struct Dropped {
     uint32_t activations = 0;  // spilled, not recalled
     uint64_t scratch_bytes = 0;
   };
-  // Forgets every activation, frees the scratch (the files are truncated) and
-  // gives its charge back.
+  // Waits for the transfers in flight, forgets every activation, frees the
+  // scratch (the files are truncated) and gives its charge back.
   Dropped Drop();
+  // Waits for the transfers in flight (their Futures and continuations).
+  void WaitForTransfers();
 
   // Scratch bytes allocated now (whole blocks, recalled activations included).
   uint64_t scratch_bytes() const { return charged_; }
@@ -114,16 +152,16 @@ class ActivationSpill {
     JournalSpillFiles::Location location;
     uint64_t bytes = 0;
     uint64_t checksum = 0;
+    Future<void> written;  // the spill's write
   };
-  // An aligned buffer of at least `bytes`.
-  absl::StatusOr<std::span<std::byte>> Bounce(uint64_t bytes);
 
   std::unique_ptr<JournalSpillFiles> files_;
   JournalQuotaHooks quota_;
-  StorageCharge storage_;
   std::unordered_map<uint64_t, Entry> entries_;
-  uint64_t charged_ = 0;  // taken from the quota and held in the budget, given back at Drop
-  storage::AlignedBuffer bounce_;
+  uint64_t charged_ = 0;  // taken from the quota (and held by the files' charge), given back at Drop
+  // Declared before in_flight_: destroyed after every transfer was waited for.
+  std::shared_ptr<BounceBuffers> bounce_ = std::make_shared<BounceBuffers>(kMaxTransfers);
+  InFlight in_flight_;  // every transfer started, until Drop
 };
 
 }  // namespace fuyou

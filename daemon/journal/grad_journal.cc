@@ -94,7 +94,8 @@ absl::StatusOr<JournalAccess> GradJournal::Begin(uint32_t chunk_id, uint64_t byt
       } else {
         refused = absl::Status(location.status().code(),
                                fmt::format("chunk {}: a gradient journal of {} bytes does not fit the DRAM budget "
-                                           "and cannot be spilled: {}",
+                                           "and cannot be spilled: {}; the chunk has no journal and nothing of the "
+                                           "step changed",
                                            chunk_id, bytes, location.status().message()));
       }
       if (!refused.ok()) {

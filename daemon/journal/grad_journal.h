@@ -11,7 +11,10 @@
 // half). Beyond that, the journal is spilled to the session's scratch files
 // (JournalScratch) with an XXH3-64 checksum that every read-back verifies
 // (DATA_LOSS on mismatch); an access then reads it into a transient cache entry.
-// Every journal's bytes also count against the user's journal quota.
+// Every journal's bytes also count against the user's journal quota, and a
+// spilled one's blocks against the storage budget (the scratch files' charge,
+// journal_scratch.h: max_storage_bytes_per_user and the free space kept): a
+// journal neither DRAM nor the budget admits is RESOURCE_EXHAUSTED, nothing kept.
 //
 // Lifetime. Journals belong to the step: Clear() (EndStep, AbortStep, the end
 // of the session) drops them all, gives the DRAM, the holds and the quota back

@@ -162,6 +162,47 @@ TEST_F(GradJournalTest, WithoutScratchABeyondDramJournalIsRefused) {
   EXPECT_NE(third.status().message().find("--dram-budget"), std::string::npos) << third.status();
 }
 
+TEST_F(GradJournalTest, ASpilledJournalIsAdmittedByTheStorageBudgetAndGivenBackAtClear) {
+  // Room for the user's scratch of one journal (three blocks), not two.
+  StorageBudget budget({root_}, StorageBudgetOptions{.max_bytes_per_user = kJournal + 4096,
+                                                      .commit_reserve_bytes = 0});
+  uint64_t taken = 0;
+  JournalQuotaHooks quota{[&](uint64_t bytes) {
+                            taken += bytes;
+                            return absl::OkStatus();
+                          },
+                          [&](uint64_t bytes) { taken -= bytes; }};
+  GradJournal journal(cache_, "journal:s3",
+                      scratch_->ForSession("s3", ScratchCharge{.budget = &budget, .uid = ::geteuid(),
+                                                               .what = "the gradient journal scratch"}),
+                      quota, JournalOptions{.max_dram_bytes = 0});  // every journal spills
+  auto first = journal.Begin(0, kJournal);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->spilled());
+  Fill(*first, 1);
+  ASSERT_TRUE(journal.Save(*first).ok());
+  first = JournalAccess();
+  // The scratch counts with the user's jobs: a job's registration sees it.
+  EXPECT_FALSE(budget.Admit(::geteuid(), 8192, "job 'x'").ok());
+  auto second = journal.Begin(1, kJournal);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  for (const char* word : {"chunk 1", "the gradient journal scratch of uid", "max_storage_bytes_per_user",
+                           "--max-storage-per-user", "of them scratch", "nothing of the step changed"}) {
+    EXPECT_NE(second.status().message().find(word), std::string::npos) << word << " in " << second.status();
+  }
+  EXPECT_FALSE(journal.Has(1));
+  EXPECT_EQ(taken, kJournal);  // the refusal gave its quota back
+  EXPECT_EQ(journal.spill_files()->allocated_bytes(), kJournal);  // and allocated nothing
+  // The first journal is intact.
+  auto open = journal.Open(0);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_TRUE(Holds(*open, 1));
+  open = JournalAccess();
+  journal.Clear();  // the step's end gives the scratch back
+  EXPECT_TRUE(budget.Admit(::geteuid(), kJournal + 4096, "job 'x'").ok());
+}
+
 TEST_F(GradJournalTest, ScratchCreateRemovesLeftovers) {
   {
     std::ofstream leftover(root_ / "journal" / "dead-session.spill");

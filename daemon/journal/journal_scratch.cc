@@ -44,12 +44,12 @@ absl::StatusOr<std::unique_ptr<JournalScratch>> JournalScratch::Create(const std
   return std::unique_ptr<JournalScratch>(new JournalScratch(io, std::move(dirs), std::move(counters)));
 }
 
-std::unique_ptr<JournalSpillFiles> JournalScratch::ForSession(const std::string& session_id) {
-  return std::unique_ptr<JournalSpillFiles>(new JournalSpillFiles(*this, FileNameFor(session_id)));
+std::unique_ptr<JournalSpillFiles> JournalScratch::ForSession(const std::string& session_id, ScratchCharge charge) {
+  return std::unique_ptr<JournalSpillFiles>(new JournalSpillFiles(*this, FileNameFor(session_id), std::move(charge)));
 }
 
-JournalSpillFiles::JournalSpillFiles(JournalScratch& scratch, std::string name)
-    : scratch_(scratch), name_(std::move(name)), files_(scratch.dirs_.size()) {}
+JournalSpillFiles::JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge)
+    : scratch_(scratch), name_(std::move(name)), charge_(std::move(charge)), files_(scratch.dirs_.size()) {}
 
 JournalSpillFiles::~JournalSpillFiles() {
   for (size_t i = 0; i < files_.size(); ++i) {
@@ -57,6 +57,7 @@ JournalSpillFiles::~JournalSpillFiles() {
     files_[i].file.reset();  // waits for its transfers, closes
     scratch_.dirs_[i].Unlink(name_).IgnoreError();
   }
+  if (charge_.budget != nullptr && held_ != 0) charge_.budget->GiveScratch(charge_.uid, held_);
 }
 
 absl::StatusOr<JournalSpillFiles::Location> JournalSpillFiles::Allocate(uint64_t bytes) {
@@ -65,6 +66,13 @@ absl::StatusOr<JournalSpillFiles::Location> JournalSpillFiles::Allocate(uint64_t
   }
   if (bytes == 0 || bytes % storage::kBlockSize != 0) {
     return absl::InvalidArgumentError(fmt::format("a journal spill of {} bytes is not whole blocks", bytes));
+  }
+  // Admitted first (nothing is created for a refusal), as if striped over the
+  // paths, as a session's spills together are; the grant covers the bytes
+  // until the fallocate makes the free space show them.
+  StorageBudget::Grant grant;
+  if (charge_.budget != nullptr) {
+    FUYOU_ASSIGN_OR_RETURN(grant, charge_.budget->Admit(charge_.uid, bytes, charge_.what));
   }
   const uint32_t index = next_;
   next_ = (next_ + 1) % static_cast<uint32_t>(files_.size());
@@ -75,10 +83,11 @@ absl::StatusOr<JournalSpillFiles::Location> JournalSpillFiles::Allocate(uint64_t
   }
   if (file.end > UINT64_MAX - bytes) return absl::ResourceExhaustedError("journal scratch file offset overflow");
   if (absl::Status reserved = file.file->Reserve(file.end + bytes); !reserved.ok()) {
-    return absl::Status(reserved.code(),
-                        fmt::format("cannot allocate {} bytes of gradient journal scratch in {}: {}", bytes,
-                                    file.file->path().string(), reserved.message()));
+    return absl::Status(reserved.code(), fmt::format("cannot allocate {} bytes of {} in {}: {}", bytes, charge_.what,
+                                                     file.file->path().string(), reserved.message()));
   }
+  if (charge_.budget != nullptr) charge_.budget->HoldScratch(charge_.uid, bytes);
+  held_ += bytes;
   Location location{index, file.end, bytes};
   file.end += bytes;
   return location;
@@ -96,6 +105,20 @@ absl::Status JournalSpillFiles::Read(const Location& location, std::span<std::by
   return file.file->Read(location.offset, buffer);
 }
 
+storage::IoFuture JournalSpillFiles::WriteAsync(const Location& location, std::span<const std::byte> buffer) {
+  if (location.file >= files_.size() || !files_[location.file].file || buffer.size() != location.bytes) {
+    return MakeReadyFuture<void>(absl::InternalError("scratch write: bad location"));
+  }
+  return files_[location.file].file->WriteAsync(location.offset, buffer);
+}
+
+storage::IoFuture JournalSpillFiles::ReadAsync(const Location& location, std::span<std::byte> buffer) {
+  if (location.file >= files_.size() || !files_[location.file].file || buffer.size() != location.bytes) {
+    return MakeReadyFuture<void>(absl::InternalError("scratch read: bad location"));
+  }
+  return files_[location.file].file->ReadAsync(location.offset, buffer);
+}
+
 void JournalSpillFiles::Clear() {
   for (File& file : files_) {
     if (file.file && file.end != 0) {
@@ -106,6 +129,8 @@ void JournalSpillFiles::Clear() {
     file.end = 0;
   }
   next_ = 0;
+  if (charge_.budget != nullptr && held_ != 0) charge_.budget->GiveScratch(charge_.uid, held_);
+  held_ = 0;
 }
 
 uint64_t JournalSpillFiles::allocated_bytes() const {

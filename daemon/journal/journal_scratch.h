@@ -10,6 +10,12 @@
 //
 // I/O goes through the daemon's IoEngine (O_DIRECT, io_uring), striped by
 // journal: each new spill goes to the next storage path in turn.
+//
+// Storage: a session's scratch is admitted by the daemon's StorageBudget
+// (ScratchCharge) as a registration is: every Allocate is checked against the
+// user's max_storage_bytes_per_user (with the user's jobs and other scratch)
+// and the free space kept on the paths (commits, reserved_free) before a byte
+// is allocated, and held from then until Clear or the files' end.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +27,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "jobs/storage_budget.h"
 #include "storage/dir_fd.h"
 #include "storage/io_engine.h"
 
 namespace fuyou {
 
 class JournalSpillFiles;
+
+// Where a session's scratch is admitted: `budget` (null: not checked) for
+// `uid`, `what` naming it in refusals ("the gradient journal scratch").
+struct ScratchCharge {
+  StorageBudget* budget = nullptr;
+  uid_t uid = 0;
+  std::string what = "the scratch";
+};
 
 class JournalScratch {
  public:
@@ -43,9 +58,9 @@ class JournalScratch {
   static constexpr std::string_view kJournalDirName = "journal";
   static constexpr std::string_view kActivationDirName = "activations";
 
-  // The scratch files of session `session_id`, none created yet. Must not
-  // outlive this JournalScratch.
-  std::unique_ptr<JournalSpillFiles> ForSession(const std::string& session_id);
+  // The scratch files of session `session_id`, none created yet, admitted by
+  // `charge`. Must not outlive this JournalScratch (nor the charge's budget).
+  std::unique_ptr<JournalSpillFiles> ForSession(const std::string& session_id, ScratchCharge charge = {});
 
   size_t roots() const { return dirs_.size(); }
 
@@ -70,19 +85,27 @@ class JournalSpillFiles {
     uint64_t bytes = 0;
   };
 
-  ~JournalSpillFiles();  // closes and unlinks the files
+  ~JournalSpillFiles();  // closes and unlinks the files, gives the charge back
   JournalSpillFiles(const JournalSpillFiles&) = delete;
   JournalSpillFiles& operator=(const JournalSpillFiles&) = delete;
 
   // Space for `bytes` (a multiple of kBlockSize) on the next storage path in
-  // turn, allocated on the device (fallocate): RESOURCE_EXHAUSTED when it is
-  // full, with the path named.
+  // turn, admitted by the charge's StorageBudget and then allocated on the
+  // device (fallocate). RESOURCE_EXHAUSTED, with nothing allocated or held:
+  // the budget refuses it (its message names the limit and the setting), or
+  // the device is full (the path named).
   absl::StatusOr<Location> Allocate(uint64_t bytes);
   // Blocking, O_DIRECT transfers of a whole location; `buffer` is aligned and
   // exactly location.bytes long.
   absl::Status Write(const Location& location, std::span<const std::byte> buffer);
   absl::Status Read(const Location& location, std::span<std::byte> buffer);
-  // Frees every location (the files are truncated to 0; later Allocates start over).
+  // The same, asynchronous (storage/io_engine.h: the Future is set on a
+  // completion thread); `buffer` must stay alive until it is ready. A bad
+  // location gives a ready Future with INTERNAL. Called on the session's thread.
+  [[nodiscard]] storage::IoFuture WriteAsync(const Location& location, std::span<const std::byte> buffer);
+  [[nodiscard]] storage::IoFuture ReadAsync(const Location& location, std::span<std::byte> buffer);
+  // Frees every location (the files are truncated to 0; later Allocates start
+  // over) and gives the charge back. No transfer may be in flight.
   void Clear();
 
   // Bytes allocated now, over all files.
@@ -92,7 +115,7 @@ class JournalSpillFiles {
 
  private:
   friend class JournalScratch;
-  JournalSpillFiles(JournalScratch& scratch, std::string name);
+  JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge);
 
   struct File {
     std::unique_ptr<storage::StateFile> file;  // null until the first Allocate on this path
@@ -100,6 +123,8 @@ class JournalSpillFiles {
   };
   JournalScratch& scratch_;
   const std::string name_;
+  const ScratchCharge charge_;
+  uint64_t held_ = 0;  // bytes held in charge_.budget (allocated_bytes())
   std::vector<File> files_;
   uint32_t next_ = 0;  // the storage path of the next Allocate
 };

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "server/reply_writer.h"
 
 namespace fuyou {
 
@@ -73,18 +74,37 @@ grpc::Status OffloadService::Stream(grpc::ServerContext* context,
   v1::DaemonMessage attached;
   attached.mutable_attached()->set_session_id(id);
   attached.set_request_id(message.request_id());  // echoed, never checked
-  bool open = stream->Write(attached);
-  while (open && stream->Read(&message)) {
-    if (activity) activity->BeginMessage();
-    const v1::DaemonMessage reply = session->Handle(message);
-    if (activity) activity->EndMessage();
-    open = stream->Write(reply);
-    if (reply.has_step_committed()) FUYOU_CRASH_POINT("step_committed_reply_sent");
-  }
-  if (!session->closed()) {
-    log::Info("session {}: stream of job '{}' ended without CloseSession (client gone?)", id, session->job_name());
+  if (!stream->Write(attached)) {
     (void)sessions_.Close(id);
+    return grpc::Status::OK;
   }
+  {
+    // Every later answer goes through the writer: an activation transfer's
+    // answer comes from an I/O completion thread when it is done, and may
+    // follow the answers of messages read after it (they name their request
+    // by id). A message without an id (an older client) is answered before
+    // the next is read, so such a client gets its answers in order.
+    ReplyWriter writer(*stream, [activity](const v1::DaemonMessage& reply) {
+      if (activity) activity->EndMessage();
+      if (reply.has_step_committed()) FUYOU_CRASH_POINT("step_committed_reply_sent");
+    });
+    InFlight answers;  // the writer outlives every answer given to it
+    while (!writer.broken() && stream->Read(&message)) {
+      if (activity) activity->BeginMessage();
+      Future<void> answered = session->Handle(
+          message, [&writer](v1::DaemonMessage reply, bool deferred) { writer.Send(std::move(reply), !deferred); });
+      if (message.request_id() == 0) {
+        answered.Wait();
+      } else {
+        answers.Add(std::move(answered));
+      }
+    }
+    if (!session->closed()) {
+      log::Info("session {}: stream of job '{}' ended without CloseSession (client gone?)", id, session->job_name());
+      (void)sessions_.Close(id);  // waits for its transfers, whose answers the writer drops or writes
+    }
+    answers.WaitAll().IgnoreError();
+  }  // the writer has written or dropped every answer
   return grpc::Status::OK;
 }
 

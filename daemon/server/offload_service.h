@@ -20,9 +20,13 @@ class OffloadService final : public v1::Offload::Service {
                            v1::OpenSessionResponse* response) override;
   grpc::Status RegisterChunks(grpc::ServerContext* context, const v1::RegisterChunksRequest* request,
                               v1::RegisterChunksResponse* response) override;
-  // Serves one session's stream on the calling gRPC thread: messages are handled
-  // in order, each answered before the next is read. The session closes when the
-  // stream ends, whatever the reason.
+  // Serves one session's stream on the calling gRPC thread: messages are read
+  // and handled in order; their answers are written by the stream's
+  // ReplyWriter, each as soon as it is made: at once for most, when its
+  // transfer completes for SpillActivation and RecallActivation (which may be
+  // after the answers of later messages; a message with request_id 0 is
+  // answered before the next is read). The session closes when the stream
+  // ends, whatever the reason.
   grpc::Status Stream(grpc::ServerContext* context,
                       grpc::ServerReaderWriter<v1::DaemonMessage, v1::ClientMessage>* stream) override;
   grpc::Status CloseSession(grpc::ServerContext* context, const v1::CloseSessionRequest* request,

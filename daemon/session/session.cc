@@ -50,14 +50,23 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
   held_.store = std::make_unique<ChunkStore>(*held_.job, services.cache, counters_, services.prefetch_window,
                                              services.durability);
   step_.current = held_.store->committed_step() + 1;
+  // Both scratches are admitted by the storage budget as registrations are
+  // (the per-user storage limit, the free space kept for commits).
   held_.journal = std::make_unique<GradJournal>(
       services.cache, "journal:" + identity_.id,
-      services.journal_scratch != nullptr ? services.journal_scratch->ForSession(identity_.id) : nullptr,
+      services.journal_scratch != nullptr
+          ? services.journal_scratch->ForSession(identity_.id, ScratchCharge{.budget = services.storage_budget,
+                                                                             .uid = client.uid,
+                                                                             .what = "the gradient journal scratch"})
+          : nullptr,
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeJournal, &SessionQuota::GiveJournal));
   held_.activations = std::make_unique<ActivationSpill>(
-      services.activation_scratch != nullptr ? services.activation_scratch->ForSession(identity_.id) : nullptr,
-      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations),
-      ActivationSpill::StorageCharge{.budget = services.storage_budget, .uid = client.uid});
+      services.activation_scratch != nullptr
+          ? services.activation_scratch->ForSession(
+                identity_.id,
+                ScratchCharge{.budget = services.storage_budget, .uid = client.uid, .what = "the activation scratch"})
+          : nullptr,
+      UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations));
 }
 
 Session::~Session() { Close(); }
@@ -123,7 +132,8 @@ int64_t Session::Close() {
   }
   held_.store->Close();  // waits for its I/O, rolls back, drops the import
   held_.store.reset();
-  held_.journal.reset();      // the step's journals: DRAM and quota given back, scratch files unlinked
+  held_.journal.reset();  // the step's journals: DRAM and quota given back, scratch files unlinked
+  DropActivationsLocked();    // answers the transfers in flight (before the segment goes: they use its slots)
   held_.activations.reset();  // spilled activations: quota given back, scratch files unlinked
   held_.segment.reset();
   services_.jobs.Release(*held_.job);
@@ -186,42 +196,61 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
   return response;
 }
 
-v1::DaemonMessage Session::Handle(const v1::ClientMessage& message) {
-  v1::DaemonMessage reply = Answer(message);
-  reply.set_request_id(message.request_id());  // echoed, never trusted
-  return reply;
+Future<void> Session::Handle(const v1::ClientMessage& message, AnswerSink sink) {
+  const uint64_t request_id = message.request_id();  // echoed, never trusted
+  Future<v1::DaemonMessage> answer = Answer(message);
+  // The answer as sent: the reply, or an Error for a transfer's future that
+  // holds none (a dropped promise).
+  auto named = [request_id](const absl::StatusOr<v1::DaemonMessage>& result) {
+    v1::DaemonMessage reply = result.ok() ? *result : ErrorReply(result.status());
+    reply.set_request_id(request_id);
+    return reply;
+  };
+  if (answer.ready()) {
+    sink(named(answer.result()), /*deferred=*/false);
+    return MakeReadyFuture();
+  }
+  Future<void> answered = answer.Then([named, sink = std::move(sink)](const absl::StatusOr<v1::DaemonMessage>& result) {
+    sink(named(result), /*deferred=*/true);
+    return absl::OkStatus();
+  });
+  activation_answers_.Add(answered);
+  return answered;
 }
 
-v1::DaemonMessage Session::Answer(const v1::ClientMessage& message) {
+Future<v1::DaemonMessage> Session::Answer(const v1::ClientMessage& message) {
+  auto now = [](v1::DaemonMessage reply) { return MakeReadyFuture<v1::DaemonMessage>(std::move(reply)); };
   std::lock_guard lock(mutex_);
   if (lifecycle_.closed)
-    return ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id)), {}, {});
+    return now(ErrorReply(absl::FailedPreconditionError(fmt::format("session {} is closed", identity_.id)), {}, {}));
   // A background commit that failed ends the session at the first request
   // after it is known (at the latest the next GradReady or EndStep, which wait for it).
-  if (NoteCommitFailure()) return ErrorReply(lifecycle_.broken, {}, {});
-  if (!held_.segment) return ErrorReply(NoSegmentError(), {}, {});  // streams attach only with a segment
-  v1::DaemonMessage reply = Dispatch(message);
+  if (NoteCommitFailure()) return now(ErrorReply(lifecycle_.broken, {}, {}));
+  if (!held_.segment) return now(ErrorReply(NoSegmentError(), {}, {}));  // streams attach only with a segment
+  Future<v1::DaemonMessage> reply = Dispatch(message);
   NoteCommitFailure();
   return reply;
 }
 
-v1::DaemonMessage Session::Dispatch(const v1::ClientMessage& message) {
+Future<v1::DaemonMessage> Session::Dispatch(const v1::ClientMessage& message) {
+  auto now = [](v1::DaemonMessage reply) { return MakeReadyFuture<v1::DaemonMessage>(std::move(reply)); };
   switch (message.kind_case()) {
-    case v1::ClientMessage::kGradReady: return OnGradReady(message.grad_ready());
-    case v1::ClientMessage::kEndStep: return OnEndStep(message.end_step());
-    case v1::ClientMessage::kAbortStep: return OnAbortStep(message.abort_step());
-    case v1::ClientMessage::kReadState: return OnReadState(message.read_state());
-    case v1::ClientMessage::kWriteState: return OnWriteState(message.write_state());
-    case v1::ClientMessage::kSetUpdateCount: return OnSetUpdateCount(message.set_update_count());
-    case v1::ClientMessage::kCommitImport: return OnCommitImport();
-    case v1::ClientMessage::kFetchWeights: return OnFetchWeights(message.fetch_weights());
+    case v1::ClientMessage::kGradReady: return now(OnGradReady(message.grad_ready()));
+    case v1::ClientMessage::kEndStep: return now(OnEndStep(message.end_step()));
+    case v1::ClientMessage::kAbortStep: return now(OnAbortStep(message.abort_step()));
+    case v1::ClientMessage::kReadState: return now(OnReadState(message.read_state()));
+    case v1::ClientMessage::kWriteState: return now(OnWriteState(message.write_state()));
+    case v1::ClientMessage::kSetUpdateCount: return now(OnSetUpdateCount(message.set_update_count()));
+    case v1::ClientMessage::kCommitImport: return now(OnCommitImport());
+    case v1::ClientMessage::kFetchWeights: return now(OnFetchWeights(message.fetch_weights()));
     case v1::ClientMessage::kSpillActivation: return OnSpillActivation(message.spill_activation());
     case v1::ClientMessage::kRecallActivation: return OnRecallActivation(message.recall_activation());
-    case v1::ClientMessage::kDropActivations: return OnDropActivations();
+    case v1::ClientMessage::kDropActivations: return now(OnDropActivations());
     case v1::ClientMessage::kAttach:
-      return ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {});
+      return now(
+          ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {}));
     default:
-      return ErrorReply(absl::InvalidArgumentError("malformed message: ClientMessage has no kind set"), {}, {});
+      return now(ErrorReply(absl::InvalidArgumentError("malformed message: ClientMessage has no kind set"), {}, {}));
   }
 }
 
@@ -362,8 +391,8 @@ v1::DaemonMessage Session::OnEndStep(const v1::EndStep& request) {
   if (absl::Status in_order = CheckStepInOrder("EndStep", step); !in_order.ok()) return ErrorReply(in_order, {}, step);
   FUYOU_CRASH_POINT("end_step_received");
   const int64_t end_step_start = trace::NowUs();
-  held_.journal->Clear();     // the step's journals end with it, whether it commits or not
-  held_.activations->Drop();  // and so do its spilled activations
+  held_.journal->Clear();   // the step's journals end with it, whether it commits or not
+  DropActivationsLocked();  // and so do its spilled activations
   if (absl::Status failed = step_.failed_redo.ok() ? held_.store->WaitForWriteBacks() : step_.failed_redo;
       !failed.ok()) {
     held_.store->RollBackStep();
@@ -407,7 +436,7 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   const uint64_t rolled_back = held_.store->staged_count();
   held_.store->RollBackStep();  // waits for the step's write-backs first
   held_.journal->Clear();
-  held_.activations->Drop();
+  DropActivationsLocked();
   step_.failed_redo = absl::OkStatus();
   // A step the training loop skipped (GradScaler's inf/nan, or the loop's own
   // choice): its speculative updates were wasted work, counted.

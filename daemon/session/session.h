@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/future.h"
 #include "fuyou/dtype.h"
 #include "fuyou/v1/admin.pb.h"
 #include "fuyou/v1/offload.pb.h"
@@ -131,10 +133,21 @@ class Session {
 
   absl::StatusOr<v1::RegisterChunksResponse> RegisterChunks(const v1::RegisterChunksRequest& request);
 
-  // Handles one stream message (not Attach) and returns the reply to send,
-  // which carries the message's request_id as received (never checked: ids are
-  // the client's to match).
-  v1::DaemonMessage Handle(const v1::ClientMessage& message);
+  // Where the answers of Handle go (OffloadService: the stream's ReplyWriter):
+  // called once per message with its answer. `deferred` is false when called
+  // on Handle's own thread before it returns, true when called on an I/O
+  // completion thread, where it must not wait.
+  using AnswerSink = std::function<void(v1::DaemonMessage answer, bool deferred)>;
+
+  // Handles one stream message (not Attach) and gives its answer to `sink`,
+  // carrying the message's request_id as received (never checked: ids are the
+  // client's to match). Every message is answered before Handle returns but
+  // SpillActivation and RecallActivation, which are answered when their
+  // transfer completes (issue 23: the session's other messages do not wait
+  // for a spill's SSD write), so possibly after later messages; EndStep,
+  // AbortStep, DropActivations and Close wait for those answers first. The
+  // Future is ready once the answer was given to `sink`.
+  Future<void> Handle(const v1::ClientMessage& message, AnswerSink sink);
 
   // Ends the session: waits for its I/O, rolls back an uncommitted step, frees the
   // segment and releases the job. Idempotent. Returns the last committed step.
@@ -192,8 +205,9 @@ class Session {
   absl::Status CheckJournalUse(const v1::GradReady& request) const;
 
   // The reply to one stream message, before Handle names its request: the
-  // session's gates (closed, a failed background commit, no segment), then Dispatch.
-  v1::DaemonMessage Answer(const v1::ClientMessage& message);
+  // session's gates (closed, a failed background commit, no segment), then
+  // Dispatch. Ready at once but for an activation transfer's.
+  Future<v1::DaemonMessage> Answer(const v1::ClientMessage& message);
   v1::DaemonMessage OnGradReady(const v1::GradReady& request);
   // Writes the chunk's journal as GradReady.journal says (session_journal.cc):
   // KEEP copies the slot's gradients (zeros for segments without gradient);
@@ -212,9 +226,14 @@ class Session {
   // Streaming weights (session_weights.cc).
   v1::DaemonMessage OnFetchWeights(const v1::FetchWeights& request);
   // Activation offload's storage tier (session_activations.cc).
-  v1::DaemonMessage OnSpillActivation(const v1::SpillActivation& request);
-  v1::DaemonMessage OnRecallActivation(const v1::RecallActivation& request);
+  // The answer when the transfer completes (a ready one for a refusal).
+  Future<v1::DaemonMessage> OnSpillActivation(const v1::SpillActivation& request);
+  Future<v1::DaemonMessage> OnRecallActivation(const v1::RecallActivation& request);
   v1::DaemonMessage OnDropActivations();
+  // Waits until every activation transfer has been answered (Handle's sink
+  // called), then drops the spilled activations; EndStep, AbortStep and
+  // DropActivations so answer after the transfers they end.
+  ActivationSpill::Dropped DropActivationsLocked();
   // Returns `status`; an ABORTED one (a commit happened, durability unknown)
   // breaks the session: every later request gets that error.
   absl::Status NoteCommitResult(absl::Status status);
@@ -223,7 +242,7 @@ class Session {
   // request gets that error.
   bool NoteCommitFailure();
   // Handle's switch over the message kinds.
-  v1::DaemonMessage Dispatch(const v1::ClientMessage& message);
+  Future<v1::DaemonMessage> Dispatch(const v1::ClientMessage& message);
 
   // What the session is, fixed at OpenSession.
   struct Identity {
@@ -279,6 +298,9 @@ class Session {
   std::map<uint32_t, RegisteredChunk> registered_;
   StepState step_;
   Activity activity_;
+  // Handle's answers of activation transfers not yet given to their sink (not
+  // guarded by mutex_: thread-safe, and added to after the lock is released).
+  InFlight activation_answers_;
 };
 
 }  // namespace fuyou

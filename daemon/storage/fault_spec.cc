@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "fmt/format.h"
@@ -23,7 +25,8 @@ std::vector<std::string_view> Split(std::string_view text, char separator) {
 absl::StatusOr<FaultRule> ParseRule(std::string_view text) {
   auto bad = [&](std::string_view problem) {
     return absl::InvalidArgumentError(fmt::format(
-        "fault rule '{}': {} (expected <read|write|reserve|sync>:<ENOSPC|EDQUOT|EIO|EROFS>[:after=N][:job=NAME])",
+        "fault rule '{}': {} (expected <read|write|reserve|sync>:<ENOSPC|EDQUOT|EIO|EROFS|HOLD>[:until=FILE]"
+        "[:after=N][:job=NAME][:dir=NAME])",
         text, problem));
   };
   std::vector<std::string_view> fields = Split(text, ':');
@@ -46,11 +49,26 @@ absl::StatusOr<FaultRule> ParseRule(std::string_view text) {
   for (const auto& [name, error] : kErrors) {
     if (fields[1] == name) rule.error = error;
   }
-  if (rule.error == 0) return bad(fmt::format("unknown errno '{}'", fields[1]));
+  const bool hold = fields[1] == "HOLD";
+  if (rule.error == 0 && !hold) return bad(fmt::format("unknown errno '{}'", fields[1]));
   bool have_after = false;
   bool have_job = false;
+  bool have_dir = false;
   for (size_t i = 2; i < fields.size(); ++i) {
     std::string_view field = fields[i];
+    if (field.starts_with("until=") && hold && rule.hold_until.empty()) {
+      rule.hold_until = std::string(field.substr(6));
+      if (!rule.hold_until.starts_with('/')) return bad(fmt::format("'{}' is not until=<absolute path>", field));
+      continue;
+    }
+    if (field.starts_with("dir=") && !have_dir) {
+      rule.dir = std::string(field.substr(4));
+      if (rule.dir.empty() || rule.dir.find('/') != std::string::npos) {
+        return bad(fmt::format("'{}' does not name a directory", field));
+      }
+      have_dir = true;
+      continue;
+    }
     if (field.starts_with("after=") && !have_after) {
       std::string_view number = field.substr(6);
       auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), rule.after);
@@ -68,7 +86,25 @@ absl::StatusOr<FaultRule> ParseRule(std::string_view text) {
       return bad(fmt::format("unknown or repeated option '{}'", field));
     }
   }
+  if (hold && rule.hold_until.empty()) return bad("HOLD needs until=<absolute path>");
   return rule;
+}
+
+// True when a directory of `file`'s path (not its own name) is `dir`.
+bool IsFileInDir(const std::filesystem::path& file, const std::string& dir) {
+  for (const auto& part : file.parent_path()) {
+    if (part == dir) return true;
+  }
+  return false;
+}
+
+// Waits until `file` exists, at most kHoldLimitSeconds.
+void HoldUntil(const std::string& file) {
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(kHoldLimitSeconds);
+  std::error_code error;
+  while (!std::filesystem::exists(file, error) && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 // True when `file` has the components "jobs/<job>".
@@ -114,8 +150,15 @@ int64_t SpecFaultInjector::Adjust(Op op, const std::filesystem::path& file, uint
   for (auto& entry : rules_) {
     const FaultRule& rule = entry->rule;
     if (rule.op != op || (!rule.job.empty() && !IsFileOfJob(file, rule.job))) continue;
+    if (!rule.dir.empty() && !IsFileInDir(file, rule.dir)) continue;
     const uint64_t seen = entry->seen.fetch_add(1, std::memory_order_relaxed);
-    if (seen >= rule.after && adjusted >= 0) adjusted = -rule.error;
+    if (seen < rule.after) continue;
+    if (!rule.hold_until.empty()) {
+      injected_.fetch_add(1, std::memory_order_relaxed);
+      HoldUntil(rule.hold_until);
+    } else if (adjusted >= 0) {
+      adjusted = -rule.error;
+    }
   }
   if (adjusted != result) injected_.fetch_add(1, std::memory_order_relaxed);
   return adjusted;

@@ -4,13 +4,21 @@
 // warning; never set it on a production daemon.
 //
 // The text is one or more rules separated by ';':
-//   <op>:<ERRNO>[:after=<N>][:job=<NAME>]
+//   <op>:<ERRNO>[:after=<N>][:job=<NAME>][:dir=<NAME>]
+//   <op>:HOLD:until=<FILE>[:after=<N>][:job=<NAME>][:dir=<NAME>]
 //     op     read | write | reserve | sync
 //     ERRNO  ENOSPC | EDQUOT | EIO | EROFS
+//     HOLD   the operation completes, unchanged, only once FILE exists (an
+//            absolute path without ':' or ';'), at most kHoldLimit later: the
+//            completion thread waits, so the ring's other completions wait
+//            too. For tests of what must not wait for an operation (a spill's
+//            write, issue 23), without a timed assertion.
 //     after  the first N matching operations pass; the (N+1)-th and every later
-//            one fails with ERRNO (default 0: all fail)
+//            one fails with ERRNO, or is held (default 0: all)
 //     job    only files of the job NAME match (a path with a "jobs/NAME"
 //            component); default: every file
+//     dir    only files in a directory NAME match (a path with a NAME
+//            component before the file's name, e.g. "activations")
 // Examples: "reserve:ENOSPC", "write:ENOSPC:after=3:job=a",
 // "read:EIO:after=2:job=b;sync:EIO:job=c".
 //
@@ -36,10 +44,15 @@ namespace fuyou::storage {
 
 struct FaultRule {
   FaultInjector::Op op = FaultInjector::Op::kWrite;
-  int error = 0;          // errno, > 0
+  int error = 0;          // errno, > 0; 0 for a HOLD
+  std::string hold_until;  // a HOLD's file; empty for an errno
   uint64_t after = 0;     // operations that pass before the first failure
   std::string job;        // empty: every file
+  std::string dir;        // empty: every directory
 };
+
+// The longest a HOLD keeps one operation waiting.
+inline constexpr int kHoldLimitSeconds = 60;
 
 // Parses the text above; INVALID_ARGUMENT naming the bad rule otherwise.
 absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(std::string_view text);

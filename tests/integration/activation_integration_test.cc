@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,9 +67,9 @@ bool Holds(RawSession& session, uint32_t slot, uint8_t seed, size_t bytes) {
 
 class ActivationTest : public ::testing::Test {
  protected:
-  void StartDaemon(std::vector<std::string> extra = {}) {
+  void StartDaemon(std::vector<std::string> extra = {}, std::vector<std::string> env = {}) {
     extra.insert(extra.end(), {"--dram-budget", "64MiB", "--threads", "2"});
-    daemon_ = std::make_unique<DaemonProcess>(dir_.path(), extra);
+    daemon_ = std::make_unique<DaemonProcess>(dir_.path(), extra, env);
     absl::Status started = daemon_->Start();
     ASSERT_TRUE(started.ok()) << Text(started);
   }
@@ -132,6 +133,114 @@ TEST_F(ActivationTest, SpillThenRecallGivesBackTheSameBytes) {
   EXPECT_EQ(stats.activation_recalled_bytes_total(), 5000u + kSlotBytes);
   ASSERT_TRUE(session->Close().ok());
   EXPECT_TRUE(ScratchFiles().empty()) << "a closed session leaves no scratch file";
+}
+
+v1::ClientMessage WithId(v1::ClientMessage message, uint64_t id) {
+  message.set_request_id(id);
+  return message;
+}
+
+TEST_F(ActivationTest, ASpillInFlightHoldsUpNoOtherMessageOfTheSession) {
+  // Every write to the activation scratch completes only once `gate` exists:
+  // while it does not, a spill is in flight however long the machine takes.
+  const fs::path gate = dir_.path() / "release-the-spill";
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=write:HOLD:until={}:dir=activations", gate.string())});
+  auto session = Open("inflight");
+  ASSERT_NE(session, nullptr);
+  v1::RegisterChunksResponse registered;
+  ASSERT_TRUE(session->Register({ChunkSpecOf(1, 16, 1)}, &registered).ok());
+  Fill(*session, 0, 5);
+  ASSERT_TRUE(session->Send(WithId(Spill(1, 0, kSlotBytes), 1)));
+  // A gradient chunk and cheap requests sent after it are answered while it is
+  // in flight: the spill's write does not run on the session's handler.
+  v1::ClientMessage grad;
+  v1::AdamWHyper hyper;
+  hyper.set_lr(1e-3f);
+  hyper.set_beta1(0.9f);
+  hyper.set_beta2(0.999f);
+  hyper.set_eps(1e-8f);
+  *grad.mutable_grad_ready() = GradReadyOf(1, 1, 1, hyper);
+  std::fill(session->GradRegion(1).begin(), session->GradRegion(1).begin() + 64, std::byte{0});
+  ASSERT_TRUE(session->Send(WithId(grad, 2)));
+  std::map<uint64_t, v1::DaemonMessage> replies;
+  std::vector<uint64_t> order;
+  auto read = [&] {
+    v1::DaemonMessage reply = session->Read();
+    order.push_back(reply.request_id());
+    replies[reply.request_id()] = reply;
+  };
+  read();
+  ASSERT_TRUE(session->Send(WithId(Recall(99, 1), 3)));
+  read();
+  // The spill is answered once its write completes (every reply is read
+  // whatever the order, so that a failure ends the stream cleanly).
+  { std::ofstream(gate.string()) << "go"; }
+  read();
+  EXPECT_EQ(order, (std::vector<uint64_t>{2, 3, 1}))
+      << "the gradient chunk (2) or the cheap request (3) waited for the spill (1)";
+  EXPECT_TRUE(replies[2].has_params_ready()) << Describe(replies[2]);
+  EXPECT_EQ(replies[3].error().code(), 5) << Describe(replies[3]);
+  // The spill's bytes are those of the slot when it was sent (the slot is
+  // reused for the recall below).
+  ASSERT_TRUE(replies[1].has_activation_spilled()) << Describe(replies[1]);
+  EXPECT_EQ(replies[1].activation_spilled().bytes(), kSlotBytes);
+  v1::DaemonMessage reply;
+  std::fill(session->GradRegion(0).begin(), session->GradRegion(0).end(), std::byte{0});
+  reply = session->Exchange(WithId(Recall(1, 0), 4));
+  ASSERT_TRUE(reply.has_activation_recalled()) << Describe(reply);
+  EXPECT_EQ(reply.request_id(), 4u);
+  EXPECT_TRUE(Holds(*session, 0, 5, kSlotBytes));
+  ASSERT_TRUE(session->EndStep(1).has_step_committed());
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_TRUE(ScratchFiles().empty());
+}
+
+TEST_F(ActivationTest, AClientWithoutRequestIdsGetsItsAnswersInOrder) {
+  // Request id 0 (a client older than ids) cannot match answers that come out
+  // of order: its spill is answered before the message after it.
+  const fs::path gate = dir_.path() / "release";
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=write:HOLD:until={}:dir=activations", gate.string())});
+  auto session = Open("no-ids");
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Send(Spill(1, 0, 4096)));
+  ASSERT_TRUE(session->Send(Recall(99, 1)));
+  { std::ofstream(gate.string()) << "go"; }  // only now can the spill complete
+  const v1::DaemonMessage first = session->Read();
+  const v1::DaemonMessage second = session->Read();
+  EXPECT_TRUE(first.has_activation_spilled()) << Describe(first);
+  EXPECT_EQ(second.error().code(), 5) << Describe(second);
+  ASSERT_TRUE(session->Close().ok());
+}
+
+TEST_F(ActivationTest, TheStepsEndAnswersTheSpillsInFlightFirstAndLeavesNothing) {
+  // Spills in flight when the step ends are answered before it, and their
+  // scratch is gone after it. (A session's end waits for them the same way:
+  // activation_spill_test's DropWaitsForTheTransfersInFlight.)
+  const fs::path gate = dir_.path() / "release";
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=write:HOLD:until={}:dir=activations", gate.string())});
+  auto session = Open("ending");
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Send(WithId(Spill(1, 0, 4096), 1)));
+  ASSERT_TRUE(session->Send(WithId(Spill(2, 1, 4096), 2)));
+  v1::ClientMessage end;
+  end.mutable_end_step()->set_step(1);
+  ASSERT_TRUE(session->Send(WithId(end, 3)));
+  { std::ofstream(gate.string()) << "go"; }  // EndStep waits for the writes, which wait for this
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 3; ++i) {
+    v1::DaemonMessage reply = session->Read();
+    order.push_back(reply.request_id());
+    if (reply.request_id() == 3) {
+      EXPECT_TRUE(reply.has_step_committed()) << Describe(reply);
+    } else {
+      EXPECT_TRUE(reply.has_activation_spilled()) << Describe(reply);
+    }
+  }
+  EXPECT_EQ(order.back(), 3u) << "EndStep was answered before a spill it dropped";
+  for (const auto& [path, size] : ScratchFiles()) EXPECT_EQ(size, 0u) << path;
+  EXPECT_EQ(session->Exchange(Recall(1, 0)).error().code(), 5);
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_TRUE(ScratchFiles().empty());
 }
 
 TEST_F(ActivationTest, HostileFieldsAreRefusedClearlyAndTheSessionGoesOn) {
@@ -219,7 +328,7 @@ TEST_F(ActivationTest, TheStorageBudgetRefusesASpillClearlyAndTheSessionGoesOn) 
   ASSERT_TRUE(refused.has_error()) << Describe(refused);
   EXPECT_EQ(refused.error().code(), 8);  // RESOURCE_EXHAUSTED
   for (const char* word : {"SpillActivation (session", "activation 2: the activation scratch of uid",
-                           "max_storage_bytes_per_user (12288 bytes", "8192 of them spilled activations",
+                           "max_storage_bytes_per_user (12288 bytes", "8192 of them scratch",
                            "--max-storage-per-user", "the session goes on"}) {
     EXPECT_NE(refused.error().message().find(word), std::string::npos) << word << " in " << Describe(refused);
   }

@@ -16,6 +16,8 @@
 // gradients (see redo_integration_test.cc for why that is the right oracle).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "daemon_process.h"
+#include "fmt/format.h"
 #include "fuyou/admin_client.h"
 #include "optimizer/adamw_kernel.h"
 #include "raw_session.h"
@@ -103,10 +106,10 @@ std::string Describe(const v1::DaemonMessage& reply) { return reply.ShortDebugSt
 
 class JournalTest : public ::testing::Test {
  protected:
-  void StartDaemon(uint64_t slot_bytes) {
+  void StartDaemon(uint64_t slot_bytes, std::vector<std::string> extra = {}) {
     slot_bytes_ = slot_bytes;
-    daemon_ = std::make_unique<DaemonProcess>(dir_.path(),
-                                              std::vector<std::string>{"--dram-budget", "64MiB", "--threads", "2"});
+    extra.insert(extra.end(), {"--dram-budget", "64MiB", "--threads", "2"});
+    daemon_ = std::make_unique<DaemonProcess>(dir_.path(), extra);
     absl::Status started = daemon_->Start();
     ASSERT_TRUE(started.ok()) << Text(started);
   }
@@ -379,6 +382,89 @@ TEST_F(JournalTest, BeyondTheDramBudgetJournalsSpillChecksummedAndReplayExactly)
   daemon_.reset();
   StartDaemon(kN * 4);
   EXPECT_FALSE(fs::exists(leftover));
+}
+
+// Bytes the jobs' states.bin files take on disk (what StorageBudget counts).
+uint64_t StatesOnDisk(const fs::path& data_dir) {
+  uint64_t bytes = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(data_dir)) {
+    if (entry.path().filename() != "states.bin") continue;
+    struct stat info {};
+    if (::stat(entry.path().c_str(), &info) == 0) bytes += static_cast<uint64_t>(info.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+TEST_F(JournalTest, ASpilledJournalIsAdmittedByThePerUserStorageLimit) {
+  // As BeyondTheDramBudget...: seven chunks of 6 MiB of gradients, so some
+  // journals must spill; the per-user storage limit leaves room for the jobs'
+  // states and 4 MiB more, less than one spilled journal.
+  constexpr size_t kN = 1536 * 1024;
+  constexpr uint32_t kChunks = 7;
+  auto register_all = [&](RawSession& session, std::vector<std::vector<float>>& w) {
+    for (uint32_t c = 0; c < kChunks; ++c) {
+      w.push_back(Values(100 + c, kN));
+      Register(session, {ChunkSpecOf(c, kN, c % kSlots)}, {w.back()});
+    }
+  };
+  uint64_t states = 0;
+  {
+    StartDaemon(kN * 4);  // no limit: what the states take
+    auto session = Open("limited");
+    ASSERT_NE(session, nullptr);
+    std::vector<std::vector<float>> w;
+    register_all(*session, w);
+    ASSERT_TRUE(session->Close().ok());
+    states = StatesOnDisk(daemon_->data_dir());
+    ASSERT_GT(states, 0u);
+    daemon_.reset();
+  }
+  const uint64_t limit = states + (4 << 20);
+  StartDaemon(kN * 4, {"--max-storage-per-user", std::to_string(limit)});
+  auto session = Open("limited");
+  ASSERT_NE(session, nullptr);
+  std::vector<std::vector<float>> w;
+  register_all(*session, w);  // resumed: nothing more reserved
+  int updated = 0;
+  int refused = 0;
+  std::vector<bool> was_updated(kChunks, false);
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    v1::DaemonMessage reply = session->SendGrad(
+        WithJournal(GradReadyOf(1, c, c % kSlots, Hyper()), v1::JOURNAL_USE_KEEP), Values(200 + c, kN, 0.1f));
+    if (reply.has_params_ready()) {
+      ++updated;
+      was_updated[c] = true;
+      continue;
+    }
+    ASSERT_TRUE(reply.has_error()) << Describe(reply);
+    ++refused;
+    EXPECT_EQ(reply.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted)) << Describe(reply);
+    EXPECT_EQ(reply.error().chunk_id(), c);
+    const std::vector<std::string> words = {"the gradient journal scratch of uid", "max_storage_bytes_per_user",
+                                            fmt::format("({} bytes", limit), "--max-storage-per-user",
+                                            "nothing of the step changed"};
+    for (const std::string& word : words) {
+      EXPECT_NE(reply.error().message().find(word), std::string::npos) << word << " in " << Describe(reply);
+    }
+  }
+  EXPECT_GT(refused, 0) << "every journal was admitted: the limit does not bound the journal scratch";
+  EXPECT_GT(updated, 0);
+  v1::GetStatsResponse stats = Stats();
+  EXPECT_EQ(stats.journal_spilled_bytes_total(), 0u);  // nothing of a refused journal was kept
+  for (const auto& entry : fs::recursive_directory_iterator(daemon_->data_dir())) {
+    if (entry.path().extension() == ".spill") EXPECT_EQ(fs::file_size(entry.path()), 0u) << entry.path();
+  }
+  // The session goes on: the step commits the updates it has, the refused
+  // chunks keep their committed states.
+  v1::DaemonMessage committed = session->EndStep(1);
+  ASSERT_TRUE(committed.has_step_committed()) << Describe(committed);
+  EXPECT_EQ(committed.step_committed().chunks_updated(), static_cast<uint32_t>(updated));
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    auto master = session->ReadState(c, v1::STATE_MASTER, c % kSlots, kN);
+    ASSERT_TRUE(master.ok()) << Text(master.status());
+    EXPECT_EQ(BitEqual(*master, w[c]), !was_updated[c]) << "chunk " << c;
+  }
+  ASSERT_TRUE(session->Close().ok());
 }
 
 }  // namespace

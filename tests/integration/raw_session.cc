@@ -74,6 +74,14 @@ v1::DaemonMessage RawSession::Exchange(const v1::ClientMessage& message) {
   return reply;
 }
 
+bool RawSession::Send(const v1::ClientMessage& message) { return !closed_ && stream_->Write(message); }
+
+v1::DaemonMessage RawSession::Read() {
+  v1::DaemonMessage reply;
+  if (closed_ || !stream_->Read(&reply)) return v1::DaemonMessage();
+  return reply;
+}
+
 v1::DaemonMessage RawSession::SendGrad(const v1::GradReady& grad, const std::vector<float>& grads) {
   std::memcpy(GradRegion(grad.slot()).data(), grads.data(), grads.size() * sizeof(float));
   v1::ClientMessage message;

@@ -2,7 +2,7 @@
 // over raw gRPC, for tests that send what clientlib does not (redo, segments
 // without gradient, hostile segment lists). It opens the session, hands over a
 // segment as clientlib does (HandOverNewSegment) and attaches the stream; each
-// stream message then gets exactly one reply (Exchange).
+// stream message then gets exactly one reply (Exchange; or Send, then Read).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,12 @@ class RawSession {
   // Writes `message` to the stream and reads one reply; a reply with no kind
   // set when the stream broke (e.g. the daemon died).
   v1::DaemonMessage Exchange(const v1::ClientMessage& message);
+  // The two halves of Exchange, for tests of answers that come out of order
+  // (messages with request ids, issue 23): Send writes without reading
+  // (false when the stream broke); Read reads the next reply (no kind set when
+  // the stream broke).
+  bool Send(const v1::ClientMessage& message);
+  v1::DaemonMessage Read();
   // Copies `grads` (fp32) into the slot's gradient region and sends `grad`
   // (whose slot names it); returns the reply.
   v1::DaemonMessage SendGrad(const v1::GradReady& grad, const std::vector<float>& grads);
