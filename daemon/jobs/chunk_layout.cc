@@ -1,7 +1,6 @@
 #include "jobs/chunk_layout.h"
 
-#include <xxhash.h>
-
+#include "common/checksum.h"
 #include "fuyou/checked_math.h"
 #include "storage/io_engine.h"
 
@@ -43,15 +42,15 @@ std::optional<uint64_t> ChunkPayloadBytes(uint64_t num_elements) { return ChunkL
 std::optional<uint64_t> ChunkStateBytes(uint64_t num_elements) { return ChunkLayout{num_elements}.ExtentBytes(); }
 
 uint64_t ChunkPayloadChecksum(const std::byte* states, uint64_t num_elements) {
-  return XXH3_64bits(states, ChunkPayloadBytes(num_elements).value_or(0));
+  return Checksum64(states, ChunkPayloadBytes(num_elements).value_or(0));
 }
 
 uint64_t WeightsChecksum(const std::byte* weights, const ChunkLayout& layout) {
-  return XXH3_64bits(weights, layout.WeightsBytes().value_or(0));
+  return Checksum64(weights, layout.WeightsBytes().value_or(0));
 }
 
 uint64_t StatesChecksum(const std::byte* bytes, const ChunkLayout& layout) {
-  return XXH3_64bits(bytes, layout.StatesBytes().value_or(0));
+  return Checksum64(bytes, layout.StatesBytes().value_or(0));
 }
 
 ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& layout) {

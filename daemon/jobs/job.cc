@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/checksum.h"
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status_util.h"
@@ -154,7 +154,7 @@ absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir,
   if (bytes.size() < 8) return absl::DataLossError(fmt::format("manifest of job '{}' is truncated", name));
   uint64_t stored = 0;
   std::memcpy(&stored, bytes.data(), 8);
-  const uint64_t actual = XXH3_64bits(bytes.data() + 8, bytes.size() - 8);
+  const uint64_t actual = Checksum64(bytes.data() + 8, bytes.size() - 8);
   if (stored != actual) {
     return absl::DataLossError(fmt::format("manifest of job '{}' ({}) fails its checksum", name,
                                            (job_dir.path() / kManifestFile).string()));
@@ -349,7 +349,7 @@ absl::Status Job::WriteManifest(v1::JobManifest& next) const {
   FUYOU_CRASH_POINT("after_state_sync");
   next.set_last_used_unix(NowUnix());
   std::string body = next.SerializeAsString();
-  const uint64_t checksum = XXH3_64bits(body.data(), body.size());
+  const uint64_t checksum = Checksum64(body.data(), body.size());
   std::string bytes(8, '\0');
   std::memcpy(bytes.data(), &checksum, 8);
   bytes += body;

@@ -4,7 +4,7 @@
 
 #include "common/status_util.h"
 #include "fmt/format.h"
-#include "xxhash.h"
+#include "common/checksum.h"
 
 namespace fuyou {
 
@@ -94,7 +94,7 @@ Future<void> ActivationSpill::Spill(uint64_t key, std::span<const std::byte> byt
   if (!lent.ok()) return MakeReadyFuture<void>(lent.status());
   std::memcpy(lent->bytes.data(), bytes.data(), bytes.size());
   std::memset(lent->bytes.data() + bytes.size(), 0, padded - bytes.size());  // written, not checksummed: deterministic
-  const uint64_t checksum = XXH3_64bits(lent->bytes.data(), bytes.size());
+  const uint64_t checksum = Checksum64(lent->bytes.data(), bytes.size());
   const std::string file = files_->path(location->file).string();
   Future<void> written = files_->WriteAsync(*location, lent->bytes)
                              .Then([bounce = bounce_, index = lent->index, key, padded, file,
@@ -142,7 +142,7 @@ Future<uint64_t> ActivationSpill::Recall(uint64_t key, std::span<std::byte> out)
               status = absl::Status(read.code(),
                                     fmt::format("activation {}: cannot read it back from {} (offset {}): {}", key,
                                                 file, entry.location.offset, read.message()));
-            } else if (XXH3_64bits(lent.bytes.data(), entry.bytes) != entry.checksum) {
+            } else if (Checksum64(lent.bytes.data(), entry.bytes) != entry.checksum) {
               status = absl::DataLossError(fmt::format(
                   "activation {}: the {} bytes read back from {} (offset {}) do not match their checksum", key,
                   entry.bytes, file, entry.location.offset));

@@ -1,9 +1,8 @@
 #include "journal/grad_journal.h"
 
-#include <xxhash.h>
-
 #include <cstring>
 
+#include "common/checksum.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
 
@@ -140,7 +139,7 @@ absl::StatusOr<JournalAccess> GradJournal::Open(uint32_t chunk_id) {
   access.transient_ = std::move(*pin);
   access.data_ = access.transient_.data();
   absl::Status read = spill_->Read(entry.location, std::span<std::byte>(access.data_, entry.padded));
-  if (read.ok() && XXH3_64bits(access.data_, entry.bytes) != entry.checksum) {
+  if (read.ok() && Checksum64(access.data_, entry.bytes) != entry.checksum) {
     read = absl::DataLossError(fmt::format(
         "chunk {}: the gradient journal read back from {} (offset {}) does not match its checksum", chunk_id,
         spill_->path(entry.location.file).string(), entry.location.offset));
@@ -158,7 +157,7 @@ absl::Status GradJournal::Save(JournalAccess& access, bool changed) {
   Entry& entry = found->second;
   if (entry.spilled && changed) {
     entry.valid = false;
-    const uint64_t checksum = XXH3_64bits(access.data_, entry.bytes);
+    const uint64_t checksum = Checksum64(access.data_, entry.bytes);
     absl::Status written = spill_->Write(entry.location, std::span<const std::byte>(access.data_, entry.padded));
     if (!written.ok()) {
       return absl::Status(written.code(), fmt::format("chunk {}: cannot spill its gradient journal: {}",

@@ -110,19 +110,25 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   const Reader prefetch{.job = &job, .chunk_id = chunk_id};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   const size_t size = storage::AlignedBuffer::RoundedSize(bytes);
-  std::optional<storage::AlignedBuffer> reused;
-  while (!(reused = spares_.Take(size)) && bytes_in_use_ + spares_.bytes() + bytes > budget_bytes_) {
-    if (spares_.FreeOne()) continue;  // one of another size: no use now
+  // Room first. The spares are memory no entry uses, so only the entries count
+  // here (a spare is never a reason to evict); what is left of them past the
+  // budget is freed below.
+  while (bytes_in_use_ + bytes > budget_bytes_) {
     // A prefetch evicts only entries needed after it (never another prefetch
     // not used yet: that one was read for a use that comes sooner, and
     // evicting it only reads it twice) and never the resident prefix. The
-    // victim's buffer becomes a spare, which the next turn takes when its size fits.
+    // victim's buffer becomes a spare.
     if (EvictOneLocked(loading ? &prefetch : nullptr)) continue;
     if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return absl::DeadlineExceededError(fmt::format(
           "waited {} ms for {} bytes of the DRAM budget for chunk {} of job '{}'", timeout_ms, bytes, chunk_id, job));
     }
+  }
+  // Cut from a spare when one is large enough: its pages are not faulted in anew.
+  std::optional<storage::AlignedBuffer> reused = spares_.Take(size);
+  const uint64_t taking = reused ? reused->size() : bytes;
+  while (bytes_in_use_ + taking + spares_.bytes() > budget_bytes_ && spares_.FreeOne()) {
   }
   storage::AlignedBuffer buffer;
   if (reused) {

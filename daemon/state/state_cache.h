@@ -233,10 +233,12 @@ class StateCache {
   std::list<Key> prefetched_;
   uint64_t bytes_in_use_ = 0;  // every live buffer, dropped-but-pinned included
   uint64_t held_bytes_ = 0;    // TryHold reservations
-  // Buffers of dropped entries, kept for the next Create of their size. Their
-  // bytes are not in bytes_in_use_, but in_use + spares stays within the budget
-  // (a Create frees spares before it evicts); none are kept once no entry is.
-  storage::SpareBuffers spares_{2};
+  // Buffers of dropped entries, kept for the next Create of their size or
+  // less (cut to size: a model's chunks come in a few sizes, weights only,
+  // states only, whole extents, modules of different widths). Their bytes are
+  // not in bytes_in_use_, but in_use + spares stays within the budget (a Create
+  // frees spares before it evicts); none are kept once no entry is.
+  storage::SpareBuffers spares_{8};
 };
 
 }  // namespace fuyou

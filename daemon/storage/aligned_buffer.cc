@@ -57,6 +57,17 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   return buffer;
 }
 
+void AlignedBuffer::ShrinkTo(size_t bytes) {
+  const size_t keep = RoundedSize(bytes);
+  if (keep >= size_) return;
+  if (keep == 0) {
+    *this = AlignedBuffer();
+    return;
+  }
+  munmap(data_ + keep, size_ - keep);
+  size_ = keep;
+}
+
 AlignedBuffer::~AlignedBuffer() {
   if (data_ != nullptr) munmap(data_, size_);
 }

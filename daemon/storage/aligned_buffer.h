@@ -25,6 +25,11 @@ class AlignedBuffer {
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
+  // Keeps only the first RoundedSize(bytes) bytes (bytes <= size()): the rest
+  // is unmapped, the kept pages stay as they are (faulted in, their bytes
+  // unchanged), so a spare reused for a smaller entry costs no page faults.
+  void ShrinkTo(size_t bytes);
+
   std::byte* data() const { return data_; }
   // Usable bytes (the rounded size).
   size_t size() const { return size_; }

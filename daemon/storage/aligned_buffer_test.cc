@@ -29,6 +29,21 @@ TEST(AlignedBufferTest, LargeSizesStartOnAHugePageAndWasteNoMoreThanAPage) {
   std::memset(buffer->data(), 1, buffer->size());
 }
 
+TEST(AlignedBufferTest, ShrinkToKeepsTheFirstPagesAndTheirBytes) {
+  AlignedBuffer buffer = *AlignedBuffer::Allocate((size_t{4} << 20) + 3 * 4096);
+  std::byte* const data = buffer.data();
+  std::memset(data, 0x5a, buffer.size());
+  buffer.ShrinkTo((size_t{2} << 20) + 1);
+  EXPECT_EQ(buffer.data(), data);
+  EXPECT_EQ(buffer.size(), (size_t{2} << 20) + 4096) << "rounded up to a page";
+  for (size_t i = 0; i < buffer.size(); i += 4096) ASSERT_EQ(data[i], std::byte{0x5a}) << i;
+  buffer.ShrinkTo(buffer.size() + 4096);
+  EXPECT_EQ(buffer.size(), (size_t{2} << 20) + 4096) << "never grows";
+  buffer.ShrinkTo(0);
+  EXPECT_EQ(buffer.data(), nullptr);
+  EXPECT_EQ(buffer.size(), 0u);
+}
+
 TEST(AlignedBufferTest, ZeroBytesIsEmpty) {
   absl::StatusOr<AlignedBuffer> buffer = AlignedBuffer::Allocate(0);
   ASSERT_TRUE(buffer.ok());

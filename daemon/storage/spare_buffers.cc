@@ -7,10 +7,15 @@
 namespace fuyou::storage {
 
 std::optional<AlignedBuffer> SpareBuffers::Take(size_t size) {
-  auto it = std::find_if(buffers_.rbegin(), buffers_.rend(), [&](const AlignedBuffer& b) { return b.size() == size; });
-  if (it == buffers_.rend()) return std::nullopt;
-  AlignedBuffer buffer = std::move(*it);
-  buffers_.erase(std::next(it).base());
+  auto best = buffers_.end();
+  for (auto it = buffers_.begin(); it != buffers_.end(); ++it) {
+    // Ties: the newest (its pages the likeliest to be in the CPU's caches).
+    if (it->size() >= size && (best == buffers_.end() || it->size() <= best->size())) best = it;
+  }
+  if (size == 0 || best == buffers_.end()) return std::nullopt;
+  AlignedBuffer buffer = std::move(*best);
+  buffers_.erase(best);
+  buffer.ShrinkTo(size);
   return buffer;
 }
 

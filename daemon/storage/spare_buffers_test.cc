@@ -35,12 +35,29 @@ TEST(SpareBuffersTest, ATakenBufferIsTheSameMappingZeroedFromKeepOn) {
   EXPECT_EQ(spares.count(), 0u);
 }
 
-TEST(SpareBuffersTest, OnlyAnExactSizeIsTaken) {
-  SpareBuffers spares(2);
-  spares.Put(Filled(2 * 4096, 1));
-  EXPECT_FALSE(spares.Take(4096).has_value());
-  EXPECT_FALSE(spares.Take(3 * 4096).has_value());
-  EXPECT_TRUE(spares.Take(2 * 4096).has_value());
+TEST(SpareBuffersTest, TheSmallestLargeEnoughBufferIsCutToSizeKeepingItsPages) {
+  SpareBuffers spares(4);
+  spares.Put(Filled(6 * 4096, 6));
+  spares.Put(Filled(4 * 4096, 4));
+  spares.Put(Filled(5 * 4096, 5));
+  auto taken = spares.Take(3 * 4096);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->size(), 3u * 4096) << "cut to the size asked for";
+  EXPECT_TRUE(AllEqual(taken->data(), taken->data() + taken->size(), 4)) << "from the smallest that fits, its bytes kept";
+  EXPECT_EQ(spares.bytes(), 11u * 4096);
+  taken = spares.Take(5 * 4096);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_TRUE(AllEqual(taken->data(), taken->data() + taken->size(), 5)) << "an exact fit before a larger one";
+  EXPECT_EQ(spares.bytes(), 6u * 4096);
+}
+
+TEST(SpareBuffersTest, NoneIsTakenWhenAllAreSmaller) {
+  SpareBuffers spares(4);
+  spares.Put(Filled(2 * 4096, 2));
+  spares.Put(Filled(3 * 4096, 3));
+  EXPECT_FALSE(spares.Take(4 * 4096).has_value());
+  EXPECT_EQ(spares.bytes(), 5u * 4096) << "both kept";
+  EXPECT_FALSE(SpareBuffers(4).Take(4096).has_value()) << "none kept: none taken";
 }
 
 TEST(SpareBuffersTest, BeyondTheLimitTheOldestIsFreedAndFreeOneEmptiesIt) {
@@ -49,7 +66,7 @@ TEST(SpareBuffersTest, BeyondTheLimitTheOldestIsFreedAndFreeOneEmptiesIt) {
   spares.Put(Filled(2 * 4096, 2));
   spares.Put(Filled(3 * 4096, 3));
   EXPECT_EQ(spares.count(), 2u);
-  EXPECT_FALSE(spares.Take(4096).has_value()) << "the oldest went first";
+  EXPECT_EQ(spares.bytes(), 5u * 4096) << "the oldest went first";
   EXPECT_TRUE(spares.FreeOne());
   EXPECT_EQ(spares.bytes(), 3u * 4096);
   EXPECT_TRUE(spares.FreeOne());

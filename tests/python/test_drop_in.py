@@ -461,7 +461,10 @@ def test_step_with_a_closure_that_zeroes_and_backpropagates(fuyou_adamw):
                 loss.backward()
                 return loss
             losses.append(o.step(closure))
-        assert float(losses[1]) == float(losses[0])
+        # The closure's loss is taken at the weights of the step before, which
+        # match torch's within the fp32 tolerance (not bit for bit: fuyou's
+        # kernel and torch's may round differently on another CPU).
+        assert float(losses[1]) == pytest.approx(float(losses[0]), rel=1e-5, abs=1e-6), step
         assert_matches(model, ref, step, "step(closure)")
 
 
