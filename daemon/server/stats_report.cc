@@ -1,5 +1,7 @@
 #include "server/stats_report.h"
 
+#include "server/data_parallel_groups.h"
+
 namespace fuyou {
 
 void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) const {
@@ -35,6 +37,23 @@ void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) co
   response->set_dram_bytes_in_use(cache_.bytes_in_use());
   response->set_dram_budget_bytes(cache_.budget_bytes());
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
+  FillDataParallel(std::nullopt, response);
+}
+
+std::vector<v1::SessionInfo> StatsReport::Sessions(std::optional<uid_t> only) const {
+  std::vector<v1::SessionInfo> infos;
+  for (const auto& session : sessions_.List()) {
+    if (only && session->uid() != *only) continue;
+    MarkDataParallel(infos.emplace_back(session->Info()));
+  }
+  return infos;
+}
+
+void StatsReport::FillDataParallel(std::optional<uid_t> only, v1::GetStatsResponse* response) const {
+  response->clear_data_parallel_jobs();
+  for (v1::DataParallelJob& row : GroupDataParallelSessions(Sessions(only))) {
+    *response->add_data_parallel_jobs() = std::move(row);
+  }
 }
 
 }  // namespace fuyou
