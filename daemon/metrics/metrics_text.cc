@@ -56,7 +56,7 @@ class Writer {
 // per-rank family within kMaxDataParallelRanksInMetrics samples.
 void DataParallelFamilies(const v1::GetStatsResponse& stats, Writer& w) {
   std::vector<const v1::DataParallelJob*> shown;
-  std::vector<std::string> labels;  // uid, job and world_size of each shown job
+  std::vector<std::string> labels;  // uid, data_parallel_job and world_size of each shown job
   int rank_samples = 0;
   for (const v1::DataParallelJob& job : stats.data_parallel_jobs()) {
     if (static_cast<int>(shown.size()) == kMaxDataParallelJobsInMetrics ||
@@ -64,7 +64,7 @@ void DataParallelFamilies(const v1::GetStatsResponse& stats, Writer& w) {
       break;
     }
     shown.push_back(&job);
-    labels.push_back(fmt::format("uid=\"{}\",job=\"{}\",world_size=\"{}\"", job.uid(),
+    labels.push_back(fmt::format("uid=\"{}\",data_parallel_job=\"{}\",world_size=\"{}\"", job.uid(),
                                  EscapeLabelValue(job.job()), job.world_size()));
     rank_samples += job.ranks_size();
   }

@@ -20,13 +20,17 @@
 //   fuyou_sessions                            gauge, live sessions
 //   fuyou_chunk_update_seconds                histogram: the AdamW kernel time of one chunk update
 //   fuyou_step_seconds                        histogram: EndStep to EndStep of one session
-//   fuyou_data_parallel_live_ranks{uid,job,world_size}           gauge, per data-parallel job
-//   fuyou_data_parallel_committed_step{uid,job,world_size}       gauge, the step every live rank committed
-//   fuyou_data_parallel_rank_committed_step{uid,job,world_size,rank}   gauge, per rank
+//   fuyou_data_parallel_live_ranks{uid,data_parallel_job,world_size}           gauge, per data-parallel job
+//   fuyou_data_parallel_committed_step{uid,data_parallel_job,world_size}       gauge, the step every live rank committed
+//   fuyou_data_parallel_rank_committed_step{uid,data_parallel_job,world_size,rank}   gauge, per rank
 //   fuyou_data_parallel_rank_chunk_updates_total{...,rank}       counter, the rank's session's
 //   fuyou_data_parallel_rank_update_seconds_total{...,rank}      counter (kernel seconds)
 //   fuyou_data_parallel_rank_state_wait_seconds_total{...,rank}  counter (I/O seconds)
 //   fuyou_data_parallel_jobs_not_shown        gauge, data-parallel jobs past the cap below
+//
+// The data-parallel job's label is `data_parallel_job`, not `job`, which
+// Prometheus sets to the scrape job's name (a scraped `job` would become
+// `exported_job` without honor_labels).
 //
 // Labels are only ones whose values stay few: the configured storage paths,
 // fixed reasons, and the data-parallel jobs with live sessions

@@ -203,7 +203,7 @@ TEST(MetricsTextTest, ADataParallelJobIsOneJobWithPerRankSamples) {
   *stats.add_data_parallel_jobs() = DataParallelJobOf("gpt", 1000, 2);
   Histogram none({1});
   const std::vector<std::string> lines = Lines(RenderMetrics({stats, none.Snapshot(), none.Snapshot(), "x"}));
-  const std::string job = "uid=\"1000\",job=\"gpt\",world_size=\"2\"";
+  const std::string job = "uid=\"1000\",data_parallel_job=\"gpt\",world_size=\"2\"";
   for (const std::string& expected : std::vector<std::string>{
            "# TYPE fuyou_data_parallel_live_ranks gauge",
            "fuyou_data_parallel_live_ranks{" + job + "} 2",

@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -171,7 +176,7 @@ def test_metrics_show_the_job_and_its_ranks(ranks_training):
         types[family.name] = family.type
         for sample in family.samples:
             values[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    job = {"uid": str(os.geteuid()), "job": JOB, "world_size": str(WORLD)}
+    job = {"uid": str(os.geteuid()), "data_parallel_job": JOB, "world_size": str(WORLD)}
 
     def value(name, **labels):
         return values[(name, frozenset({**job, **labels}.items()))]
@@ -189,4 +194,67 @@ def test_metrics_show_the_job_and_its_ranks(ranks_training):
             r["update_seconds"])
     assert values[("fuyou_data_parallel_jobs_not_shown", frozenset())] == 0
     # No sample names the ordinary job.
-    assert not any(("job", "ordinary") in labels for _, labels in values)
+    assert not any(("data_parallel_job", "ordinary") in labels for _, labels in values)
+
+
+PROMETHEUS = "/usr/bin/prometheus"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_real_prometheus_sums_the_ranks_of_the_job(ranks_training, tmp_path):
+    """Prometheus scrapes the families and its own query language adds the
+    ranks up: the job's updates are what GetStats' job row says."""
+    if shutil.which(PROMETHEUS) is None:
+        pytest.skip(f"{PROMETHEUS} not installed (Debian package prometheus, deploy/install-deps.sh)")
+    daemon, metrics_port, _ = ranks_training
+    web_port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: fuyoud\n    scrape_timeout: 1s\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n")
+    log_path = tmp_path / "prometheus.log"
+    with open(log_path, "wb") as log:
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{web_port}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            def query(expression):
+                url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    body = json.load(answer)
+                assert body["status"] == "success", body
+                result = body["data"]["result"]
+                return float(result[0]["value"][1]) if result else None
+
+            def wait_for(expression, timeout=30.0):
+                # Bounded wait for Prometheus to have scraped; no claim about speed.
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    assert prometheus.poll() is None, log_path.read_text()[-3000:]
+                    try:
+                        got = query(expression)
+                        if got is not None:
+                            return got
+                    except (urllib.error.URLError, ConnectionError):
+                        pass  # not listening yet
+                    time.sleep(0.2)
+                pytest.fail(f"Prometheus had no {expression} within {timeout} s; its log:\n"
+                            + log_path.read_text()[-3000:])
+
+            (row,) = get_stats(daemon)["data_parallel_jobs"]
+            # A plain scrape config: `data_parallel_job` does not clash with the scrape's `job`.
+            of_job = '{data_parallel_job="%s",job="fuyoud"}' % JOB
+            assert wait_for(f'fuyou_data_parallel_live_ranks{of_job}') == 2
+            assert wait_for(f'sum(fuyou_data_parallel_rank_chunk_updates_total{of_job})') == \
+                row["chunk_updates"]
+            assert wait_for(f'count(fuyou_data_parallel_rank_committed_step{of_job})') == WORLD
+            assert wait_for(f'min(fuyou_data_parallel_rank_committed_step{of_job})') == \
+                wait_for(f'fuyou_data_parallel_committed_step{of_job}') == 2
+        finally:
+            prometheus.terminate()
+            try:
+                prometheus.wait(10)
+            except subprocess.TimeoutExpired:
+                prometheus.kill()
