@@ -3,7 +3,8 @@
 //   fuyouctl status                 health and a one-screen summary
 //   fuyouctl stats [--watch] [--json]
 //   fuyouctl top [--once | --iterations N] [--interval S]   live view, one frame a second
-//   fuyouctl sessions | jobs        live sessions, jobs on the storage tier
+//   fuyouctl sessions | jobs        live sessions, jobs on the storage tier (the ranks
+//                                   of a data-parallel job as one job, lists_view.h)
 //   fuyouctl delete-job NAME
 //   fuyouctl copy-job SRC DST
 //
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "fmt/format.h"
 #include "format.h"
+#include "lists_view.h"
 #include "stats_view.h"
 #include "top.h"
 #include "fuyou/admin_client.h"
@@ -181,17 +183,7 @@ absl::Status RunSessions(AdminClient& admin, bool json) {
   absl::StatusOr<v1::ListSessionsResponse> sessions = admin.ListSessions();
   if (!sessions.ok()) return sessions.status();
   if (json) return PrintJson(*sessions);
-  if (sessions->sessions_size() == 0) {
-    fmt::print("no live sessions\n");
-    return absl::OkStatus();
-  }
-  Table table({"SESSION", "JOB", "USER", "PID", "CHUNKS", "STEP", "SEGMENT", "AGE", "CLIENT"});
-  for (const v1::SessionInfo& s : sessions->sessions()) {
-    table.AddRow({s.session_id(), s.job(), UserName(s.uid()), std::to_string(s.pid()),
-                  std::to_string(s.chunks()), std::to_string(s.committed_step()),
-                  FormatBytes(s.segment_bytes()), FormatDuration(s.age_seconds()), s.client_info()});
-  }
-  fmt::print("{}", table.ToString());
+  fmt::print("{}", RenderSessions(*sessions, UserName));
   return absl::OkStatus();
 }
 
@@ -199,21 +191,7 @@ absl::Status RunJobs(AdminClient& admin, bool json, bool all_users) {
   absl::StatusOr<v1::ListJobsResponse> jobs = admin.ListJobs(all_users);
   if (!jobs.ok()) return jobs.status();
   if (json) return PrintJson(*jobs);
-  if (jobs->jobs_size() == 0) {
-    fmt::print("no jobs\n");
-    return absl::OkStatus();
-  }
-  Table table({"JOB", "OWNER", "CHUNKS", "PARAMS", "ON STORAGE", "STEP", "LAST USED", "OPEN"});
-  for (const v1::JobInfo& j : jobs->jobs()) {
-    if (!j.damaged().empty()) {
-      table.AddRow({j.name(), UserName(j.owner_uid()), "-", "-", "-", "-", "-", "DAMAGED (delete-job only)"});
-      continue;
-    }
-    table.AddRow({j.name(), UserName(j.owner_uid()), std::to_string(j.chunks()),
-                  FormatCount(static_cast<double>(j.parameters())), FormatBytes(j.bytes_on_storage()),
-                  std::to_string(j.committed_step()), Ago(j.last_used_unix()), j.open() ? "yes" : "no"});
-  }
-  fmt::print("{}", table.ToString());
+  fmt::print("{}", RenderJobs(*jobs, UserName, Ago));
   return absl::OkStatus();
 }
 

@@ -121,6 +121,34 @@ std::string OtherFieldsText(const v1::GetStatsResponse& stats) {
   return "\n" + others.ToString();
 }
 
+// After a blank line, the data-parallel jobs (GetStatsResponse.data_parallel_jobs):
+// one row each with the ranks' totals, its ranks' rows beneath, indented;
+// nothing when there is none.
+std::string DataParallelText(const v1::GetStatsResponse& stats) {
+  if (stats.data_parallel_jobs_size() == 0) return "";
+  Table table({"DATA-PARALLEL JOB", "RANKS", "UID", "STEP", "CHUNKS", "UPDATES", "UPDATE S", "I/O S", "SPECULATIVE",
+               "REDONE", "ROLLED BACK"});
+  for (const v1::DataParallelJob& job : stats.data_parallel_jobs()) {
+    std::string step = std::to_string(job.committed_step());
+    if (job.newest_committed_step() != job.committed_step()) {
+      step += fmt::format(" (newest {})", job.newest_committed_step());
+    }
+    table.AddRow({job.job(), fmt::format("{}/{}", job.live_ranks(), job.world_size()), std::to_string(job.uid()),
+                  step, std::to_string(job.chunks()), std::to_string(job.chunk_updates()),
+                  fmt::format("{:.2f}", job.update_seconds()), fmt::format("{:.2f}", job.state_wait_seconds()),
+                  std::to_string(job.chunks_speculative()), std::to_string(job.chunks_redone()),
+                  std::to_string(job.chunks_rolled_back())});
+    for (const v1::DataParallelRank& rank : job.ranks()) {
+      table.AddRow({"  " + rank.job(), fmt::format("rank {}", rank.rank()), "", std::to_string(rank.committed_step()),
+                    std::to_string(rank.chunks()), std::to_string(rank.chunk_updates()),
+                    fmt::format("{:.2f}", rank.update_seconds()), fmt::format("{:.2f}", rank.state_wait_seconds()),
+                    std::to_string(rank.chunks_speculative()), std::to_string(rank.chunks_redone()),
+                    std::to_string(rank.chunks_rolled_back())});
+    }
+  }
+  return "\n" + table.ToString();
+}
+
 }  // namespace
 
 bool IsUserScope(const v1::GetStatsResponse& stats) { return stats.scope() == v1::STATS_SCOPE_USER; }
@@ -138,6 +166,8 @@ const std::set<std::string_view>& ShownFields() {
     std::set<std::string_view> fields = {"scope", "uid", "uptime_seconds", "live_sessions", "steps_committed"};
     // The storage table (daemon) or the traffic table (user).
     fields.insert({"storage", "bytes_read", "bytes_written", "read_gbps", "write_gbps"});
+    // The data-parallel jobs' table.
+    fields.insert("data_parallel_jobs");
     for (const SummaryRow& row : SummaryRows()) fields.insert(row.fields.begin(), row.fields.end());
     return fields;
   }();
@@ -156,6 +186,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
     out += traffic.ToString() + "\n";
     out += SummaryText(stats);
     out += OtherFieldsText(stats);
+    out += DataParallelText(stats);
     out += "(storage paths, DRAM and other users' activity are shown to root and the daemon's user only)\n";
     return out;
   }
@@ -182,6 +213,7 @@ std::string RenderStats(const v1::GetStatsResponse& stats) {
   out += storage.ToString() + "\n";
   out += SummaryText(stats);
   out += OtherFieldsText(stats);
+  out += DataParallelText(stats);
   return out;
 }
 

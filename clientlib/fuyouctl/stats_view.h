@@ -7,7 +7,9 @@
 // summary rows, one row each under its proto name, found from the message's
 // descriptor (as the Python binding's stats dict is): a field added to
 // admin.proto shows up here without a change to fuyouctl, and the view's test
-// checks that every field changes the output.
+// checks that every field changes the output. Last, the data-parallel jobs
+// (data_parallel_jobs): a row per job with its ranks' totals, and a row per
+// rank beneath it.
 //
 // A user other than root and the daemon's own gets STATS_SCOPE_USER: their
 // own activity only, no storage paths and no DRAM line.

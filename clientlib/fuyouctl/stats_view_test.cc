@@ -11,6 +11,7 @@
 #include <string>
 
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace fuyou::ctl {
 namespace {
@@ -138,6 +139,85 @@ TEST(StatsViewTest, AUserSeesTheirOwnActivityAndTheNote) {
   EXPECT_TRUE(text.ends_with(
       "(storage paths, DRAM and other users' activity are shown to root and the daemon's user only)\n"))
       << text;
+}
+
+// Sets the scalar `field` of `message` to a value unlike any other's; false
+// for a repeated or message field.
+bool SetDistinctScalar(google::protobuf::Message& message, const FieldDescriptor& field) {
+  const google::protobuf::Reflection& reflection = *message.GetReflection();
+  if (field.is_repeated()) return false;
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_UINT64: reflection.SetUInt64(&message, &field, 987654321987); return true;
+    case FieldDescriptor::CPPTYPE_UINT32: reflection.SetUInt32(&message, &field, 4242); return true;
+    case FieldDescriptor::CPPTYPE_INT64: reflection.SetInt64(&message, &field, 987654321987); return true;
+    case FieldDescriptor::CPPTYPE_DOUBLE: reflection.SetDouble(&message, &field, 98765.4321); return true;
+    case FieldDescriptor::CPPTYPE_STRING: reflection.SetString(&message, &field, "distinct"); return true;
+    default: return false;
+  }
+}
+
+v1::GetStatsResponse WithDataParallelJob(v1::StatsScope scope) {
+  v1::GetStatsResponse stats = Empty(scope);
+  v1::DataParallelJob* job = stats.add_data_parallel_jobs();
+  job->set_job("gpt");
+  job->set_uid(1000);
+  job->set_world_size(2);
+  job->set_live_ranks(2);
+  job->set_committed_step(5);
+  job->set_newest_committed_step(6);
+  job->set_chunk_updates(30);
+  job->set_update_seconds(1.5);
+  for (uint32_t r = 0; r < 2; ++r) {
+    v1::DataParallelRank* rank = job->add_ranks();
+    rank->set_rank(r);
+    rank->set_job("gpt.rank" + std::to_string(r) + "-of2");
+    rank->set_session_id("s" + std::to_string(r));
+    rank->set_committed_step(5 + r);
+    rank->set_chunk_updates(10 + 10 * r);
+  }
+  return stats;
+}
+
+TEST(StatsViewTest, ADataParallelJobIsOneRowWithItsRanksBeneath) {
+  for (v1::StatsScope scope : {v1::STATS_SCOPE_DAEMON, v1::STATS_SCOPE_USER}) {
+    const std::string text = RenderStats(WithDataParallelJob(scope));
+    const std::string job = LineOf(text, "gpt");
+    EXPECT_NE(job.find("2/2"), std::string::npos) << text;
+    EXPECT_NE(job.find("5 (newest 6)"), std::string::npos) << text;
+    EXPECT_NE(job.find(" 30 "), std::string::npos) << text;
+    EXPECT_NE(job.find(" 1.50 "), std::string::npos) << text;
+    const size_t rank0 = text.find("\n  gpt.rank0-of2  ");
+    const size_t rank1 = text.find("\n  gpt.rank1-of2  ");
+    ASSERT_NE(rank0, std::string::npos) << text;
+    ASSERT_NE(rank1, std::string::npos) << text;
+    EXPECT_LT(text.find("\ngpt "), rank0) << "the job's row comes first:\n" << text;
+    EXPECT_LT(rank0, rank1);
+    EXPECT_NE(text.find("rank 1"), std::string::npos) << text;
+  }
+  EXPECT_EQ(RenderStats(Empty(v1::STATS_SCOPE_DAEMON)).find("DATA-PARALLEL"), std::string::npos);
+}
+
+// Every field of a data-parallel job's row and of its ranks' rows changes the
+// output (the session id is `fuyouctl sessions`'s).
+TEST(StatsViewTest, EveryFieldOfADataParallelJobIsShown) {
+  const v1::GetStatsResponse base = WithDataParallelJob(v1::STATS_SCOPE_DAEMON);
+  const std::string before = RenderStats(base);
+  int checked = 0;
+  for (const google::protobuf::Descriptor* descriptor :
+       {v1::DataParallelJob::descriptor(), v1::DataParallelRank::descriptor()}) {
+    for (int i = 0; i < descriptor->field_count(); ++i) {
+      const FieldDescriptor& field = *descriptor->field(i);
+      if (field.name() == "session_id") continue;
+      v1::GetStatsResponse changed = base;
+      google::protobuf::Message& row = descriptor == v1::DataParallelJob::descriptor()
+                                           ? static_cast<google::protobuf::Message&>(*changed.mutable_data_parallel_jobs(0))
+                                           : *changed.mutable_data_parallel_jobs(0)->mutable_ranks(1);
+      if (!SetDistinctScalar(row, field)) continue;
+      ++checked;
+      EXPECT_NE(RenderStats(changed), before) << descriptor->name() << "." << field.name() << " is not shown";
+    }
+  }
+  EXPECT_EQ(checked, 13 + 10);
 }
 
 }  // namespace

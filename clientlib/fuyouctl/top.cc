@@ -1,9 +1,12 @@
 #include "top.h"
 
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "fmt/format.h"
 #include "format.h"
+#include "lists_view.h"
 
 namespace fuyou::ctl {
 namespace {
@@ -13,6 +16,13 @@ std::string MeanMs(double seconds, uint64_t updates) {
   if (updates == 0) return "-";
   return fmt::format("{:.3f}", seconds * 1000 / static_cast<double>(updates));
 }
+
+// One session's (or a data-parallel job's ranks') updates over the interval.
+struct Interval {
+  uint64_t updates = 0;
+  double update_seconds = 0;
+  double state_wait_seconds = 0;
+};
 
 }  // namespace
 
@@ -60,20 +70,63 @@ std::string RenderTop(const TopSample& previous, const TopSample& now,
   std::map<std::string, const v1::SessionInfo*> before;
   for (const v1::SessionInfo& s : previous.sessions.sessions()) before[s.session_id()] = &s;
   const double seconds = std::chrono::duration<double>(now.when - previous.when).count();
-  Table sessions({"JOB", "USER", "STEP", "UPDATES/S", "UPDATE MS", "I/O MS", "SPECULATIVE", "REDONE",
+  Table sessions({"JOB", "RANKS", "USER", "STEP", "UPDATES/S", "UPDATE MS", "I/O MS", "SPECULATIVE", "REDONE",
                   "ROLLED BACK"});
-  for (const v1::SessionInfo& s : now.sessions.sessions()) {
-    std::string rate = "-", update_ms = "-", io_ms = "-";
+  // The interval's updates and seconds of each session that was in `previous`.
+  const auto interval_of = [&](const v1::SessionInfo& s) -> std::optional<Interval> {
     auto it = before.find(s.session_id());
-    if (it != before.end() && seconds > 0 && s.chunk_updates() >= it->second->chunk_updates()) {
-      const uint64_t updates = s.chunk_updates() - it->second->chunk_updates();
-      rate = FormatCount(static_cast<double>(updates) / seconds);
-      update_ms = MeanMs(s.update_seconds() - it->second->update_seconds(), updates);
-      io_ms = MeanMs(s.state_wait_seconds() - it->second->state_wait_seconds(), updates);
+    if (it == before.end() || seconds <= 0 || s.chunk_updates() < it->second->chunk_updates()) return std::nullopt;
+    return Interval{s.chunk_updates() - it->second->chunk_updates(),
+                    s.update_seconds() - it->second->update_seconds(),
+                    s.state_wait_seconds() - it->second->state_wait_seconds()};
+  };
+  const auto row = [&](std::string job, std::string ranks, uint32_t uid, int64_t step,
+                       const std::optional<Interval>& interval, uint64_t speculative, uint64_t redone,
+                       uint64_t rolled_back) {
+    std::string rate = "-", update_ms = "-", io_ms = "-";
+    if (interval) {
+      rate = FormatCount(static_cast<double>(interval->updates) / seconds);
+      update_ms = MeanMs(interval->update_seconds, interval->updates);
+      io_ms = MeanMs(interval->state_wait_seconds, interval->updates);
     }
-    sessions.AddRow({s.job(), user_name(s.uid()), std::to_string(s.committed_step()), rate, update_ms, io_ms,
-                     std::to_string(s.chunks_speculative()), std::to_string(s.chunks_redone()),
-                     std::to_string(s.chunks_rolled_back())});
+    sessions.AddRow({std::move(job), std::move(ranks), user_name(uid), std::to_string(step), rate, update_ms, io_ms,
+                     std::to_string(speculative), std::to_string(redone), std::to_string(rolled_back)});
+  };
+  // Ordinary sessions first, then each data-parallel job: its totals (rates
+  // over the ranks that were in `previous`), then its ranks, indented.
+  std::vector<bool> in_group(now.sessions.sessions_size(), false);
+  for (int i = 0; i < now.sessions.sessions_size(); ++i) {
+    for (const v1::DataParallelJob& group : now.sessions.data_parallel_jobs()) {
+      if (IsRankOf(now.sessions.sessions(i), group)) in_group[i] = true;
+    }
+  }
+  for (int i = 0; i < now.sessions.sessions_size(); ++i) {
+    const v1::SessionInfo& s = now.sessions.sessions(i);
+    if (in_group[i]) continue;
+    row(s.job(), "-", s.uid(), s.committed_step(), interval_of(s), s.chunks_speculative(), s.chunks_redone(),
+        s.chunks_rolled_back());
+  }
+  for (const v1::DataParallelJob& group : now.sessions.data_parallel_jobs()) {
+    std::vector<const v1::SessionInfo*> ranks;
+    std::optional<Interval> total;
+    for (const v1::DataParallelRank& rank : group.ranks()) {
+      for (const v1::SessionInfo& s : now.sessions.sessions()) {
+        if (!IsRankOf(s, group) || s.rank() != rank.rank()) continue;
+        ranks.push_back(&s);
+        if (const std::optional<Interval> interval = interval_of(s)) {
+          if (!total) total = Interval{};
+          total->updates += interval->updates;
+          total->update_seconds += interval->update_seconds;
+          total->state_wait_seconds += interval->state_wait_seconds;
+        }
+      }
+    }
+    row(group.job(), RanksCell(group.live_ranks(), group.world_size()), group.uid(), group.committed_step(), total,
+        group.chunks_speculative(), group.chunks_redone(), group.chunks_rolled_back());
+    for (const v1::SessionInfo* s : ranks) {
+      row("  " + s->job(), RankCell(s->rank()), s->uid(), s->committed_step(), interval_of(*s),
+          s->chunks_speculative(), s->chunks_redone(), s->chunks_rolled_back());
+    }
   }
   if (sessions.rows() == 0) {
     out += "no live sessions\n";

@@ -8,7 +8,10 @@
 //   - per storage path: read and write GB/s (GetStats' own rates) and totals;
 //   - per session: job, user, committed step, chunk updates/s, mean update
 //     (kernel) and I/O latency over the interval, speculative/redone/rolled-back
-//     updates since it opened. "I/O" is the part of each GradReady outside the
+//     updates since it opened; the ranks of a data-parallel job (the jobs
+//     `<job>.rank<r>-of<w>`, ListSessionsResponse.data_parallel_jobs) as one
+//     row with their totals (STEP: the step every rank committed; RANKS: live
+//     of the world size) and their own rows beneath, indented. "I/O" is the part of each GradReady outside the
 //     kernel: waiting for the chunk's states (from DRAM or storage) and
 //     submitting the write-back (SessionInfo.state_wait_seconds).
 // A user other than root and the daemon's own sees their own activity only

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace fuyou::ctl {
 namespace {
 
@@ -78,6 +82,80 @@ TEST(TopTest, NoSessions) {
   TopSample sample = Sample(10, 0, 0, 0);
   sample.sessions.clear_sessions();
   EXPECT_NE(RenderTop(sample, sample, Name).find("no live sessions"), std::string::npos);
+}
+
+// A data-parallel job of two ranks (and an ordinary session), as fuyoud lists
+// them: each rank's session marked, and the job's row with the totals.
+TopSample DataParallelSample(double at_seconds, uint64_t rank0_updates, uint64_t rank1_updates) {
+  TopSample sample = Sample(at_seconds, 0, 0, 0);
+  v1::DataParallelJob* job = sample.sessions.add_data_parallel_jobs();
+  job->set_job("dp");
+  job->set_uid(1000);
+  job->set_world_size(2);
+  job->set_live_ranks(2);
+  job->set_committed_step(4);
+  job->set_newest_committed_step(5);
+  const uint64_t updates[] = {rank0_updates, rank1_updates};
+  for (uint32_t r = 0; r < 2; ++r) {
+    v1::SessionInfo* s = sample.sessions.add_sessions();
+    s->set_session_id("dp" + std::to_string(r));
+    s->set_job("dp.rank" + std::to_string(r) + "-of2");
+    s->set_uid(1000);
+    s->set_data_parallel_job("dp");
+    s->set_rank(r);
+    s->set_world_size(2);
+    s->set_committed_step(4 + r);
+    s->set_chunk_updates(updates[r]);
+    s->set_update_seconds(0.001 * static_cast<double>(updates[r]));
+    job->add_ranks()->set_rank(r);
+    job->mutable_ranks(r)->set_session_id(s->session_id());
+    job->set_chunk_updates(job->chunk_updates() + updates[r]);
+  }
+  return sample;
+}
+
+// The cells of the line whose first cell is `first` (split on two spaces or more).
+std::vector<std::string> Cells(const std::string& frame, const std::string& first) {
+  std::istringstream lines(frame);
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> cells;
+    size_t at = line.find_first_not_of(' ');
+    while (at != std::string::npos) {
+      size_t end = line.find("  ", at);
+      cells.push_back(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      at = end == std::string::npos ? end : line.find_first_not_of(' ', end);
+    }
+    if (!cells.empty() && cells[0] == first) return cells;
+  }
+  return {};
+}
+
+TEST(TopTest, TheRanksOfADataParallelJobAreOneRowWithTheRanksBeneath) {
+  const std::string frame = RenderTop(DataParallelSample(10, 100, 50), DataParallelSample(12, 300, 150), Name);
+  // JOB RANKS USER STEP UPDATES/S UPDATE MS ...: the job's rate is its ranks' sum.
+  const std::vector<std::string> job = Cells(frame, "dp");
+  ASSERT_GE(job.size(), 6u) << frame;
+  EXPECT_EQ(job[1], "2/2") << frame;
+  EXPECT_EQ(job[2], "alice");
+  EXPECT_EQ(job[3], "4") << "the step every rank committed:\n" << frame;
+  EXPECT_EQ(job[4], "150") << frame;  // (200 + 100) updates in 2 s
+  EXPECT_EQ(job[5], "1.000") << frame;
+  const std::vector<std::string> rank1 = Cells(frame, "dp.rank1-of2");
+  ASSERT_GE(rank1.size(), 5u) << frame;
+  EXPECT_EQ(rank1[1], "rank 1");
+  EXPECT_EQ(rank1[3], "5");
+  EXPECT_EQ(rank1[4], "50") << frame;
+  // The job's row, then its ranks indented beneath it, after the ordinary session.
+  const size_t gpt = frame.find("\ngpt ");
+  const size_t dp = frame.find("\ndp ");
+  const size_t r0 = frame.find("\n  dp.rank0-of2 ");
+  const size_t r1 = frame.find("\n  dp.rank1-of2 ");
+  ASSERT_NE(gpt, std::string::npos) << frame;
+  ASSERT_NE(r1, std::string::npos) << frame;
+  EXPECT_LT(gpt, dp);
+  EXPECT_LT(dp, r0);
+  EXPECT_LT(r0, r1);
+  EXPECT_EQ(Cells(frame, "gpt")[1], "-");
 }
 
 }  // namespace

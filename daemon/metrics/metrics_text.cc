@@ -1,6 +1,8 @@
 #include "metrics/metrics_text.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "fmt/format.h"
 #include "stats/ticker.h"
@@ -48,6 +50,65 @@ class Writer {
   }
   std::string out_;
 };
+
+// The data-parallel jobs' families (see metrics_text.h): the first
+// kMaxDataParallelJobsInMetrics jobs, and of their ranks as many as keep every
+// per-rank family within kMaxDataParallelRanksInMetrics samples.
+void DataParallelFamilies(const v1::GetStatsResponse& stats, Writer& w) {
+  std::vector<const v1::DataParallelJob*> shown;
+  std::vector<std::string> labels;  // uid, data_parallel_job and world_size of each shown job
+  int rank_samples = 0;
+  for (const v1::DataParallelJob& job : stats.data_parallel_jobs()) {
+    if (static_cast<int>(shown.size()) == kMaxDataParallelJobsInMetrics ||
+        rank_samples + job.ranks_size() > kMaxDataParallelRanksInMetrics) {
+      break;
+    }
+    shown.push_back(&job);
+    labels.push_back(fmt::format("uid=\"{}\",data_parallel_job=\"{}\",world_size=\"{}\"", job.uid(),
+                                 EscapeLabelValue(job.job()), job.world_size()));
+    rank_samples += job.ranks_size();
+  }
+  w.Family("fuyou_data_parallel_live_ranks", "gauge",
+           "Ranks of a data-parallel job (the jobs <job>.rank<r>-of<w> of one user) with a live session.");
+  for (size_t i = 0; i < shown.size(); ++i) {
+    w.Sample("fuyou_data_parallel_live_ranks", labels[i], uint64_t{shown[i]->live_ranks()});
+  }
+  w.Family("fuyou_data_parallel_committed_step", "gauge",
+           "The step every live rank of a data-parallel job has committed (the least of theirs).");
+  for (size_t i = 0; i < shown.size(); ++i) {
+    w.Sample("fuyou_data_parallel_committed_step", labels[i], static_cast<double>(shown[i]->committed_step()));
+  }
+  struct RankFamily {
+    std::string_view name, type, help;
+    double (*value)(const v1::DataParallelRank&);
+  };
+  static const RankFamily kRankFamilies[] = {
+      {"fuyou_data_parallel_rank_committed_step", "gauge", "The step a rank of a data-parallel job has committed.",
+       [](const v1::DataParallelRank& r) { return static_cast<double>(r.committed_step()); }},
+      {"fuyou_data_parallel_rank_chunk_updates_total", "counter",
+       "Chunk updates of a data-parallel job's rank, by its live session (redone ones included).",
+       [](const v1::DataParallelRank& r) { return static_cast<double>(r.chunk_updates()); }},
+      {"fuyou_data_parallel_rank_update_seconds_total", "counter",
+       "Seconds a data-parallel job's rank's updates spent in the AdamW kernel, by its live session.",
+       [](const v1::DataParallelRank& r) { return r.update_seconds(); }},
+      {"fuyou_data_parallel_rank_state_wait_seconds_total", "counter",
+       "Seconds a data-parallel job's rank's updates spent outside the kernel (states read, write-back "
+       "submitted), by its live session.",
+       [](const v1::DataParallelRank& r) { return r.state_wait_seconds(); }},
+  };
+  for (const RankFamily& family : kRankFamilies) {
+    w.Family(family.name, family.type, family.help);
+    for (size_t i = 0; i < shown.size(); ++i) {
+      for (const v1::DataParallelRank& rank : shown[i]->ranks()) {
+        w.Sample(family.name, fmt::format("{},rank=\"{}\"", labels[i], rank.rank()), family.value(rank));
+      }
+    }
+  }
+  w.Family("fuyou_data_parallel_jobs_not_shown", "gauge",
+           "Data-parallel jobs with live sessions left out of the fuyou_data_parallel_* families (their cap).");
+  w.Sample("fuyou_data_parallel_jobs_not_shown", "",
+           static_cast<uint64_t>(stats.data_parallel_jobs_size() - static_cast<int>(shown.size())));
+}
 
 }  // namespace
 
@@ -108,6 +169,7 @@ std::string RenderMetrics(const MetricsInput& input) {
   w.Family("fuyou_sessions", "gauge", "Live sessions, all users.");
   w.Sample("fuyou_sessions", "", uint64_t{stats.live_sessions()});
 
+  DataParallelFamilies(stats, w);
   w.Histogram("fuyou_chunk_update_seconds", "AdamW kernel time of one chunk update.", input.chunk_update_seconds);
   w.Histogram("fuyou_step_seconds",
               "Time from one committed step to the next of the same session (EndStep to EndStep).",

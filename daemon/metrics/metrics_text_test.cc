@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -142,7 +143,7 @@ TEST(MetricsTextTest, EachFamilyHasHelpThenTypeBeforeItsSamples) {
     ASSERT_FALSE(family.empty()) << "a sample before any family: " << line;
     EXPECT_EQ(line.rfind(family, 0), 0u) << "sample '" << line << "' outside its family " << family;
   }
-  EXPECT_EQ(families, 27);
+  EXPECT_EQ(families, 34);
 }
 
 TEST(MetricsTextTest, RendersEveryTickerWithAMetricFromItsField) {
@@ -175,6 +176,74 @@ TEST(MetricsTextTest, RendersEveryTickerWithAMetricFromItsField) {
     ++samples;
   }
   EXPECT_EQ(samples, 19);  // every ticker but the two the storage paths' families show
+}
+
+// A data-parallel job of `world_size` ranks, all live, rank r at step 10 + r.
+v1::DataParallelJob DataParallelJobOf(const std::string& name, uint32_t uid, uint32_t world_size) {
+  v1::DataParallelJob job;
+  job.set_job(name);
+  job.set_uid(uid);
+  job.set_world_size(world_size);
+  job.set_live_ranks(world_size);
+  job.set_committed_step(10);
+  job.set_newest_committed_step(10 + world_size - 1);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    v1::DataParallelRank* rank = job.add_ranks();
+    rank->set_rank(r);
+    rank->set_committed_step(10 + r);
+    rank->set_chunk_updates(100 + r);
+    rank->set_update_seconds(0.5 + r);
+    rank->set_state_wait_seconds(0.25 + r);
+  }
+  return job;
+}
+
+TEST(MetricsTextTest, ADataParallelJobIsOneJobWithPerRankSamples) {
+  v1::GetStatsResponse stats = KnownStats();
+  *stats.add_data_parallel_jobs() = DataParallelJobOf("gpt", 1000, 2);
+  Histogram none({1});
+  const std::vector<std::string> lines = Lines(RenderMetrics({stats, none.Snapshot(), none.Snapshot(), "x"}));
+  const std::string job = "uid=\"1000\",data_parallel_job=\"gpt\",world_size=\"2\"";
+  for (const std::string& expected : std::vector<std::string>{
+           "# TYPE fuyou_data_parallel_live_ranks gauge",
+           "fuyou_data_parallel_live_ranks{" + job + "} 2",
+           "fuyou_data_parallel_committed_step{" + job + "} 10",
+           "# TYPE fuyou_data_parallel_rank_committed_step gauge",
+           "fuyou_data_parallel_rank_committed_step{" + job + ",rank=\"0\"} 10",
+           "fuyou_data_parallel_rank_committed_step{" + job + ",rank=\"1\"} 11",
+           "# TYPE fuyou_data_parallel_rank_chunk_updates_total counter",
+           "fuyou_data_parallel_rank_chunk_updates_total{" + job + ",rank=\"0\"} 100",
+           "fuyou_data_parallel_rank_chunk_updates_total{" + job + ",rank=\"1\"} 101",
+           "fuyou_data_parallel_rank_update_seconds_total{" + job + ",rank=\"1\"} 1.5",
+           "fuyou_data_parallel_rank_state_wait_seconds_total{" + job + ",rank=\"0\"} 0.25",
+           "fuyou_data_parallel_jobs_not_shown 0",
+       }) {
+    EXPECT_TRUE(Has(lines, expected)) << "missing line: " << expected;
+  }
+}
+
+TEST(MetricsTextTest, TheDataParallelLabelsAreBounded) {
+  // More jobs than the cap: the first are shown, the rest counted.
+  v1::GetStatsResponse many = KnownStats();
+  for (int i = 0; i < kMaxDataParallelJobsInMetrics + 5; ++i) {
+    *many.add_data_parallel_jobs() = DataParallelJobOf(fmt::format("job{:03}", i), 1000, 2);
+  }
+  Histogram none({1});
+  std::vector<std::string> lines = Lines(RenderMetrics({many, none.Snapshot(), none.Snapshot(), "x"}));
+  const auto count = [&](const std::string& prefix) {
+    return std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(prefix, 0) == 0; });
+  };
+  EXPECT_EQ(count("fuyou_data_parallel_live_ranks{"), kMaxDataParallelJobsInMetrics);
+  EXPECT_EQ(count("fuyou_data_parallel_rank_chunk_updates_total{"), 2 * kMaxDataParallelJobsInMetrics);
+  EXPECT_TRUE(Has(lines, "fuyou_data_parallel_jobs_not_shown 5"));
+  // Ranks past the per-family cap: the job that would pass it is left out whole.
+  v1::GetStatsResponse wide = KnownStats();
+  *wide.add_data_parallel_jobs() = DataParallelJobOf("a", 1, kMaxDataParallelRanksInMetrics - 1);
+  *wide.add_data_parallel_jobs() = DataParallelJobOf("b", 1, 2);
+  lines = Lines(RenderMetrics({wide, none.Snapshot(), none.Snapshot(), "x"}));
+  EXPECT_EQ(count("fuyou_data_parallel_rank_committed_step{"), kMaxDataParallelRanksInMetrics - 1);
+  EXPECT_EQ(count("fuyou_data_parallel_live_ranks{"), 1);
+  EXPECT_TRUE(Has(lines, "fuyou_data_parallel_jobs_not_shown 1"));
 }
 
 TEST(MetricsTextTest, EscapesLabelValues) {

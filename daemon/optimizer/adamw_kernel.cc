@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fifo_mutex.h"
 #include "common/future.h"
 #include "optimizer/adamw_kernel_internal.h"
 
@@ -229,7 +230,9 @@ void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers
 // ---- The worker pool ------------------------------------------------------------
 
 // threads_ - 1 workers plus the calling thread, which takes share 0 of every update.
-// One update at a time: Update holds update_mu_ for its whole duration.
+// One update at a time: Update holds update_mu_ for its whole duration, and
+// concurrent callers (sessions) get it in the order they asked (a FifoMutex:
+// round-robin between sessions, none served twice while another waits).
 //
 // Updates reach the workers as a chain of futures: every worker waits on the
 // Future of the next Job, and each Job carries the Future of the one after it.
@@ -255,7 +258,7 @@ class AdamWKernel::Pool {
     assert(ValidDTypes(buffers));
     if (!ValidDTypes(buffers) || buffers.n == 0) return;
     const StepConstants c = internal::MakeStepConstants(params);
-    std::lock_guard<std::mutex> update_lock(update_mu_);
+    std::lock_guard<FifoMutex> update_lock(update_mu_);
 
     const size_t n = buffers.n;
     size_t shares = std::min<size_t>(threads_, std::max<size_t>(1, n / kMinElementsPerThread));
@@ -318,7 +321,7 @@ class AdamWKernel::Pool {
   const unsigned threads_;
   const Isa isa_;
   std::vector<std::thread> workers_;
-  std::mutex update_mu_;      // serialises Update calls; guards next_job_
+  FifoMutex update_mu_;       // serialises Update calls in arrival order; guards next_job_
   Promise<JobRef> next_job_;  // what the workers wait for: the next update's Job
 };
 

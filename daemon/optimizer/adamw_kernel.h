@@ -91,7 +91,10 @@ void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers
 // optimizer/dtype_convert.h.
 
 // Splits updates over a fixed pool of worker threads. Thread-safe: concurrent
-// Update calls (from different sessions) are served one after another.
+// Update calls (from different sessions) are served one after another, in the
+// order they were made (common/fifo_mutex.h): as each session calls from one
+// thread, the sessions of a node take turns, one chunk update each, and a
+// session alone gets every thread for each of its updates.
 class AdamWKernel {
  public:
   // threads == 0 means std::thread::hardware_concurrency(). isa defaults to DetectIsa();

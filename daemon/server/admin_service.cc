@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "common/status_util.h"
+#include "server/data_parallel_groups.h"
 
 namespace fuyou {
 
@@ -30,6 +31,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     response->set_chunk_updates_per_second(rates.chunk_updates_per_second);
     response->set_params_updated_per_second(rates.params_updated_per_second);
     response->set_live_sessions(sessions_.UsageOf(caller).sessions);
+    report_.FillDataParallel(caller, response);
     return grpc::Status::OK;
   }
   report_.FillDaemonScope(/*rates=*/true, response);
@@ -39,9 +41,10 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
 grpc::Status AdminService::ListSessions(grpc::ServerContext* context, const v1::ListSessionsRequest*,
                                         v1::ListSessionsResponse* response) {
   const uid_t caller = Caller(listener_, context->peer()).uid;
-  for (const auto& session : sessions_.List()) {
-    if (session->uid() == caller || IsAdministrator(caller)) *response->add_sessions() = session->Info();
-  }
+  const std::vector<v1::SessionInfo> infos =
+      report_.Sessions(IsAdministrator(caller) ? std::nullopt : std::optional<uid_t>(caller));
+  for (const v1::SessionInfo& info : infos) *response->add_sessions() = info;
+  for (v1::DataParallelJob& row : GroupDataParallelSessions(infos)) *response->add_data_parallel_jobs() = std::move(row);
   return grpc::Status::OK;
 }
 
@@ -57,7 +60,10 @@ grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::List
   }
   auto jobs = jobs_.List(request->all_users() ? std::nullopt : std::optional<uid_t>(caller));
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (auto& job : *jobs) *response->add_jobs() = std::move(job);
+  for (auto& job : *jobs) MarkDataParallel(*response->add_jobs() = std::move(job));
+  for (v1::DataParallelJobInfo& row : GroupDataParallelJobs(response->jobs())) {
+    *response->add_data_parallel_jobs() = std::move(row);
+  }
   return grpc::Status::OK;
 }
 

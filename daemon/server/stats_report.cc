@@ -1,5 +1,8 @@
 #include "server/stats_report.h"
 
+#include "jobs/data_parallel_name.h"
+#include "server/data_parallel_groups.h"
+
 namespace fuyou {
 
 void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) const {
@@ -35,6 +38,25 @@ void StatsReport::FillDaemonScope(bool rates, v1::GetStatsResponse* response) co
   response->set_dram_bytes_in_use(cache_.bytes_in_use());
   response->set_dram_budget_bytes(cache_.budget_bytes());
   response->set_live_sessions(static_cast<uint32_t>(sessions_.size()));
+  FillDataParallel(std::nullopt, response);
+}
+
+std::vector<v1::SessionInfo> StatsReport::Sessions(std::optional<uid_t> only, bool ranks_only) const {
+  std::vector<v1::SessionInfo> infos;
+  for (const auto& session : sessions_.List()) {
+    if (only && session->uid() != *only) continue;
+    // The name first (no lock): Info() waits for a session's request in flight.
+    if (ranks_only && !ParseDataParallelName(session->job_name())) continue;
+    MarkDataParallel(infos.emplace_back(session->Info()));
+  }
+  return infos;
+}
+
+void StatsReport::FillDataParallel(std::optional<uid_t> only, v1::GetStatsResponse* response) const {
+  response->clear_data_parallel_jobs();
+  for (v1::DataParallelJob& row : GroupDataParallelSessions(Sessions(only, /*ranks_only=*/true))) {
+    *response->add_data_parallel_jobs() = std::move(row);
+  }
 }
 
 }  // namespace fuyou

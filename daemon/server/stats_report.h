@@ -4,6 +4,9 @@
 // show the same numbers.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
 #include <vector>
 
 #include "fuyou/v1/admin.pb.h"
@@ -24,6 +27,16 @@ class StatsReport {
   // left alone (Prometheus computes rates from the counters itself).
   // Thread-safe.
   void FillDaemonScope(bool rates, v1::GetStatsResponse* response) const;
+
+  // The live sessions (every user's, or those of `only`; with `ranks_only`
+  // only the ranks of data-parallel jobs), each marked with its data-parallel
+  // job, rank and world size (server/data_parallel_groups.h). Session::Info
+  // waits for the request a session is handling; `ranks_only` skips the other
+  // sessions by name, without waiting for them.
+  std::vector<v1::SessionInfo> Sessions(std::optional<uid_t> only, bool ranks_only = false) const;
+  // Sets response.data_parallel_jobs from the live ranks' sessions of every
+  // user (or of `only`). FillDaemonScope calls it for every user. Thread-safe.
+  void FillDataParallel(std::optional<uid_t> only, v1::GetStatsResponse* response) const;
 
   DaemonStats& stats() const { return stats_; }
 

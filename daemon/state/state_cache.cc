@@ -107,7 +107,7 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
   std::unique_lock lock(mutex_);
   if (auto it = entries_.find({job, chunk_id}); it != entries_.end()) DropLocked(it);
   if (!loading) StepStartsLocked(job);
-  const Reader prefetch{.job = &job, .chunk_id = chunk_id};
+  const Reader prefetch{.job = &job, .chunk_id = chunk_id};  // the reader, a prefetch when `loading`
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   const size_t size = storage::AlignedBuffer::RoundedSize(bytes);
   // Room first. The spares are memory no entry uses, so only the entries count
@@ -118,7 +118,7 @@ absl::StatusOr<StatePin> StateCache::Create(const std::string& job, uint32_t chu
     // not used yet: that one was read for a use that comes sooner, and
     // evicting it only reads it twice) and never the resident prefix. The
     // victim's buffer becomes a spare.
-    if (EvictOneLocked(loading ? &prefetch : nullptr)) continue;
+    if (EvictOneLocked(prefetch, loading)) continue;
     if (!wait) return absl::UnavailableError("no DRAM budget free for a prefetch");
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
       return absl::DeadlineExceededError(fmt::format(
@@ -237,7 +237,18 @@ namespace {
 
 // How readily an unpinned used entry goes (the classes 2-5 of the header's
 // eviction order): the greater, the sooner.
-enum class Standing { kPrefix = 1, kStreamedLater = 2, kStreamedDone = 3, kUnpredicted = 4 };
+// With fair shares (two names or more ordered, FairShareLocked): kOverShare, a
+// resident-prefix entry past its name's share; kTheirsPastShare, an entry
+// past the share of a name other than the reader's, when the reader's name is
+// under its own.
+enum class Standing {
+  kPrefix = 1,
+  kOverShare = 2,
+  kStreamedLater = 3,
+  kStreamedDone = 4,
+  kTheirsPastShare = 5,
+  kUnpredicted = 6
+};
 
 }  // namespace
 
@@ -253,12 +264,46 @@ uint64_t StateCache::StepOfLocked(const std::string& job) const {
   return order == orders_.end() ? 0 : order->second.step;
 }
 
-bool StateCache::EvictOneLocked(const Reader* prefetch) {
+uint64_t StateCache::FairShareLocked() const {
+  return orders_.size() < 2 ? UINT64_MAX : budget_bytes_ / orders_.size();
+}
+
+uint64_t StateCache::BytesOfLocked(const std::string& job) const {
+  uint64_t bytes = 0;
+  for (auto it = entries_.lower_bound({job, 0}); it != entries_.end() && it->first.first == job; ++it) {
+    bytes += it->second->buffer.size();
+  }
+  return bytes;
+}
+
+uint64_t StateCache::ShareEndLocked(const std::string& job) const {
+  const uint64_t share = FairShareLocked();
+  std::vector<std::pair<uint32_t, uint64_t>> ranked;  // (rank, bytes) of the name's predicted entries
+  for (auto it = entries_.lower_bound({job, 0}); it != entries_.end() && it->first.first == job; ++it) {
+    if (const uint32_t* rank = RankLocked(job, it->first.second)) ranked.emplace_back(*rank, it->second->buffer.size());
+  }
+  std::sort(ranked.begin(), ranked.end());
+  uint64_t bytes = 0;
+  for (const auto& [rank, size] : ranked) {
+    bytes += size;
+    if (bytes > share) return rank;
+  }
+  return UINT64_MAX;
+}
+
+bool StateCache::EvictOneLocked(const Reader& reader, bool prefetch) {
   if (!cold_.empty()) {
     DropLocked(entries_.find(cold_.front()));
     return true;
   }
-  const uint32_t* prefetch_rank = prefetch == nullptr ? nullptr : RankLocked(*prefetch->job, prefetch->chunk_id);
+  const uint32_t* prefetch_rank = prefetch ? RankLocked(*reader.job, reader.chunk_id) : nullptr;
+  // Fair shares, with two names or more ordered: where each name's share ends
+  // (computed at its first entry met), and whether the reader's own name
+  // (ordered) is under its share.
+  const bool shared = orders_.size() >= 2;
+  std::map<std::string_view, uint64_t> share_end;
+  const bool reader_under_share =
+      shared && orders_.count(*reader.job) != 0 && BytesOfLocked(*reader.job) < FairShareLocked();
   // The best victim so far: its standing, then its rank (or, unpredicted, its
   // place in used_: the most recently released wins).
   const Key* victim = nullptr;
@@ -278,12 +323,24 @@ bool StateCache::EvictOneLocked(const Reader* prefetch) {
     } else {
       standing = Standing::kStreamedLater;
     }
-    if (prefetch != nullptr) {
+    bool over_share = false;
+    if (shared && rank != nullptr) {
+      auto end = share_end.find(key.first);
+      if (end == share_end.end()) end = share_end.emplace(key.first, ShareEndLocked(key.first)).first;
+      over_share = *rank >= end->second;
+    }
+    if (over_share && reader_under_share && key.first != *reader.job) {
+      standing = Standing::kTheirsPastShare;  // a name under its share takes it first
+    } else if (over_share && standing == Standing::kPrefix) {
+      standing = Standing::kOverShare;  // before any prefix within its share
+    }
+    if (prefetch) {
       // Belady's rule with the known order: only what is needed after the
-      // chunk being read (and never the resident prefix).
-      if (standing == Standing::kPrefix) continue;
+      // chunk being read (and never the resident prefix); but a name under its
+      // fair share takes what another name holds past its own.
+      if (standing == Standing::kPrefix || standing == Standing::kOverShare) continue;
       if (standing == Standing::kStreamedLater &&
-          (prefetch_rank == nullptr || key.first != *prefetch->job || *rank <= *prefetch_rank)) {
+          (prefetch_rank == nullptr || key.first != *reader.job || *rank <= *prefetch_rank)) {
         continue;
       }
     }
@@ -293,7 +350,7 @@ bool StateCache::EvictOneLocked(const Reader* prefetch) {
       victim = &key;
     }
   }
-  if (victim == nullptr && prefetch == nullptr && !prefetched_.empty()) victim = &prefetched_.front();
+  if (victim == nullptr && !prefetch && !prefetched_.empty()) victim = &prefetched_.front();
   if (victim == nullptr) return false;
   DropLocked(entries_.find(*victim));
   return true;

@@ -33,6 +33,14 @@
 // reads; never the resident prefix and never a prefetch not used yet. So a
 // read-ahead as deep as the budget allows takes only free budget and what is
 // being streamed, and what stays resident from step to step does not shrink.
+// Fair shares (sessions side by side, daemon/README.md): with two names or
+// more holding an order, each name's share is the budget divided by their
+// number. A name's predicted entries past its share (taken in rank order,
+// pinned ones counted) are, for a Create of another name under its own share,
+// evicted before every other predicted entry, by a use or a prefetch alike
+// (the resident prefix included); for any other Create, a prefix entry past
+// its share goes before the prefixes within theirs (class 5 splits in two).
+// With one name ordered there is no share: a job alone keeps the whole budget.
 // Write-back completion order does not matter: victims go by rank, not by
 // when they were released. Finding a victim walks the unpinned used entries
 // (linear in the entries, as the cache is at most a few thousand chunks).
@@ -208,9 +216,17 @@ class StateCache {
     const std::string* job = nullptr;
     uint32_t chunk_id = 0;
   };
-  // Evicts one unpinned entry (the order above); for a prefetch (`prefetch` non-null)
-  // only what its rule allows. False when nothing could be evicted.
-  bool EvictOneLocked(const Reader* prefetch);
+  // Evicts one unpinned entry (the order above) for `reader`'s Create; for a
+  // prefetch only what its rule allows. False when nothing could be evicted.
+  bool EvictOneLocked(const Reader& reader, bool prefetch);
+  // Each ordered name's fair share of the budget: the budget divided by the
+  // names with an order, with two or more; else no limit (UINT64_MAX).
+  uint64_t FairShareLocked() const;
+  // Bytes of every entry of `job` (pinned ones included).
+  uint64_t BytesOfLocked(const std::string& job) const;
+  // The rank from which `job`'s predicted entries, taken in rank order, hold
+  // more than its fair share (UINT64_MAX: they do not).
+  uint64_t ShareEndLocked(const std::string& job) const;
   // The rank of (job, chunk) in its name's order, or null when not predicted.
   const uint32_t* RankLocked(const std::string& job, uint32_t chunk_id) const;
   // The first use of `job`'s entries since SetOrder: takes the resident prefix.

@@ -176,6 +176,65 @@ TEST(StateCache, APrefetchNeverEvictsAnEntryNeededBeforeItNorTheResidentPrefix) 
   EXPECT_LE(cache.bytes_in_use(), cache.budget_bytes());
 }
 
+// Fills the budget with `job`'s chunks 0..count-1 (one step), then starts its
+// next step: all of them are its resident prefix.
+void FillAsResidentPrefix(StateCache& cache, const std::string& job, const std::vector<uint32_t>& order,
+                          uint32_t count) {
+  cache.SetOrder(job, order);
+  for (uint32_t chunk = 0; chunk < count; ++chunk) {
+    auto used = cache.Create(job, chunk, kMiB, /*wait=*/true);
+    ASSERT_TRUE(used.ok()) << used.status();
+  }
+  cache.SetOrder(job, order);
+  cache.Pin(job, 0).Reset();  // the step's first use takes the prefix
+  ASSERT_EQ(cache.resident_prefix(job), count);
+}
+
+TEST(StateCache, TwoJobsSteppingAtOnceShareTheBudgetAndOneAloneKeepsItAll) {
+  StateCache cache(8 * kMiB);
+  const std::vector<uint32_t> order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  FillAsResidentPrefix(cache, "a", order, 8);
+  // Alone, "a" keeps the whole budget: a prefetch of a job without an order
+  // (not stepping yet) takes none of its prefix.
+  EXPECT_EQ(cache.Create("b", 0, kMiB, /*wait=*/false, /*loading=*/true).status().code(),
+            absl::StatusCode::kUnavailable);
+  // "b" steps too (its order published): each name's share is half the
+  // budget. b's read-ahead takes what a holds past its share, a's last chunks
+  // first, and stops at its own share.
+  cache.SetOrder("b", order);
+  for (uint32_t chunk = 0; chunk < 4; ++chunk) {
+    auto ahead = cache.Create("b", chunk, kMiB, /*wait=*/false, /*loading=*/true);
+    ASSERT_TRUE(ahead.ok()) << "b's prefetch of chunk " << chunk << ": " << ahead.status();
+    cache.FinishLoad(*ahead, absl::OkStatus());
+  }
+  for (uint32_t chunk = 0; chunk < 8; ++chunk) {
+    EXPECT_EQ(cache.Contains("a", chunk), chunk < 4) << "a's chunk " << chunk;
+  }
+  EXPECT_EQ(cache.Create("b", 4, kMiB, /*wait=*/false, /*loading=*/true).status().code(),
+            absl::StatusCode::kUnavailable)
+      << "b at its share takes nothing of a's share";
+  for (uint32_t chunk = 0; chunk < 4; ++chunk) EXPECT_TRUE(cache.Contains("a", chunk)) << chunk;
+  EXPECT_LE(cache.bytes_in_use(), cache.budget_bytes());
+}
+
+TEST(StateCache, AUseTakesWhatAnotherJobHoldsPastItsShareBeforeAnyShare) {
+  StateCache cache(8 * kMiB);
+  const std::vector<uint32_t> order = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  FillAsResidentPrefix(cache, "a", order, 8);
+  cache.SetOrder("b", order);
+  for (uint32_t chunk = 0; chunk < 5; ++chunk) {
+    auto used = cache.Create("b", chunk, kMiB, /*wait=*/false);
+    ASSERT_TRUE(used.ok()) << used.status();
+  }
+  // b's first four took a's chunks past a's share (7, 6, 5, 4); the fifth
+  // streams through b's own (its chunk 3, used this step), not a's share.
+  for (uint32_t chunk = 0; chunk < 8; ++chunk) {
+    EXPECT_EQ(cache.Contains("a", chunk), chunk < 4) << "a's chunk " << chunk;
+  }
+  EXPECT_FALSE(cache.Contains("b", 3));
+  EXPECT_TRUE(cache.Contains("b", 4));
+}
+
 TEST(StateCache, AUseEvictsTheLatestInTheOrderWhateverTheReleaseOrder) {
   // Write-backs complete in any order: the victim goes by rank, not release.
   StateCache cache(3 * kMiB);

@@ -656,6 +656,10 @@ PYBIND11_MODULE(_fuyou, m) {
                d["committed_step"] = s.committed_step();
                d["segment_bytes"] = s.segment_bytes();
                d["age_seconds"] = s.age_seconds();
+               // A rank of a data-parallel job (<job>.rank<r>-of<w>): "", 0, 0 otherwise.
+               d["data_parallel_job"] = s.data_parallel_job();
+               d["rank"] = s.rank();
+               d["world_size"] = s.world_size();
                out.append(d);
              }
              return out;
@@ -675,6 +679,10 @@ PYBIND11_MODULE(_fuyou, m) {
                d["last_used_unix"] = j.last_used_unix();
                d["open"] = j.open();
                d["damaged"] = j.damaged();  // "" unless the job cannot be used
+               // A rank of a data-parallel job (<job>.rank<r>-of<w>): "", 0, 0 otherwise.
+               d["data_parallel_job"] = j.data_parallel_job();
+               d["rank"] = j.rank();
+               d["world_size"] = j.world_size();
                out.append(d);
              }
              return out;

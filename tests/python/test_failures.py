@@ -21,7 +21,8 @@ STATS_KEYS = {"scope", "uid", "storage", "bytes_read", "bytes_written", "read_gb
               # Every GetStatsResponse field, by its name: the journal's too.
               "journal_bytes_total", "journal_spilled_bytes_total", "journal_replays_total",
               "journal_replay_seconds_total",
-              "activation_spilled_bytes_total", "activation_recalled_bytes_total"}
+              "activation_spilled_bytes_total", "activation_recalled_bytes_total",
+              "data_parallel_jobs"}
 STORAGE_KEYS = {"path", "bytes_read", "bytes_written", "read_gbps", "write_gbps", "direct_io"}
 
 
