@@ -53,7 +53,7 @@ class DaemonConnection:
         `embedded_threads` optimizer threads when given); a collective in a
         data-parallel group."""
         if self._data_parallel is not None:
-            self.address, self.daemon = self._data_parallel.connect(address, embedded)
+            self.address, self.daemon = self._data_parallel.connect(address, embedded, self.timeout)
         else:
             self.address, self.daemon = resolve_address(address, embedded,
                                                         embedded_threads=embedded_threads)

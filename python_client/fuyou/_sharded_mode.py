@@ -9,12 +9,15 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   daemon's).
 - Backward: no hooks (no overlap in this slice): the gradients are whole only
   after they are averaged over the ranks, at step().
+- Another world size: the job's states are resharded into the new per-rank
+  jobs after registration (_reshard.py), before the weights are broadcast.
 - step(): the gradients averaged (``average_gradients``; skipped when every
   rank already has the same, as after DDP); with loss scaling, an inf/nan in
   any averaged gradient skips the step on every rank alike; ``max_grad_norm``
   clips by the global norm (the ranks' sums of squares of their chunks
-  all-reduced); the own chunks sent, the step committed in this rank's job,
-  and every chunk's new weights broadcast from its owner.
+  all-reduced); the own chunks sent, every rank's agreement (_dp_commit.py),
+  the step committed in this rank's job, and every chunk's new weights
+  broadcast from its owner.
 - Between steps: state_dict, export_checkpoint, ``opt.state[p]`` and
   load_state_dict raise (each rank's job holds only its chunks' states).
 """
@@ -25,6 +28,8 @@ from typing import List
 
 import torch
 
+from ._dp_commit import agree_to_commit
+from ._reshard import reshard
 from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
@@ -41,6 +46,9 @@ class ShardedResidentMode(ResidentMode):
         self.dp = opt._data_parallel
         super().__init__(opt, pipeline, session)
         self._overlap = False
+        if self.dp.world_plan.reshard:
+            reshard(self.dp, pipeline, opt._connection)
+            opt.resumed = True
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
         self.dp.broadcast_weights()
 
@@ -62,6 +70,21 @@ class ShardedResidentMode(ResidentMode):
         if not clipping:
             return []
         return [self.dp.global_sum(sum(squares), self.pipeline.params[0])]
+
+    def _send_unsent(self, grad_scale: float) -> None:
+        """Sends this rank's unsent chunks, then waits for every rank to have
+        its updates answered (the step commits on all ranks or on none)."""
+        like = self.pipeline.params[0]
+        step = self.pipeline.committed_step + 1
+        try:
+            super()._send_unsent(grad_scale)
+        except BaseException:
+            try:
+                agree_to_commit(self.dp, False, step, like)
+            except Exception:
+                pass
+            raise
+        agree_to_commit(self.dp, True, step, like)
 
     def close(self) -> None:
         """Closes this rank's session, then waits for every rank, so that the
