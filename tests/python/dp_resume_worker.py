@@ -1,13 +1,13 @@
 """One rank of the resume, reshard and failure tests (test_dp_resume.py).
 
 ``dp_resume_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
-[--history W0,W1,...] [--address ADDR] [--die-at STEP:POINT] [--timeout S]``:
+[--history W0,W1,...] [--address ADDR] [--die-at RANK:STEP:POINT] [--timeout S]``:
 joins a gloo group of WORLD ranks over a FileStore (WORLD 1: a single process,
 no torch.distributed), trains dp_worker.py's MLP with fuyou.AdamW on job "dp"
 from step A to B on this rank's batches and compares every weight after each
 step with torch.optim.AdamW run here on the gradients averaged over the ranks
 of each step, where step i was trained with ``history[i]`` ranks (default:
-WORLD for every step). ``--die-at STEP:POINT`` SIGKILLs this process at STEP:
+WORLD for every step). ``--die-at RANK:STEP:POINT`` SIGKILLs rank RANK at STEP:
 ``backward`` (after backward), ``send`` (after its first chunk was handed to
 the sender), ``before-end-step`` (after every rank agreed, before its own
 EndStep), ``after-end-step`` (its step committed), ``reshard`` (after its
@@ -94,8 +94,10 @@ def main():
     args = ap.parse_args()
     history = ([int(w) for w in args.history.split(",")] if args.history
                else [args.world] * args.steps_to)
-    die_step, die_point = (args.die_at.split(":") + [""])[:2] if args.die_at else (-1, "")
+    die_rank, die_step, die_point = args.die_at.split(":") if args.die_at else (-1, -1, "")
     die_step = int(die_step)
+    if int(die_rank) != args.rank:
+        die_point = ""
     result = {"rank": args.rank}
     if args.world > 1:
         store = dist.FileStore(args.store, args.world)

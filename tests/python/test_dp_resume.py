@@ -163,7 +163,7 @@ def test_a_rank_killed_during_the_reshard_leaves_the_old_jobs_usable(tmp_path):
         assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
                                        *address, name="two"), 2)
         cut = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
-                        "--die-at", "0:reshard", *address, name="cut", expect_killed=(2,))
+                        "--die-at", "2:0:reshard", *address, name="cut", expect_killed=(2,))
         for res in cut[:2]:
             assert "error" in res, res
         jobs = listed_jobs(d.address)
@@ -190,7 +190,7 @@ def test_a_rank_killed_mid_step_makes_the_others_fail_fast_and_resume_together(t
     d = start_daemon(tmp_path)
     try:
         address = ["--address", d.address, "--timeout", "120"]
-        cut = run_ranks(tmp_path, 3, "--steps-to", "4", "--die-at", f"2:{point}", *address,
+        cut = run_ranks(tmp_path, 3, "--steps-to", "4", "--die-at", f"1:2:{point}", *address,
                         name="cut", expect_killed=(1,))
         for res in (cut[0], cut[2]):
             assert res["error_step"] == 2 and "worst" not in res, res
@@ -210,7 +210,7 @@ def test_a_rank_killed_after_its_commit_leaves_every_rank_at_that_step(tmp_path)
     d = start_daemon(tmp_path)
     try:
         address = ["--address", d.address]
-        cut = run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:after-end-step", *address,
+        cut = run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:1:after-end-step", *address,
                         name="cut", expect_killed=(1,))
         assert "error" in cut[0] and cut[0]["error_after_s"] < FAIL_BOUND_S
         resumed = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", *address,
@@ -226,7 +226,7 @@ def test_a_rank_killed_between_the_agreement_and_its_commit_is_refused_with_each
     d = start_daemon(tmp_path)
     try:
         address = ["--address", d.address]
-        run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:before-end-step", *address,
+        run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:1:before-end-step", *address,
                   name="cut", expect_killed=(1,))
         again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "3", *address,
                           name="again")
