@@ -36,6 +36,7 @@ import torch.distributed as dist
 from ._admin import admin_client
 from ._chunk_states import ChunkStates
 from ._chunk_weights import gather_weights, install
+from ._chunking import DTYPE_CODES
 from ._connection import open_session
 from ._dp_jobs import JobRecord, marker_job
 from ._errors import FailedPrecondition
@@ -198,6 +199,19 @@ def _hand_over(dp, c, got, reader: int, owner: int):
     return flat[:n], flat[n:2 * n], flat[2 * n:], [int(t) for t in header[1:]]
 
 
+def _make_marker(marker: JobRecord, dp, timeout: float) -> None:
+    """Creates the marker job. fuyoud removes a job its creating session left
+    without a chunk, so the marker holds one chunk of one fp32 element."""
+    session = open_session(marker.name, 1, 4096, f"reshard marker of {dp.base_job}",
+                           dp.node_address[marker.node], timeout, min(timeout, 5.0))
+    try:
+        one = torch.zeros(1, dtype=torch.float32)
+        session.register_chunk(0, 1, DTYPE_CODES[torch.float32], DTYPE_CODES[torch.float32],
+                               one.view(torch.uint8).numpy())
+    finally:
+        session.close()
+
+
 def _commit(dp, plan, timeout: float) -> None:
     """Every rank committed its import: the marker, then the old jobs (and an
     older marker) deleted, then the marker."""
@@ -205,8 +219,7 @@ def _commit(dp, plan, timeout: float) -> None:
     error = None
     if dp.rank == 0:
         try:
-            open_session(marker.name, 1, 4096, f"reshard marker of {dp.base_job}",
-                         dp.node_address[marker.node], timeout, min(timeout, 5.0)).close()
+            _make_marker(marker, dp, timeout)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
     _raise_if_any(dp, error, "the reshard's marker job could not be made (the old jobs are kept)")

@@ -11,7 +11,8 @@ WORLD for every step). ``--die-at RANK:STEP:POINT`` SIGKILLs rank RANK at STEP:
 ``backward`` (after backward), ``send`` (after its first chunk was handed to
 the sender), ``before-end-step`` (after every rank agreed, before its own
 EndStep), ``after-end-step`` (its step committed), ``reshard`` (after its
-first imported chunk). OUT.json gets the per-step violations, what the
+first imported chunk), ``marker`` (rank 0, after the reshard's marker job
+was made, before the old jobs are deleted). OUT.json gets the per-step violations, what the
 optimizer saw, and an error's text with the seconds from the start of the
 failing step to the error.
 """
@@ -103,13 +104,14 @@ def main():
         store = dist.FileStore(args.store, args.world)
         dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world,
                                 timeout=datetime.timedelta(seconds=args.timeout))
-    if die_point == "reshard":
-        real_import = fuyou._reshard._import
+    if die_point in ("reshard", "marker"):  # after its first import / the marker made
+        name = "_import" if die_point == "reshard" else "_make_marker"
+        real = getattr(fuyou._reshard, name)
 
-        def import_then_die(*a, **kw):
-            real_import(*a, **kw)
+        def then_die(*a, **kw):
+            real(*a, **kw)
             die()
-        fuyou._reshard._import = import_then_die
+        setattr(fuyou._reshard, name, then_die)
     opt = None
     step = args.steps_from
     started = time.monotonic()

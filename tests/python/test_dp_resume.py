@@ -184,6 +184,27 @@ def test_a_rank_killed_during_the_reshard_leaves_the_old_jobs_usable(tmp_path):
         d.stop()
 
 
+def test_a_reshard_killed_after_its_marker_is_finished_by_the_next_start(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        history = "2,2,3,3"
+        assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                       *address, name="two"), 2)
+        run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                  "--die-at", "0:0:marker", *address, name="cut", expect_killed=(0,))
+        jobs = listed_jobs(d.address)
+        assert "dp.resharded-to-3" in jobs and "dp.rank0-of2" in jobs  # committed, not cleaned
+        three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history",
+                          history, *address, name="three")
+        assert_matches_torch(three, 2)
+        assert all(r["resharded_from"] is None and r["resumed"] for r in three)  # its own jobs
+        assert sorted(n for n in listed_jobs(d.address) if n.startswith("dp.")) == [
+            "dp.rank0-of3", "dp.rank1-of3", "dp.rank2-of3"]
+    finally:
+        d.stop()
+
+
 # ---------------------------------------------------------------- a rank killed
 @pytest.mark.parametrize("point", ["backward", "send"])
 def test_a_rank_killed_mid_step_makes_the_others_fail_fast_and_resume_together(tmp_path, point):
