@@ -21,12 +21,15 @@ __all__ = ["DaemonConnection", "open_session"]
 
 
 def open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, address: str,
-                 rpc_timeout: float, connect_timeout: float):
-    """Opens a clientlib session (fuyou._fuyou.Session). Tests replace this with a fake."""
+                 rpc_timeout: float, connect_timeout: float, **resume_at_step):
+    """Opens a clientlib session (fuyou._fuyou.Session); ``resume_at_step=N``:
+    at exactly committed step N (the job's, or the one before its last
+    commit). Tests replace this with a fake."""
     from . import _native
     return _native.module().Session.open(
         job=job, num_slots=num_slots, slot_bytes=slot_bytes, client_info=client_info,
-        address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout)
+        address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout,
+        **resume_at_step)
 
 
 class DaemonConnection:
@@ -72,8 +75,11 @@ class DaemonConnection:
         """A new session on the job."""
         # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
         info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
+        dp = self._data_parallel  # ranks a crash left one step apart resume together
+        at = dp.world_plan.resume_at_step if dp is not None and not dp.world_plan.reshard else None
         return open_session(self.job, self.num_slots, self.slot_bytes, info, self.address,
-                            self.timeout, min(self.timeout, 5.0))
+                            self.timeout, min(self.timeout, 5.0),
+                            **({} if at is None else {"resume_at_step": at}))
 
     def release(self) -> None:
         """Gives back this optimizer's reference to the embedded daemon (idempotent)."""

@@ -10,14 +10,22 @@ on every rank. A killed peer is noticed at once (gloo: its connection
 closes); a peer that hangs is waited for up to the process group's timeout
 (``init_process_group(timeout=)``).
 
-What stays open: a rank that dies between this agreement and its own EndStep
-(a few milliseconds), or a daemon that crashes before it made the step
-durable while another node's did, leaves the ranks' jobs one step apart. The
-daemon keeps only its last durable manifest and cannot go back a step, so
-that job is refused at the next start (the message names every rank's step,
-_data_parallel.py ``check_resumed_together``). Closing it needs the daemon to
-keep the previous manifest, which stays valid while no rank has begun the
-next step's write-backs.
+After the agreement, a rank that dies before its own EndStep (a few
+milliseconds) leaves the ranks' jobs one step apart: the others committed
+step N, its job stayed at N - 1. The next start resumes every rank at N - 1
+(_dp_jobs.py ``resume_at_step``): fuyoud keeps each job's manifest before its
+last commit (manifest.prev.pb) and, asked to (OpenSession.resume_at_step),
+commits it again. Its states are intact: step N - 1's extents are the
+shadows step N + 1's updates write, and no rank sends one before every rank
+is past step N's collectives (the weights' broadcast), which the dead rank
+never reaches.
+
+Not covered: a node's fuyoud that crashes after answering EndStep N but
+before N was durable, while the other nodes' ranks go on into step N + 1 and
+write their shadows: those ranks' step N - 1 states are then overwritten,
+and going back fails with DATA_LOSS at the first read (never silently wrong
+states). Closing it needs each rank to wait for its step N to be durable
+before its first update of step N + 1 (a message fuyoud does not have yet).
 """
 
 from __future__ import annotations

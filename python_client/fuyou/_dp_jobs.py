@@ -16,6 +16,10 @@ each node's daemon lists of them (name -> node, committed step, chunks);
   the source usable, and a finished one whose deletions were interrupted is
   recognised by its marker.
 
+Rank jobs one step apart (a crash between the ranks' commits, see
+_dp_commit.py) resume at the lower step (``resume_at_step``): fuyoud keeps
+each job's manifest before its last commit and goes back to it.
+
 Which world is the source: the one named by a marker (a reshard into it
 committed); else the one world with a committed step > 0 (an import never
 advances the step, so a reshard's target stays at step 0 until it trains,
@@ -53,6 +57,10 @@ class WorldPlan:
     delete_first: List[JobRecord] = field(default_factory=list)
     delete_after: List[JobRecord] = field(default_factory=list)  # then the marker
     marker: Optional[JobRecord] = None  # the marker found: a reshard into its world committed
+    # The step every rank job of the resumed world (or of the source) has, when a
+    # crash left them one step apart: the sessions open at it (OpenSession's
+    # resume_at_step), which takes the jobs one step ahead back by one commit.
+    resume_at_step: Optional[int] = None
     error: Optional[str] = None
 
     @property
@@ -101,6 +109,15 @@ def _describe(world: int, ranks: Dict[int, JobRecord]) -> str:
     return f"{len(ranks)} of {world} rank jobs ({steps})"
 
 
+def _common_step(ranks: Dict[int, JobRecord], world: int) -> Optional[int]:
+    """The lower step when all `world` rank jobs exist one step apart (a crash
+    between the ranks' commits), else None."""
+    steps = {j.committed_step for j in ranks.values()}
+    if len(ranks) != world or len(steps) != 2 or max(steps) - min(steps) != 1:
+        return None
+    return min(steps)
+
+
 def plan_world(base: str, world: int, jobs: List[JobRecord]) -> WorldPlan:
     """What a start of job `base` with `world` ranks does with `jobs` (every
     node's, see the module doc). Pure: the same answer on every rank."""
@@ -120,6 +137,7 @@ def plan_world(base: str, world: int, jobs: List[JobRecord]) -> WorldPlan:
                          if any(j.committed_step > 0 for j in ranks.values()))
         others = sorted(w for w in worlds if w != world)
         if not others:
+            plan.resume_at_step = _common_step(worlds.get(world, {}), world)
             return plan  # resume or start new
         if len(trained) > 1:
             plan.error = (f"job {base!r} was trained with several world sizes: " + "; ".join(
@@ -140,8 +158,12 @@ def plan_world(base: str, world: int, jobs: List[JobRecord]) -> WorldPlan:
     if source == world:  # T's own jobs: resume them, the rest are leftovers
         if plan.marker is not None:
             plan.delete_first.append(plan.marker)
+        plan.resume_at_step = _common_step(ranks, world)
         return plan
+    plan.resume_at_step = _common_step(ranks, source)
     steps = {j.committed_step for j in ranks.values()}
+    if plan.resume_at_step is not None:
+        steps = {plan.resume_at_step}
     if len(ranks) != source or len(steps) != 1:
         plan.error = (f"job {base!r} was trained with {source} ranks, to be resharded to "
                       f"{world}, but it has {_describe(source, ranks)}: the rank jobs must all "

@@ -88,10 +88,12 @@ def _open_source(dp, record: JobRecord, chunks, connection, moments_dtype: int) 
             f"job {record.name!r} has {record.chunks} chunk(s), this model's plan gives its "
             f"rank {len(chunks)}: build the optimizer over the same model, parameter groups "
             "and chunk_bytes as the job was trained with")
+    at = dp.world_plan.resume_at_step
     session = open_session(record.name, connection.num_slots, connection.slot_bytes,
                            f"reshard of {dp.base_job} by rank {dp.rank}",
                            dp.node_address[record.node], connection.timeout,
-                           min(connection.timeout, 5.0))
+                           min(connection.timeout, 5.0),
+                           **({} if at is None else {"resume_at_step": at}))
     states = ChunkStates(chunks, moments_dtype)
     states.session = session
     try:

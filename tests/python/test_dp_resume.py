@@ -113,13 +113,23 @@ def test_plan_world_trusts_the_marker_of_a_committed_reshard():
     assert [j.name for j in again.delete_after][-1] == "dp.resharded-to-3"
 
 
+def test_plan_world_resumes_rank_jobs_one_step_apart_at_the_lower_step():
+    own = plan_world("dp", 2, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 2)])
+    assert own.error is None and not own.reshard and own.resume_at_step == 2
+    assert plan_world("dp", 2, [rec("dp.rank0-of2"), rec("dp.rank1-of2")]).resume_at_step is None
+    source = plan_world("dp", 3, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 2)])
+    assert source.reshard and source.source_step == 2 and source.resume_at_step == 2
+
+
 def test_plan_world_refuses_what_it_cannot_decide_and_says_what_to_do():
     two_trained = plan_world("dp", 4, [rec("dp.rank0-of2"), rec("dp.rank1-of2"), rec("dp")])
     assert "several world sizes" in two_trained.error and "delete the jobs" in two_trained.error
     missing = plan_world("dp", 3, [rec("dp.rank0-of2")])
     assert "1 of 2 rank jobs (rank 0: step 3)" in missing.error
-    skewed = plan_world("dp", 3, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 2)])
-    assert "rank 0: step 3, rank 1: step 2" in skewed.error
+    skewed = plan_world("dp", 3, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 1)])
+    assert "rank 0: step 3, rank 1: step 1" in skewed.error
+    two_apart = plan_world("dp", 2, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 1)])
+    assert two_apart.resume_at_step is None  # the jobs are opened as they are: refused there
     untrained = plan_world("dp", 2, [rec("dp.rank0-of2", 0), rec("dp.rank1-of2", 0),
                                      rec("dp.rank0-of3", 0), rec("dp.rank1-of3", 0),
                                      rec("dp.rank2-of3", 0)])
@@ -242,17 +252,21 @@ def test_a_rank_killed_after_its_commit_leaves_every_rank_at_that_step(tmp_path)
         d.stop()
 
 
-def test_a_rank_killed_between_the_agreement_and_its_commit_is_refused_with_each_step(tmp_path):
-    """The window _dp_commit.py leaves open: the daemon cannot go back a step."""
+def test_a_rank_killed_between_the_agreement_and_its_commit_resumes_at_the_step_before(tmp_path):
+    """The ranks' jobs end one step apart; the next start takes the one ahead
+    back to the manifest fuyoud kept before its last commit."""
     d = start_daemon(tmp_path)
     try:
         address = ["--address", d.address]
         run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:1:before-end-step", *address,
                   name="cut", expect_killed=(1,))
-        again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "3", *address,
+        jobs = listed_jobs(d.address)
+        assert (jobs["dp.rank0-of2"], jobs["dp.rank1-of2"]) == (2, 1)
+        again = run_ranks(tmp_path, 2, "--steps-from", "1", "--steps-to", "3", *address,
                           name="again")
-        for res in again:
-            assert "rank 0: resumed at step 2, rank 1: resumed at step 1" in res["error"], res
+        assert_matches_torch(again, 2)
+        assert all(r["committed"] == 1 and r["start_violation"] <= 0.0 for r in again)
+        assert all(r["final_committed"] == 3 for r in again)
     finally:
         d.stop()
 
