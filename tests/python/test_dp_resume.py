@@ -288,3 +288,23 @@ def test_two_nodes_with_a_fuyoud_each_match_torch_and_resume(tmp_path):
     # each node's daemon kept its own ranks' jobs
     assert sorted(os.listdir(tmp_path / "data-a" / "users" / str(os.getuid()) / "jobs")) == [
         "dp.rank0-of4", "dp.rank1-of4"]
+
+
+def test_a_reshard_across_two_nodes_reads_each_old_job_on_its_own_node(tmp_path):
+    def node_env(world):
+        def env(r):
+            node = "a" if r < world // 2 else "b"
+            return {"FUYOU_NODE_ID": f"node-{node}",
+                    "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
+        return env
+
+    history = "2,2,4"
+    assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                   name="two", env_of=node_env(2)), 2)
+    four = run_ranks(tmp_path, 4, "--steps-from", "2", "--steps-to", "3", "--history", history,
+                     name="four", env_of=node_env(4))
+    assert_matches_torch(four, 1)
+    assert all(r["resharded_from"] == 2 and r["start_violation"] <= 0.0 for r in four)
+    jobs_dir = Path("users") / str(os.getuid()) / "jobs"
+    assert sorted(os.listdir(tmp_path / "data-a" / jobs_dir)) == ["dp.rank0-of4", "dp.rank1-of4"]
+    assert sorted(os.listdir(tmp_path / "data-b" / jobs_dir)) == ["dp.rank2-of4", "dp.rank3-of4"]
