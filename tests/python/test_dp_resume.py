@@ -308,3 +308,37 @@ def test_a_reshard_across_two_nodes_reads_each_old_job_on_its_own_node(tmp_path)
     jobs_dir = Path("users") / str(os.getuid()) / "jobs"
     assert sorted(os.listdir(tmp_path / "data-a" / jobs_dir)) == ["dp.rank0-of4", "dp.rank1-of4"]
     assert sorted(os.listdir(tmp_path / "data-b" / jobs_dir)) == ["dp.rank2-of4", "dp.rank3-of4"]
+
+
+def test_open_session_resume_at_step_goes_back_one_commit_and_no_further(daemon):
+    import torch
+    import fuyou
+    from fuyou._errors import FailedPrecondition
+    model = torch.nn.Linear(8, 8)
+    opt = fuyou.AdamW(model.parameters(), job="back-one", address=daemon.address, timeout=20.0)
+    for _ in range(2):
+        model(torch.ones(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    Session = fuyou._native.module().Session
+
+    def open_at(step, job="back-one"):
+        return Session.open(job=job, num_slots=1, slot_bytes=4096, address=daemon.address,
+                            resume_at_step=step)
+
+    for bad in (0, 3):
+        with pytest.raises(FailedPrecondition, match="is at step 2, its previous manifest at step 1"):
+            open_at(bad)
+    with pytest.raises(FailedPrecondition, match="does not exist"):
+        open_at(0, job="never-made")
+    assert "never-made" not in listed_jobs(daemon.address)
+    s = open_at(2)  # its own step: unchanged
+    assert s.committed_step == 2
+    s.close()
+    s = open_at(1)
+    assert s.committed_step == 1
+    s.close()
+    assert listed_jobs(daemon.address)["back-one"] == 1  # on disk
+    with pytest.raises(FailedPrecondition, match="is at step 1, its previous manifest at step 1"):
+        open_at(0)
