@@ -163,6 +163,10 @@ def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
                     name="two")
     assert_matches_torch(two, 2)
     assert [r["resharded_from"] for r in two] == [1, 1]
+    # back to one process: refused, naming the rank jobs (not trained anew beside them)
+    one = run_ranks(tmp_path, 1, "--steps-from", "4", "--steps-to", "5", name="one")
+    assert "trained with 2 data-parallel ranks" in one[0]["error"], one
+    assert "resharding them into one process is not implemented yet" in one[0]["error"]
 
 
 def test_a_rank_killed_during_the_reshard_leaves_the_old_jobs_usable(tmp_path):
