@@ -32,6 +32,7 @@ absl::Status Session::Impl::Start(const SessionOptions& options) {
   request.set_num_slots(options.num_slots);
   request.set_slot_bytes(options.slot_bytes);
   request.set_client_info(options.client_info.empty() ? DefaultClientInfo() : options.client_info);
+  if (options.resume_at_step) request.set_resume_at_step(*options.resume_at_step);
   v1::OpenSessionResponse response;
   grpc::ClientContext context;
   SetDeadline(context, rpc_timeout());

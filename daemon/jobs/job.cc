@@ -26,6 +26,7 @@ namespace {
 
 constexpr char kManifestFile[] = "manifest.pb";
 constexpr char kManifestTemp[] = "manifest.tmp";
+constexpr char kPreviousManifest[] = "manifest.prev.pb";
 constexpr char kStatesFile[] = "states.bin";
 
 int64_t NowUnix() {
@@ -141,8 +142,21 @@ absl::StatusOr<storage::DirFd> OpenUserJobsDir(const storage::DirFd& root, uid_t
 
 std::string Job::Key(uid_t uid, const std::string& name) { return fmt::format("{}/{}", uid, name); }
 
-absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir, const std::string& name) {
-  auto read = job_dir.ReadFile(kManifestFile, kMaxManifestBytes);
+namespace {
+
+// A manifest as stored: the XXH3-64 of the serialized message, then the message.
+std::string ManifestBytes(const v1::JobManifest& manifest) {
+  std::string body = manifest.SerializeAsString();
+  const uint64_t checksum = Checksum64(body.data(), body.size());
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &checksum, 8);
+  bytes += body;
+  return bytes;
+}
+
+absl::StatusOr<v1::JobManifest> ReadManifestFile(const storage::DirFd& job_dir, const char* file,
+                                                 const std::string& name) {
+  auto read = job_dir.ReadFile(file, kMaxManifestBytes);
   if (!read.ok() && absl::IsNotFound(read.status())) {
     return absl::NotFoundError(fmt::format("job '{}' does not exist", name));
   }
@@ -157,7 +171,7 @@ absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir,
   const uint64_t actual = Checksum64(bytes.data() + 8, bytes.size() - 8);
   if (stored != actual) {
     return absl::DataLossError(fmt::format("manifest of job '{}' ({}) fails its checksum", name,
-                                           (job_dir.path() / kManifestFile).string()));
+                                           (job_dir.path() / file).string()));
   }
   v1::JobManifest manifest;
   if (!manifest.ParseFromArray(bytes.data() + 8, static_cast<int>(bytes.size() - 8))) {
@@ -166,13 +180,19 @@ absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir,
   return manifest;
 }
 
+}  // namespace
+
+absl::StatusOr<v1::JobManifest> Job::ReadManifest(const storage::DirFd& job_dir, const std::string& name) {
+  return ReadManifestFile(job_dir, kManifestFile, name);
+}
+
 absl::Status Job::RemoveFiles(const storage::DirFd& jobs_dir, const std::string& name, uint64_t* freed) {
   auto dir = jobs_dir.OpenDir(name);
   if (!dir.ok() && absl::IsNotFound(dir.status())) return absl::OkStatus();
   if (!dir.ok()) return dir.status();
   FUYOU_ASSIGN_OR_RETURN(std::vector<std::string> entries, dir->List());
   for (const std::string& entry : entries) {
-    if (entry != kManifestFile && entry != kManifestTemp && entry != kStatesFile) {
+    if (entry != kManifestFile && entry != kManifestTemp && entry != kPreviousManifest && entry != kStatesFile) {
       return absl::FailedPreconditionError(
           fmt::format("{} holds {}, which fuyoud did not create; the job was not deleted: move it away and retry",
                       dir->path().string(), entry));
@@ -348,13 +368,11 @@ absl::Status Job::WriteManifest(v1::JobManifest& next) const {
   FUYOU_RETURN_IF_ERROR(states_->Sync());
   FUYOU_CRASH_POINT("after_state_sync");
   next.set_last_used_unix(NowUnix());
-  std::string body = next.SerializeAsString();
-  const uint64_t checksum = Checksum64(body.data(), body.size());
-  std::string bytes(8, '\0');
-  std::memcpy(bytes.data(), &checksum, 8);
-  bytes += body;
   const storage::DirFd& dir = dirs_[0];
-  FUYOU_RETURN_IF_ERROR(dir.WriteNewFile(kManifestTemp, bytes));
+  if (manifest_.chunks_size() != 0 && manifest_.committed_step() < next.committed_step()) {
+    FUYOU_RETURN_IF_ERROR(dir.WriteNewFile(kPreviousManifest, ManifestBytes(manifest_)));
+  }
+  FUYOU_RETURN_IF_ERROR(dir.WriteNewFile(kManifestTemp, ManifestBytes(next)));
   FUYOU_CRASH_POINT("manifest_tmp_written");
   if (absl::Status renamed = dir.Rename(kManifestTemp, kManifestFile); !renamed.ok()) {
     return absl::Status(renamed.code(),
@@ -369,6 +387,31 @@ absl::Status Job::WriteManifest(v1::JobManifest& next) const {
   }
   FUYOU_CRASH_POINT("dir_synced");
   return absl::OkStatus();
+}
+
+absl::Status Job::RollBackTo(int64_t step) {
+  const int64_t now = manifest_.committed_step();
+  if (step == now) return absl::OkStatus();
+  auto previous = ReadManifestFile(dirs_[0], kPreviousManifest, name_);
+  if (!previous.ok() && !absl::IsNotFound(previous.status())) return previous.status();
+  if (step > now || !previous.ok() || previous->committed_step() != step) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job '{}' is at step {}{}; it cannot resume at step {} (fuyoud keeps only the manifest before the last "
+        "step's)",
+        name_, now,
+        previous.ok() ? fmt::format(", its previous manifest at step {}", previous->committed_step()) : "", step));
+  }
+  if (previous->name() != name_ || previous->owner_uid() != manifest_.owner_uid()) {
+    return absl::DataLossError(fmt::format("job '{}': its previous manifest names job '{}' of uid {}", name_,
+                                           previous->name(), previous->owner_uid()));
+  }
+  FUYOU_RETURN_IF_ERROR(ValidateManifest(*previous));
+  if (previous->state_bytes() > manifest_.state_bytes()) {
+    return absl::DataLossError(fmt::format("job '{}': its previous manifest reaches past its state files", name_));
+  }
+  log::Warn("job '{}': going back from step {} to step {} (its previous manifest), as the session asked", name_,
+            now, step);
+  return Commit(*std::move(previous));
 }
 
 uint64_t Job::bytes_on_storage() const {

@@ -4,6 +4,8 @@
 // R0..Rk-1,
 //   R0/users/<U>/jobs/<name>/manifest.pb   the committed manifest (manifest.proto)
 //   R0/users/<U>/jobs/<name>/manifest.tmp  the next manifest while it is written
+//   R0/users/<U>/jobs/<name>/manifest.prev.pb  the last committed manifest of an
+//                                          earlier step (RollBackTo)
 //   Ri/users/<U>/jobs/<name>/states.bin    root i's share of the job's state space,
 //                                          striped over all roots (storage/striped_file.h)
 // Two users' jobs of the same name are two jobs; no request names another
@@ -112,7 +114,7 @@ class Job {
   // when absent, DATA_LOSS when damaged.
   static absl::StatusOr<v1::JobManifest> ReadManifest(const storage::DirFd& job_dir, const std::string& name);
   // Removes the job directory `name` under `jobs_dir`: only the files a job has
-  // (manifest.pb, manifest.tmp, states.bin), each unlinked without following a
+  // (manifest.pb, manifest.tmp, manifest.prev.pb, states.bin), each unlinked without following a
   // link, then the directory. Adds the bytes of the removed regular files to
   // `*freed`. FAILED_PRECONDITION when the directory holds anything else (it is
   // then left in place). OK when it does not exist.
@@ -164,8 +166,22 @@ class Job {
   // bytes (not while one calls Commit, AddChunk or Truncate). Adopt then makes
   // `next` manifest(), on the job's thread, after an OK or ABORTED
   // WriteManifest.
+  // A `next` of a later step than manifest() first keeps manifest() (what is
+  // on disk) as manifest.prev.pb, written and fsynced before manifest.tmp, so
+  // a crash at any instant leaves a previous manifest that was committed.
   absl::Status WriteManifest(v1::JobManifest& next) const;
   void Adopt(v1::JobManifest next) { manifest_ = std::move(next); }
+
+  // Makes the committed manifest the one of step `step`: nothing to do when
+  // the job is at `step`; when it is at a later step and manifest.prev.pb is
+  // of `step` (and of this job and owner, and valid), that manifest is
+  // committed again (Commit), which gives the job's later step up. The
+  // previous step's extents are the shadows the step after it wrote to, so
+  // its states are intact while no later step wrote its shadows since; when
+  // one did, a read fails its checksum (DATA_LOSS). FAILED_PRECONDITION,
+  // naming the steps, when there is no such manifest. Before any chunk of the
+  // job is used (at open).
+  absl::Status RollBackTo(int64_t step);
 
   // Total bytes reserved on storage.
   uint64_t bytes_on_storage() const;

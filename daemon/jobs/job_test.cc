@@ -79,6 +79,51 @@ TEST_F(JobTest, ChunksAreStripedAndSurviveReopen) {
   EXPECT_EQ((*reopened)->FindChunk(12), -1);
 }
 
+TEST_F(JobTest, RollBackToGoesBackOneCommitAndNoFurther) {
+  uint32_t version_at_1 = 2;
+  {
+    auto job = Job::Open(roots_, "dp.rank0-of2", ::getuid(), true, *io_, *stats_);
+    ASSERT_TRUE(job.ok()) << job.status();
+    v1::JobManifest next = (*job)->manifest();
+    ASSERT_TRUE((*job)->AddChunk(next, 0, 1000, DType::kFloat32, DType::kFloat32).ok());
+    ASSERT_TRUE((*job)->Commit(next).ok());  // step 0: nothing kept before it
+    for (int64_t step = 1; step <= 2; ++step) {  // each step flips the chunk to its shadow
+      if (step == 2) version_at_1 = (*job)->manifest().chunks(0).committed_version();
+      next = (*job)->manifest();
+      next.set_committed_step(step);
+      next.mutable_chunks(0)->set_committed_version(ShadowVersion(next.chunks(0)));
+      next.mutable_chunks(0)->set_update_count(step);
+      ASSERT_TRUE((*job)->Commit(next).ok());
+    }
+    EXPECT_TRUE(fs::exists(JobDir(0, ::getuid(), "dp.rank0-of2") / "manifest.prev.pb"));
+    EXPECT_TRUE((*job)->RollBackTo(2).ok());  // its own step: nothing to do
+    absl::Status later = (*job)->RollBackTo(3);
+    EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+    absl::Status two_back = (*job)->RollBackTo(0);
+    EXPECT_EQ(two_back.code(), absl::StatusCode::kFailedPrecondition) << two_back;
+    EXPECT_NE(two_back.message().find("is at step 2, its previous manifest at step 1"), std::string::npos)
+        << two_back;
+    ASSERT_TRUE((*job)->RollBackTo(1).ok());
+    EXPECT_EQ((*job)->manifest().committed_step(), 1);
+  }
+  // on disk: step 1's manifest (its extent version and count); and only once
+  auto reopened = Job::Open(roots_, "dp.rank0-of2", ::getuid(), false, *io_, *stats_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->manifest().committed_step(), 1);
+  EXPECT_EQ((*reopened)->manifest().chunks(0).update_count(), 1);
+  EXPECT_EQ((*reopened)->manifest().chunks(0).committed_version(), version_at_1);
+  EXPECT_EQ((*reopened)->RollBackTo(0).code(), absl::StatusCode::kFailedPrecondition);
+  reopened->reset();
+  // and the job, previous manifest included, is deleted whole
+  uint64_t freed = 0;
+  auto jobs = storage::DirFd::OpenRoot(roots_[0]);
+  ASSERT_TRUE(jobs.ok());
+  auto user_jobs = OpenUserJobsDir(*jobs, ::getuid(), false);
+  ASSERT_TRUE(user_jobs.ok()) << user_jobs.status();
+  ASSERT_TRUE(Job::RemoveFiles(*user_jobs, "dp.rank0-of2", &freed).ok());
+  EXPECT_FALSE(fs::exists(JobDir(0, ::getuid(), "dp.rank0-of2")));
+}
+
 TEST_F(JobTest, CorruptManifestIsDataLossNotGarbage) {
   {
     auto job = Job::Open(roots_, "gpt", ::getuid(), true, *io_, *stats_);

@@ -50,6 +50,16 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Open(const v1::OpenSes
   if (!hold.ok()) return hold.status();
   auto job = services_.jobs.Acquire(request.job(), uid);
   if (!job.ok()) return job.status();
+  if (request.has_resume_at_step()) {
+    absl::Status rolled = (*job)->created() ? absl::FailedPreconditionError(fmt::format(
+                                                  "job '{}' does not exist; it cannot resume at step {}",
+                                                  request.job(), request.resume_at_step()))
+                                            : (*job)->RollBackTo(request.resume_at_step());
+    if (!rolled.ok()) {
+      services_.jobs.Release(**job);
+      return rolled;
+    }
+  }
   // The segment comes later: the client creates it and hands it over.
   std::string id = NewSessionId();
   auto session = std::make_shared<Session>(services_, id, std::move(*job), layout, client,

@@ -15,18 +15,22 @@ import sys
 from typing import Optional
 
 from . import _lifetime
+from ._errors import FailedPrecondition
 from .daemon import EmbeddedDaemon, resolve_address
 
 __all__ = ["DaemonConnection", "open_session"]
 
 
 def open_session(job: str, num_slots: int, slot_bytes: int, client_info: str, address: str,
-                 rpc_timeout: float, connect_timeout: float):
-    """Opens a clientlib session (fuyou._fuyou.Session). Tests replace this with a fake."""
+                 rpc_timeout: float, connect_timeout: float, **resume_at_step):
+    """Opens a clientlib session (fuyou._fuyou.Session); ``resume_at_step=N``:
+    at exactly committed step N (the job's, or the one before its last
+    commit). Tests replace this with a fake."""
     from . import _native
     return _native.module().Session.open(
         job=job, num_slots=num_slots, slot_bytes=slot_bytes, client_info=client_info,
-        address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout)
+        address=address, rpc_timeout=rpc_timeout, connect_timeout=connect_timeout,
+        **resume_at_step)
 
 
 class DaemonConnection:
@@ -53,7 +57,7 @@ class DaemonConnection:
         `embedded_threads` optimizer threads when given); a collective in a
         data-parallel group."""
         if self._data_parallel is not None:
-            self.address, self.daemon = self._data_parallel.connect(address, embedded)
+            self.address, self.daemon = self._data_parallel.connect(address, embedded, self.timeout)
         else:
             self.address, self.daemon = resolve_address(address, embedded,
                                                         embedded_threads=embedded_threads)
@@ -65,15 +69,46 @@ class DaemonConnection:
         self.num_slots = int(num_slots)
         self.slot_bytes = int(slot_bytes)
         if self._data_parallel is None:
-            return self.open()
+            session = self.open()
+            if int(session.committed_step) == 0:
+                self._refuse_rank_jobs(session)
+            return session
         return self._data_parallel.open_together(self.open)
+
+    def _refuse_rank_jobs(self, session) -> None:
+        """A single process on a job trained by data-parallel ranks (its jobs
+        ``<job>.rank<r>-of<w>`` on this daemon) raises instead of starting the
+        job anew beside them: resharding into one process is not implemented.
+        Only a real daemon's session is checked (its admin API lists jobs)."""
+        from . import _native
+        from ._admin import admin_client
+        from ._dp_jobs import jobs_on_daemon, plan_world
+        if not isinstance(session, _native.module().Session):
+            return
+        try:
+            listed = admin_client(self.address, min(self.timeout, 10.0)).list_jobs()
+        except Exception:  # the admin API refused: nothing to compare with
+            return
+        plan = plan_world(self.job, 1, jobs_on_daemon(listed, self.job, ""))
+        if not plan.reshard:
+            return
+        session.close()
+        w = plan.source_world
+        raise FailedPrecondition(
+            f"fuyou.AdamW of job {self.job!r}: the job was trained with {w} data-parallel ranks "
+            f"(jobs {self.job}.rank<r>-of{w}, step {plan.source_step}); resharding them into "
+            "one process is not implemented yet: resume it under torch.distributed with any "
+            "number of ranks above 1 (which reshards), or delete those jobs to start over")
 
     def open(self):
         """A new session on the job."""
         # At most 256 characters (1 KiB of UTF-8): fuyoud refuses a longer client_info.
         info = f"{socket.gethostname()} pid {os.getpid()} {' '.join(sys.argv[:1])}".strip()[:256]
+        dp = self._data_parallel  # ranks a crash left one step apart resume together
+        at = dp.world_plan.resume_at_step if dp is not None and not dp.world_plan.reshard else None
         return open_session(self.job, self.num_slots, self.slot_bytes, info, self.address,
-                            self.timeout, min(self.timeout, 5.0))
+                            self.timeout, min(self.timeout, 5.0),
+                            **({} if at is None else {"resume_at_step": at}))
 
     def release(self) -> None:
         """Gives back this optimizer's reference to the embedded daemon (idempotent)."""

@@ -6,11 +6,16 @@ group, or ``fuyou.AdamW(..., process_group=group)``) each rank's optimizer:
 - opens its own session on the per-rank job ``<job>.rank<r>-of<w>``
   (``rank_job``), so the daemon's one-session-per-job rule holds and each rank
   resumes its own states;
-- shares one fuyoud per node (``connect``): the lowest rank of each host (the
+- shares one fuyoud per node (``connect``): the lowest rank of each node (the
   *node leader*) finds the daemon as a single process does (``address``, the
   default socket, else the embedded one it starts) and tells the other ranks
-  of its host where it is; the leader stops an embedded daemon only after every
-  rank closed (``barrier``);
+  of its node where it is; the leader stops an embedded daemon only after every
+  rank closed (``barrier``). A node is a hostname, or ``$FUYOU_NODE_ID`` where
+  set (``node_identity``: two daemons on one machine, or a host whose name
+  several machines share);
+- lists the job's jobs on every node's daemon and decides, the same on every
+  rank, whether to resume, start new or reshard from another world size
+  (_dp_jobs.py, ``world_plan``; the reshard itself: _reshard.py);
 - owns a contiguous run of whole chunks of the chunk plan (``take_shard``),
   balanced by bytes and the same on every rank. Whole chunks: each chunk's
   states live in one rank's daemon files, and its I/O (read, update, write
@@ -29,7 +34,7 @@ Collectives use the group's backend: CUDA tensors for NCCL, CPU ones for gloo.
 
 from __future__ import annotations
 
-import re
+import os
 import socket
 from typing import List, Optional, Tuple
 
@@ -38,10 +43,18 @@ import torch.distributed as dist
 
 from ._chunk_weights import gather_weights, install
 from ._chunking import Chunk
+from ._dp_jobs import WorldPlan, jobs_on_daemon, plan_world
 from ._errors import FailedPrecondition, InvalidArgument
+from ._reshard import delete_on_nodes
 from .daemon import resolve_address
 
-__all__ = ["DataParallel", "for_optimizer", "split_by_bytes"]
+__all__ = ["DataParallel", "for_optimizer", "node_identity", "split_by_bytes"]
+
+
+def node_identity() -> str:
+    """The node this process runs on, which decides the ranks that share one
+    fuyoud: ``$FUYOU_NODE_ID`` when set and not empty, else the hostname."""
+    return os.environ.get("FUYOU_NODE_ID", "").strip() or socket.gethostname()
 
 BUCKET_BYTES = 32 << 20  # gradients all-reduced together
 
@@ -98,6 +111,10 @@ class DataParallel:
         self.all_chunks: List[Chunk] = []
         self.owner_of: dict = {}  # chunk id -> group rank
         self.leader = False  # this rank found the node's daemon for the others
+        self.node = ""  # node_identity() of this rank
+        self.nodes: List[str] = []  # node of each group rank
+        self.node_address: dict = {}  # node -> its daemon's gRPC target
+        self.world_plan = WorldPlan(self.world_size)  # resume, new, or reshard
         self.steps_averaged = 0  # steps whose gradients this side averaged (not DDP)
 
     # ------------------------------------------------------------ naming, shard
@@ -121,25 +138,44 @@ class DataParallel:
         start, end = ranges[self.rank]
         return list(chunks[start:end])
 
+    def shard_ranges(self, world: int) -> List[Tuple[int, int]]:
+        """The [start, end) of each rank's chunks in ``all_chunks`` with `world`
+        ranks (one range with one rank): the split of a job trained so."""
+        if world == 1:
+            return [(0, len(self.all_chunks))]
+        return split_by_bytes([c.nbytes for c in self.all_chunks], world)
+
+    def leader_of(self, node: str) -> int:
+        """The group rank that leads `node`."""
+        return self.nodes.index(node)
+
     # ------------------------------------------------------------ the node's daemon
-    def connect(self, address: Optional[str], embedded: Optional[bool]):
+    def connect(self, address: Optional[str], embedded: Optional[bool], timeout: float):
         """(gRPC target, embedded daemon held or None) of this node's fuyoud, as
         ``daemon.resolve_address`` gives it to the node leader; a collective.
-        Also refuses, on every rank, a job trained with another world size."""
-        hosts: list = [None] * self.world_size
-        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
-        me = hosts[self.rank]
-        self.leader = hosts.index(me) == self.rank
-        found, daemon, error = None, None, None
+        Also lists the job's jobs on every node and decides ``world_plan``
+        (refused on every rank when it cannot be decided), deleting the
+        leftovers of an interrupted reshard."""
+        nodes: list = [None] * self.world_size
+        dist.all_gather_object(nodes, node_identity(), group=self.group)
+        self.nodes, me = nodes, nodes[self.rank]
+        self.node = me
+        self.leader = nodes.index(me) == self.rank
+        found, daemon, error, jobs = None, None, None, []
         if self.leader:
             try:
                 found, daemon = resolve_address(address, embedded)
-                error = self._other_world_error(found)
+                jobs = self._jobs_on(found, me)
             except Exception as e:  # every rank must hear of it
                 error = f"{type(e).__name__}: {e}"
         answers: list = [None] * self.world_size
-        dist.all_gather_object(answers, (me, found, error), group=self.group)
+        dist.all_gather_object(answers, (me, found, error, jobs), group=self.group)
         errors = [f"rank {r}: {a[2]}" for r, a in enumerate(answers) if a[2]]
+        self.node_address = {a[0]: a[1] for a in answers if a[1]}
+        self.world_plan = plan_world(self.base_job, self.world_size,
+                                     [j for a in answers for j in a[3]])
+        if not errors and self.world_plan.error:
+            errors = [self.world_plan.error]
         if errors:
             if daemon is not None:
                 from ._lifetime import release_daemon
@@ -147,31 +183,25 @@ class DataParallel:
             raise FailedPrecondition(
                 f"fuyou.AdamW of job {self.base_job!r} (rank {self.rank} of "
                 f"{self.world_size}): " + "; ".join(errors))
-        target = next(a[1] for a in answers if a[0] == me and a[1])
-        return target, daemon
+        try:
+            delete_on_nodes(self, self.world_plan.delete_first, timeout,
+                            "the leftovers of an interrupted reshard could not be deleted")
+        except BaseException:
+            if daemon is not None:
+                from ._lifetime import release_daemon
+                release_daemon(daemon)
+            raise
+        return self.node_address[me], daemon
 
-    def _other_world_error(self, target: str) -> Optional[str]:
-        """Why the job cannot be opened with this world size (its per-rank jobs
-        of another one exist, or it is a single-process job), or None."""
+    def _jobs_on(self, target: str, node: str) -> list:
+        """The job's jobs on the daemon at `target` (none when its admin API
+        refuses: the sessions then decide alone)."""
         from ._admin import admin_client
         try:
-            names = [j["name"] for j in admin_client(target).list_jobs()]
-        except Exception:  # an admin API refused: the sessions decide alone
-            return None
-        pattern = re.compile(re.escape(self.base_job) + r"\.rank(\d+)-of(\d+)$")
-        worlds = sorted({int(m.group(2)) for m in map(pattern.match, names) if m})
-        others = [w for w in worlds if w != self.world_size]
-        how = ("resharding to another world size is not implemented yet: resume it with "
-               "that many ranks, or delete its jobs (fuyouctl, or "
-               "fuyou.admin_client().delete_job) to start over")
-        if others:
-            return (f"job {self.base_job!r} was trained with {others[0]} ranks (jobs "
-                    f"{self.base_job}.rank<r>-of{others[0]}), not {self.world_size}; {how}")
-        if self.base_job in names:
-            return (f"job {self.base_job!r} is a single-process job; with "
-                    f"{self.world_size} ranks each rank trains {self.base_job}.rank<r>-of"
-                    f"{self.world_size}; {how}")
-        return None
+            listed = admin_client(target).list_jobs()
+        except Exception:
+            return []
+        return jobs_on_daemon(listed, self.base_job, node)
 
     def open_together(self, open_session):
         """``open_session()`` on every rank; when any rank's fails, every rank

@@ -380,9 +380,12 @@ def _same_fingerprint(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> b
 
 
 def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
-                        max_grad_norm: Optional[float]) -> bool:
+                        max_grad_norm: Optional[float], before_commit) -> bool:
     """step() of a rank whose chunks fuyou reduced (after ``settle``): see the
-    module doc. Every rank commits or skips alike. Returns whether committed."""
+    module doc. Every rank commits or skips alike: ``before_commit(True)`` once
+    the own chunks' updates are answered (the ranks' agreement, which raises
+    when another rank is not ready), ``before_commit(False)`` when they
+    failed here. Returns whether committed."""
     own = pipeline.plan.chunks
     reductions.wait_all()
     pipeline.wait_sent()  # the sends of backward, and the sender's inf/nan check
@@ -399,16 +402,21 @@ def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
         scaler.update(overflow=True)
         return False
     grad_scale = coef / scaler.scale
-    for c in own:
-        packed = reductions.averaged(c)
-        sent = pipeline.step.sent.get(c.chunk_id)
-        if sent is None:
-            pipeline.send(c, grad_scale, packed=packed)
-        elif reductions.reduced_again(c) or sent.hyper != pipeline.hyper_now(c.group_index):
-            pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED, packed=packed)
-        elif coef < 1.0:
-            pipeline.redo(c, grad_scale, REDO_CLIPPED, packed=packed)
-    pipeline.wait_sent()
+    try:
+        for c in own:
+            packed = reductions.averaged(c)
+            sent = pipeline.step.sent.get(c.chunk_id)
+            if sent is None:
+                pipeline.send(c, grad_scale, packed=packed)
+            elif reductions.reduced_again(c) or sent.hyper != pipeline.hyper_now(c.group_index):
+                pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED, packed=packed)
+            elif coef < 1.0:
+                pipeline.redo(c, grad_scale, REDO_CLIPPED, packed=packed)
+        pipeline.wait_sent()
+    except BaseException:
+        before_commit(False)
+        raise
+    before_commit(True)
     pipeline.commit()
     scaler.update(overflow=False)
     return True

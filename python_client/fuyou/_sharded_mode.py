@@ -12,12 +12,16 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   to its daemon as soon as it is there (``ChunkReductions``, _dp_overlap.py:
   the round, the order, the accumulation and DDP rules); with overlap off
   everything starts at step().
+- Another world size: the job's states are resharded into the new per-rank
+  jobs after registration (_reshard.py), before the weights are broadcast.
 - step(): ``settle`` (the rest of the round, the chunks changed since sent
   reduced again, DDP detected), then ``finish_reduced_step``: an inf/nan in
   any averaged chunk (loss scaling) skips the step on every rank;
   ``max_grad_norm`` clips by the global norm (the owners' sums of squares
-  all-reduced); the own chunks sent or redone, the step committed in this
-  rank's job, and every chunk's new weights broadcast from its owner.
+  all-reduced); the own chunks sent or redone, every rank's agreement
+  (_dp_commit.py: the step commits on every rank or on none), the step
+  committed in this rank's job, and every chunk's new weights broadcast from
+  its owner.
 - Under DDP (its all-reduce already averaged ``.grad``; kept, not replaced):
   nothing is reduced again (``average_gradients`` finds every rank's the
   same), the own chunks go from ``.grad`` at step() as in the resident mode,
@@ -36,6 +40,8 @@ from typing import List
 import torch
 
 from ._dp_overlap import ChunkReductions, finish_reduced_step
+from ._dp_commit import agree_to_commit
+from ._reshard import reshard
 from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
@@ -55,6 +61,9 @@ class ShardedResidentMode(ResidentMode):
         self._overlap = True  # the hooks count every pass; whether they start: hook_grad_scale
         self.reductions = ChunkReductions(self.dp, pipeline)
         self._sent_unaveraged: List = []  # own chunks sent from a round DDP made moot
+        if self.dp.world_plan.reshard:
+            reshard(self.dp, pipeline, opt._connection)
+            opt.resumed = True
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
         self.dp.broadcast_weights()
 
@@ -96,7 +105,8 @@ class ShardedResidentMode(ResidentMode):
         reductions = self.reductions
         if not reductions.ddp_averages and not reductions.settle():
             self.dp.steps_averaged += 1  # fuyou reduced this step's gradients
-            committed = finish_reduced_step(self.pipeline, reductions, scaler, max_grad_norm)
+            committed = finish_reduced_step(self.pipeline, reductions, scaler, max_grad_norm,
+                                            before_commit=self._agree_to_commit)
         else:
             self._sent_unaveraged = self.pipeline.step.sent_chunks()
             committed = self._finish_averaged(scaler, max_grad_norm)
@@ -134,6 +144,29 @@ class ShardedResidentMode(ResidentMode):
                 pipeline.failed = e
                 raise
         super().zero_grad()
+
+    def _send_unsent(self, grad_scale: float) -> None:
+        """Sends this rank's unsent chunks (the step from ``.grad``), then the
+        agreement."""
+        try:
+            super()._send_unsent(grad_scale)
+        except BaseException:
+            self._agree_to_commit(False)
+            raise
+        self._agree_to_commit(True)
+
+    def _agree_to_commit(self, ready: bool) -> None:
+        """Waits for every rank to have its updates of the step answered (the
+        step commits on all ranks or on none; raises when another is not
+        ready). Not `ready`: tells the others so, and returns."""
+        step = self.pipeline.committed_step + 1
+        if ready:
+            agree_to_commit(self.dp, True, step, self.pipeline.params[0])
+            return
+        try:
+            agree_to_commit(self.dp, False, step, self.pipeline.params[0])
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Closes this rank's session, then waits for every rank, so that the

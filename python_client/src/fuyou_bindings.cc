@@ -334,12 +334,13 @@ PYBIND11_MODULE(_fuyou, m) {
           "open",
           [](const std::string& job, uint32_t num_slots, uint64_t slot_bytes,
              const std::string& client_info, const std::string& address, double rpc_timeout,
-             double connect_timeout) {
+             double connect_timeout, std::optional<int64_t> resume_at_step) {
             SessionOptions options;
             options.job = job;
             options.num_slots = num_slots;
             options.slot_bytes = slot_bytes;
             options.client_info = client_info;
+            options.resume_at_step = resume_at_step;
             const ClientOptions client = MakeClientOptions(address, rpc_timeout, connect_timeout);
             auto session = Blocking<std::unique_ptr<Session>>(
                 [&] { return Session::Open(options, client); });
@@ -347,8 +348,9 @@ PYBIND11_MODULE(_fuyou, m) {
           },
           py::arg("job"), py::arg("num_slots"), py::arg("slot_bytes"),
           py::arg("client_info") = "", py::arg("address") = "", py::arg("rpc_timeout") = 30.0,
-          py::arg("connect_timeout") = 5.0,
-          "Connects to fuyoud, opens a session on `job` and maps its segment.")
+          py::arg("connect_timeout") = 5.0, py::arg("resume_at_step") = py::none(),
+          "Connects to fuyoud, opens a session on `job` and maps its segment; `resume_at_step`: "
+          "resume at exactly that committed step (the job's, or the one before its last commit).")
       .def_property_readonly("committed_step",
                              [](const PySession& s) { return s.get().committed_step(); })
       .def_property_readonly("num_slots", [](const PySession& s) { return s.get().num_slots(); })

@@ -1,7 +1,7 @@
 """Data parallel over torch.distributed (issue 24): gloo ranks as subprocesses
 (dp_worker.py) on one node, each with its own batches, against torch.optim.AdamW
 on the averaged gradient after every step; one embedded fuyoud for the node;
-per-rank jobs that resume; another world size refused."""
+per-rank jobs that resume (another world size: test_dp_resume.py)."""
 
 from __future__ import annotations
 
@@ -85,17 +85,14 @@ def test_ddp_with_accumulation_is_not_averaged_again_and_matches_torch(tmp_path)
     assert [r["steps_averaged"] for r in results] == [0, 0]  # DDP did it
 
 
-def test_resume_with_the_same_world_size_and_refuse_another(tmp_path):
+def test_resume_with_the_same_world_size(tmp_path):
     assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", name="first"), 2)
     resumed = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", name="again")
     assert_matches_torch(resumed, 2)
     for res in resumed:
         assert res["resumed"] and res["committed"] == 2 and res["final_committed"] == 4
         assert res["start_violation"] <= 0.0  # the committed weights, on every rank
-    other = run_ranks(tmp_path, 3, "--steps-from", "4", "--steps-to", "5", name="three")
-    for res in other:
-        assert "was trained with 2 ranks" in res["error"], res
-        assert "resume it with that many ranks" in res["error"]
+    # another world size reshards: test_dp_resume.py
 
 
 def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):

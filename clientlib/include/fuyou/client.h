@@ -53,6 +53,10 @@ struct SessionOptions {
   // num_elements * max(param, grad dtype size).
   uint64_t slot_bytes = 0;
   std::string client_info{};  // {}: may be left out of a designated initializer
+  // Resume the job at exactly this committed step: its own, or the one before
+  // its last commit, which the daemon then commits again
+  // (OpenSessionRequest.resume_at_step). Unset: the job's step.
+  std::optional<int64_t> resume_at_step{};
 };
 
 struct ChunkSpec {

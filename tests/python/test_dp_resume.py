@@ -1,0 +1,348 @@
+"""Data parallel across restarts (issue 24): a changed world size resharded
+(W -> W', a single-process job -> W ranks), a rank killed mid-step or during
+a reshard, and two nodes simulated as two fuyouds. Real gloo ranks as
+subprocesses (dp_resume_worker.py), real fuyouds, compared with
+torch.optim.AdamW on the same batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_daemon, start_daemon
+from fuyou._dp_jobs import JobRecord, plan_world
+
+HERE = Path(__file__).resolve().parent
+RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
+FAIL_BOUND_S = 60  # a survivor's error after a peer was killed, measured from its step's start
+
+
+def run_ranks(tmp: Path, world: int, *flags: str, name: str, env_of=None,
+              expect_killed=()) -> list:
+    """Runs `world` ranks of dp_resume_worker.py; their results by rank (None
+    for the ranks in `expect_killed`, which must die by SIGKILL). `env_of(r)`:
+    extra environment of rank r. Without it every rank shares one node whose
+    leader starts an embedded fuyoud on ``tmp/data``."""
+    binary = require_daemon()
+    base = dict(os.environ, FUYOU_DAEMON=binary, FUYOU_SOCKET=str(tmp / "no-daemon.sock"),
+                FUYOU_DATA_DIR=str(tmp / "data"),
+                PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
+    base.pop("FUYOU_EMBEDDED", None)
+    base.pop("FUYOU_NODE_ID", None)
+    store = tmp / f"{name}.store"
+    outs = [tmp / f"{name}.{r}.json" for r in range(world)]
+    procs = []
+    for r in range(world):
+        env = dict(base, **(env_of(r) if env_of else {}))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "dp_resume_worker.py"), str(r), str(world), str(store),
+             str(outs[r]), *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank did not finish (a hang); its output:\n" + p.communicate()[0].decode())
+    results = []
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        if r in expect_killed:
+            assert p.returncode == -9, f"rank {r} was to be killed:\n{logs[r]}"
+            results.append(None)
+            continue
+        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def assert_matches_torch(results: list, steps: int) -> None:
+    for res in results:
+        assert "error" not in res, res.get("traceback")
+        assert len(res["worst"]) == steps
+        assert max(res["worst"]) <= 0.0, f"rank {res['rank']}: {res['worst']}"
+
+
+def listed_jobs(address: str) -> dict:
+    import fuyou
+    return {j["name"]: j["committed_step"] for j in fuyou.admin_client(address).list_jobs()}
+
+
+# ---------------------------------------------------------------- the decision
+def rec(name, step=3, node="n", chunks=2):
+    return JobRecord(name, node, step, chunks)
+
+
+def test_plan_world_resumes_its_own_world_and_starts_new_without_jobs():
+    assert not plan_world("dp", 2, []).reshard
+    own = plan_world("dp", 2, [rec("dp.rank0-of2"), rec("dp.rank1-of2"), rec("other.rank0-of3")])
+    assert not own.reshard and not own.delete_first and own.error is None
+
+
+def test_plan_world_reshards_the_trained_world_and_deletes_untrained_leftovers_first():
+    jobs = [rec("dp.rank0-of2"), rec("dp.rank1-of2"),  # trained
+            rec("dp.rank0-of3", 0), rec("dp.rank2-of3", 0)]  # an interrupted reshard's
+    plan = plan_world("dp", 3, jobs)
+    assert plan.reshard and plan.source_world == 2 and plan.source_step == 3
+    assert [j.name for j in plan.source_jobs] == ["dp.rank0-of2", "dp.rank1-of2"]
+    assert [j.name for j in plan.delete_first] == ["dp.rank0-of3", "dp.rank2-of3"]
+    assert [j.name for j in plan.delete_after] == ["dp.rank0-of2", "dp.rank1-of2"]
+    # the same jobs seen from a start with 2 ranks: resume, the leftovers go
+    back = plan_world("dp", 2, jobs)
+    assert not back.reshard and [j.name for j in back.delete_first] == ["dp.rank0-of3", "dp.rank2-of3"]
+    # a single-process job is a world of one
+    single = plan_world("dp", 2, [rec("dp", 5, chunks=4)])
+    assert single.source_world == 1 and single.source_step == 5
+
+
+def test_plan_world_trusts_the_marker_of_a_committed_reshard():
+    # the reshard into 3 committed (marker), its deletion of the old jobs was cut short
+    jobs = [rec("dp.rank1-of2"), rec("dp.rank0-of3", 0), rec("dp.rank1-of3", 0),
+            rec("dp.rank2-of3", 0), rec("dp.resharded-to-3", 0, chunks=0)]
+    plan = plan_world("dp", 3, jobs)
+    assert not plan.reshard and plan.error is None
+    assert [j.name for j in plan.delete_first] == ["dp.rank1-of2", "dp.resharded-to-3"]
+    again = plan_world("dp", 4, jobs)  # from the committed target, never the old one
+    assert again.source_world == 3
+    assert [j.name for j in again.delete_after][-1] == "dp.resharded-to-3"
+
+
+def test_plan_world_resumes_rank_jobs_one_step_apart_at_the_lower_step():
+    own = plan_world("dp", 2, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 2)])
+    assert own.error is None and not own.reshard and own.resume_at_step == 2
+    assert plan_world("dp", 2, [rec("dp.rank0-of2"), rec("dp.rank1-of2")]).resume_at_step is None
+    source = plan_world("dp", 3, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 2)])
+    assert source.reshard and source.source_step == 2 and source.resume_at_step == 2
+
+
+def test_plan_world_refuses_what_it_cannot_decide_and_says_what_to_do():
+    two_trained = plan_world("dp", 4, [rec("dp.rank0-of2"), rec("dp.rank1-of2"), rec("dp")])
+    assert "several world sizes" in two_trained.error and "delete the jobs" in two_trained.error
+    missing = plan_world("dp", 3, [rec("dp.rank0-of2")])
+    assert "1 of 2 rank jobs (rank 0: step 3)" in missing.error
+    skewed = plan_world("dp", 3, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 1)])
+    assert "rank 0: step 3, rank 1: step 1" in skewed.error
+    two_apart = plan_world("dp", 2, [rec("dp.rank0-of2", 3), rec("dp.rank1-of2", 1)])
+    assert two_apart.resume_at_step is None  # the jobs are opened as they are: refused there
+    untrained = plan_world("dp", 2, [rec("dp.rank0-of2", 0), rec("dp.rank1-of2", 0),
+                                     rec("dp.rank0-of3", 0), rec("dp.rank1-of3", 0),
+                                     rec("dp.rank2-of3", 0)])
+    assert "which one to resume is not known" in untrained.error
+
+
+# ---------------------------------------------------------------- reshards
+def test_two_ranks_resharded_to_three_and_back_to_two_match_torch(tmp_path):
+    history = "2,2,3,3,2"
+    first = run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history, name="two")
+    assert_matches_torch(first, 2)
+    three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                      name="three")
+    assert_matches_torch(three, 2)
+    for res in three:
+        assert res["resharded_from"] == 2 and res["resumed"]
+        assert res["start_violation"] <= 0.0  # step 1's weights, on every rank
+        assert res["job"] == f"dp.rank{res['rank']}-of3"
+    back = run_ranks(tmp_path, 2, "--steps-from", "4", "--steps-to", "5", "--history", history,
+                     name="back")
+    assert_matches_torch(back, 1)
+    assert [r["resharded_from"] for r in back] == [3, 3]
+
+
+def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
+    history = "1,1,2,2"
+    single = run_ranks(tmp_path, 1, "--steps-to", "2", "--history", history, name="single")
+    assert_matches_torch(single, 2)
+    assert single[0]["job"] == "dp"
+    two = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                    name="two")
+    assert_matches_torch(two, 2)
+    assert [r["resharded_from"] for r in two] == [1, 1]
+    # back to one process: refused, naming the rank jobs (not trained anew beside them)
+    one = run_ranks(tmp_path, 1, "--steps-from", "4", "--steps-to", "5", name="one")
+    assert "trained with 2 data-parallel ranks" in one[0]["error"], one
+    assert "resharding them into one process is not implemented yet" in one[0]["error"]
+
+
+def test_a_rank_killed_during_the_reshard_leaves_the_old_jobs_usable(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        history = "2,2,3,3"
+        assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                       *address, name="two"), 2)
+        cut = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                        "--die-at", "2:0:reshard", *address, name="cut", expect_killed=(2,))
+        for res in cut[:2]:
+            assert "error" in res, res
+        jobs = listed_jobs(d.address)
+        assert jobs["dp.rank0-of2"] == 2 and jobs["dp.rank1-of2"] == 2  # untouched
+        assert "dp.resharded-to-3" not in jobs
+        # the old world still resumes as it was ...
+        again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "2", "--history", history,
+                          *address, name="again")
+        assert all(r["committed"] == 2 and r["start_violation"] <= 0.0 for r in again)
+        # ... and the reshard runs again from the start
+        three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                          *address, name="three")
+        assert_matches_torch(three, 2)
+        jobs = listed_jobs(d.address)
+        assert sorted(n for n in jobs if n.startswith("dp.")) == [
+            "dp.rank0-of3", "dp.rank1-of3", "dp.rank2-of3"]
+    finally:
+        d.stop()
+
+
+def test_a_reshard_killed_after_its_marker_is_finished_by_the_next_start(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        history = "2,2,3,3"
+        assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                       *address, name="two"), 2)
+        run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                  "--die-at", "0:0:marker", *address, name="cut", expect_killed=(0,))
+        jobs = listed_jobs(d.address)
+        assert "dp.resharded-to-3" in jobs and "dp.rank0-of2" in jobs  # committed, not cleaned
+        three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history",
+                          history, *address, name="three")
+        assert_matches_torch(three, 2)
+        assert all(r["resharded_from"] is None and r["resumed"] for r in three)  # its own jobs
+        assert sorted(n for n in listed_jobs(d.address) if n.startswith("dp.")) == [
+            "dp.rank0-of3", "dp.rank1-of3", "dp.rank2-of3"]
+    finally:
+        d.stop()
+
+
+# ---------------------------------------------------------------- a rank killed
+@pytest.mark.parametrize("point", ["backward", "send"])
+def test_a_rank_killed_mid_step_makes_the_others_fail_fast_and_resume_together(tmp_path, point):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address, "--timeout", "120"]
+        cut = run_ranks(tmp_path, 3, "--steps-to", "4", "--die-at", f"1:2:{point}", *address,
+                        name="cut", expect_killed=(1,))
+        for res in (cut[0], cut[2]):
+            assert res["error_step"] == 2 and "worst" not in res, res
+            assert res["error_after_s"] < FAIL_BOUND_S, res  # not the 120 s timeout
+            assert res["committed_at_error"] == 2  # the third step committed nowhere
+        jobs = listed_jobs(d.address)
+        assert [jobs[f"dp.rank{r}-of3"] for r in range(3)] == [2, 2, 2]
+        resumed = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", *address,
+                            name="resumed")
+        assert_matches_torch(resumed, 2)
+        assert all(r["committed"] == 2 and r["start_violation"] <= 0.0 for r in resumed)
+    finally:
+        d.stop()
+
+
+def test_a_rank_killed_after_its_commit_leaves_every_rank_at_that_step(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        cut = run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:1:after-end-step", *address,
+                        name="cut", expect_killed=(1,))
+        assert "error" in cut[0] and cut[0]["error_after_s"] < FAIL_BOUND_S
+        resumed = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", *address,
+                            name="resumed")
+        assert_matches_torch(resumed, 2)
+        assert all(r["committed"] == 2 for r in resumed)
+    finally:
+        d.stop()
+
+
+def test_a_rank_killed_between_the_agreement_and_its_commit_resumes_at_the_step_before(tmp_path):
+    """The ranks' jobs end one step apart; the next start takes the one ahead
+    back to the manifest fuyoud kept before its last commit."""
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        run_ranks(tmp_path, 2, "--steps-to", "4", "--die-at", "1:1:before-end-step", *address,
+                  name="cut", expect_killed=(1,))
+        jobs = listed_jobs(d.address)
+        assert (jobs["dp.rank0-of2"], jobs["dp.rank1-of2"]) == (2, 1)
+        again = run_ranks(tmp_path, 2, "--steps-from", "1", "--steps-to", "3", *address,
+                          name="again")
+        assert_matches_torch(again, 2)
+        assert all(r["committed"] == 1 and r["start_violation"] <= 0.0 for r in again)
+        assert all(r["final_committed"] == 3 for r in again)
+    finally:
+        d.stop()
+
+
+# ---------------------------------------------------------------- two nodes
+def test_two_nodes_with_a_fuyoud_each_match_torch_and_resume(tmp_path):
+    def node_env(r):
+        node = "a" if r < 2 else "b"
+        return {"FUYOU_NODE_ID": f"node-{node}", "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
+
+    first = run_ranks(tmp_path, 4, "--steps-to", "2", name="first", env_of=node_env)
+    assert_matches_torch(first, 2)
+    assert [r["embedded"] for r in first] == [True, False, True, False]  # a leader per node
+    assert first[0]["address"] == first[1]["address"] != first[2]["address"] == first[3]["address"]
+    resumed = run_ranks(tmp_path, 4, "--steps-from", "2", "--steps-to", "3", name="resumed",
+                        env_of=node_env)
+    assert_matches_torch(resumed, 1)
+    assert all(r["resumed"] and r["committed"] == 2 for r in resumed)
+    # each node's daemon kept its own ranks' jobs
+    assert sorted(os.listdir(tmp_path / "data-a" / "users" / str(os.getuid()) / "jobs")) == [
+        "dp.rank0-of4", "dp.rank1-of4"]
+
+
+def test_a_reshard_across_two_nodes_reads_each_old_job_on_its_own_node(tmp_path):
+    def node_env(world):
+        def env(r):
+            node = "a" if r < world // 2 else "b"
+            return {"FUYOU_NODE_ID": f"node-{node}",
+                    "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
+        return env
+
+    history = "2,2,4"
+    assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                   name="two", env_of=node_env(2)), 2)
+    four = run_ranks(tmp_path, 4, "--steps-from", "2", "--steps-to", "3", "--history", history,
+                     name="four", env_of=node_env(4))
+    assert_matches_torch(four, 1)
+    assert all(r["resharded_from"] == 2 and r["start_violation"] <= 0.0 for r in four)
+    jobs_dir = Path("users") / str(os.getuid()) / "jobs"
+    assert sorted(os.listdir(tmp_path / "data-a" / jobs_dir)) == ["dp.rank0-of4", "dp.rank1-of4"]
+    assert sorted(os.listdir(tmp_path / "data-b" / jobs_dir)) == ["dp.rank2-of4", "dp.rank3-of4"]
+
+
+def test_open_session_resume_at_step_goes_back_one_commit_and_no_further(daemon):
+    import torch
+    import fuyou
+    from fuyou._errors import FailedPrecondition
+    model = torch.nn.Linear(8, 8)
+    opt = fuyou.AdamW(model.parameters(), job="back-one", address=daemon.address, timeout=20.0)
+    for _ in range(2):
+        model(torch.ones(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    Session = fuyou._native.module().Session
+
+    def open_at(step, job="back-one"):
+        return Session.open(job=job, num_slots=1, slot_bytes=4096, address=daemon.address,
+                            resume_at_step=step)
+
+    for bad in (0, 3):
+        with pytest.raises(FailedPrecondition, match="is at step 2, its previous manifest at step 1"):
+            open_at(bad)
+    with pytest.raises(FailedPrecondition, match="does not exist"):
+        open_at(0, job="never-made")
+    assert "never-made" not in listed_jobs(daemon.address)
+    s = open_at(2)  # its own step: unchanged
+    assert s.committed_step == 2
+    s.close()
+    s = open_at(1)
+    assert s.committed_step == 1
+    s.close()
+    assert listed_jobs(daemon.address)["back-one"] == 1  # on disk
+    with pytest.raises(FailedPrecondition, match="is at step 1, its previous manifest at step 1"):
+        open_at(0)
