@@ -83,13 +83,16 @@ def main() -> None:
         handle = fuyou.offload_activations(
             model, plan=plan, device_budget=budget if plan is None else None,
             verbose=plan is None)
-        runs[name] = dict(model=model, opt=opt, handle=handle, times=[], peaks=[], losses=[])
+        runs[name] = dict(model=model, opt=opt, handle=handle, times=[], fb_times=[], peaks=[],
+                          losses=[])
     for step in range(args.steps):
         for name, r in runs.items():
             sync()
             t0 = time.perf_counter()
             _, loss = r["model"](*batch(step))
             loss.backward()
+            sync()
+            r["fb_times"].append(time.perf_counter() - t0)  # what the plan predicts
             r["opt"].step()
             r["opt"].zero_grad(set_to_none=True)
             sync()
@@ -113,13 +116,15 @@ def main() -> None:
         print(f"{name:<10} {choices:<34} {format_bytes(peak):>12} {format_bytes(moved):>15} "
               f"{step_s * 1e3:9.1f} {step_s / keep_s:7.2f}x")
         rows.append(dict(plan=name, choices=h.choices, peak_device_bytes=peak,
-                         step_s=step_s, moved_out_per_step=moved, losses=r["losses"]))
+                         step_s=step_s, forward_backward_s=statistics.median(r["fb_times"][1:]), moved_out_per_step=moved, losses=r["losses"]))
     planned = runs["planned"]["handle"].plan
     if planned is not None:
-        measured = statistics.median(runs["planned"]["times"][1:])
-        print(f"planned: predicted step {planned.predicted_step_s * 1e3:.1f} ms (layers and "
-              f"outside, without the optimizer step), measured {measured * 1e3:.1f} ms "
-              f"(with AdamW); predicted device peak "
+        measured = statistics.median(runs["planned"]["fb_times"][1:])
+        step_s = statistics.median(runs["planned"]["times"][1:])
+        print(f"planned: predicted forward+backward {planned.predicted_step_s * 1e3:.1f} ms "
+              f"(layers and outside), measured {measured * 1e3:.1f} ms (predicted / measured "
+              f"{planned.predicted_step_s / measured:.2f}; the whole step with AdamW "
+              f"{step_s * 1e3:.1f} ms); predicted device peak "
               f"{format_bytes(planned.predicted_device_peak)}, measured "
               f"{format_bytes(max(runs['planned']['peaks'][1:]))}")
     losses = {tuple(r["losses"]) for r in runs.values()}

@@ -130,6 +130,13 @@ def build_resident(cfg, device):
     return model.to(device)
 
 
+def process_cpu_s(pid) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def daemon_reads(address):
     s = fuyou.admin_stats(address)
     return s.get("bytes_read", 0), s.get("weights_bytes_read", 0), s.get("weights_fetches", 0)
@@ -213,6 +220,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
     losses = {k: [] for k in variants}
     reads = {k: [] for k in variants}
     journal = {k: [] for k in variants}  # per step: journaled bytes, replays, redo seconds
+    cpu = {k: [] for k in variants}  # per step: the client's and fuyoud's CPU seconds
     peak_mem = {k: 0 for k in variants}
     for i in range(args.steps + 1):  # step 0 warms up (and records the streaming order)
         batch = data[i % len(data)].to(device)
@@ -223,6 +231,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
                 torch.cuda.reset_peak_memory_stats()
             before = daemon_reads(daemon.address)
             stats_before = opt.loop_stats
+            cpu_before = (time.process_time(), process_cpu_s(daemon.pid))
             t0 = time.perf_counter()
             _, loss = model(x, y)
             loss.backward()
@@ -234,11 +243,13 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
                 torch.cuda.synchronize()
                 peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated())
             dt = time.perf_counter() - t0
+            cpu_after = (time.process_time(), process_cpu_s(daemon.pid))
             after = daemon_reads(daemon.address)
             losses[name].append(float(loss))
             if i > 0:
                 times[name].append(dt)
                 reads[name].append([a - b for a, b in zip(after, before)])
+                cpu[name].append([a - b for a, b in zip(cpu_after, cpu_before)])
                 st = opt.loop_stats
                 journal[name].append((st.journaled_bytes - stats_before.journaled_bytes,
                                       st.replayed - stats_before.replayed,
@@ -253,7 +264,7 @@ def run(args, cfg, device, cap, daemon, data, tokens, chunk_bytes):
         opt.close()
     return dict(n_params=n_params, weight_bytes=weight_bytes, largest_module=largest_module,
                 budget=budget, cap=cap, device=str(device), materialize_s=materialize_s,
-                times=times, losses=losses, reads=reads, journal=journal, peak_live=peak_live,
+                times=times, losses=losses, reads=reads, journal=journal, cpu=cpu, peak_live=peak_live,
                 fetches=fetches, cache_hits=hits, peak_device_memory=peak_mem,
                 resident_note=resident_note, peak_rss_after_materialize=rss_after_materialize,
                 peak_rss=peak_rss)
@@ -273,6 +284,11 @@ def report(args, r, tokens):
               f"{w_read / w:>10.2f} {fetches:>8.0f}")
     if r["resident_note"]:
         print(f"resident   {r['resident_note']}")
+    print(f"\n{'variant':<10} {'client CPU s/step':>18} {'fuyoud CPU s/step':>18}   "
+          f"(what the two sides take of the machine's cores a step)")
+    for k, steps in r["cpu"].items():
+        client, daemon_s = (statistics.median(x) for x in zip(*steps))
+        print(f"{k:<10} {client:>18.3f} {daemon_s:>18.3f}")
     print(f"\n{'variant':<10} {'journaled MiB/step':>19} {'replays/step':>13} "
           f"{'redo s/step':>12}   (clip_grad_norm_: {args.clip})")
     for k, steps in r["journal"].items():
