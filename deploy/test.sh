@@ -18,7 +18,8 @@
 #   python        the pytest suite (build/ only; the Python module is not sanitized)
 #   gpu           needs CUDA (built only where nvcc exists; never sanitized)
 #   sanitizer     the C++ tests that step 2 runs under ASan + UBSan
-#   slow          too slow for step 2: run in step 1 only (none today: the whole C++
+#   slow          too slow for step 2: run in step 1 only (python_data_parallel_tests,
+#                 the gloo ranks of issue 24, run alone: the whole C++
 #                 suite takes 1-2 min under ASan + UBSan on 2 cores)
 #   package       the Debian package (cpack) installed into an empty root with dpkg --root,
 #                 and systemd-analyze verify of its unit (tests/package/; ~20 s)
