@@ -775,11 +775,8 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
             summary = summarize(args, model, hist, metrics, poller, compare)
             metrics["summary"] = summary
         ckpt_path = args.out_dir / "finetuned.pt"
-        try:
-            optimizer_state = opt.state_dict()
-        except NotImplementedError as e:  # a data-parallel job's states are per rank
-            print(f"note: the checkpoint has no optimizer state: {e}")
-            optimizer_state = None
+        # With --ddp a collective: every rank's moments in the full state dict of every rank.
+        optimizer_state = opt.state_dict()
         if not ddp_launch.is_main(args):
             return 0
         torch.save({"model": model.state_dict(), "optimizer": optimizer_state,

@@ -127,7 +127,10 @@ class ChunkReductions:
         self.ddp_averages = False  # learned: the loop's gradients arrive averaged (DDP)
         self._own_group = dp.group is None or dp.group is dist.group.WORLD
         # every rank of the default group makes it, in the same order (optimizers alike)
-        self.group = dist.new_group(backend=dp.backend) if self._own_group else dp.group
+        # with the default group's timeout (new_group's own default is 30 min: a
+        # reduction with a rank gone would wait that long)
+        self.group = (dist.new_group(backend=dp.backend, timeout=_timeout_of(dp.group))
+                      if self._own_group else dp.group)
         self._reset()
 
     def close(self) -> None:
@@ -420,6 +423,15 @@ def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
     pipeline.commit()
     scaler.update(overflow=False)
     return True
+
+
+def _timeout_of(group):
+    """The timeout `group` (None: the default group) was made with."""
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        return pg.options._timeout
+    except AttributeError:  # a backend without options
+        return dist.distributed_c10d.default_pg_timeout
 
 
 def _reduce_nothing(state, bucket):

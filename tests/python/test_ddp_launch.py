@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import require_daemon
 
@@ -42,7 +43,12 @@ def check_two_ranks_one_daemon(out: str, out_dir: Path) -> dict:
     # closes; rank 1 may have closed already)
     assert stats["steps_committed"] == 6
     assert out.count("started an embedded fuyoud") == 1  # rank 0's; rank 1 prints nothing
-    assert "gpt-finetune-demo.rank<r>-of<w>" in out  # the note on the per-rank states
+    # the checkpoint holds the whole job's optimizer states (a collective of both ranks)
+    ckpt = torch.load(out_dir / "finetuned.pt")
+    states = ckpt["optimizer"]["state"]
+    params = [i for g in ckpt["optimizer"]["param_groups"] for i in g["params"]]
+    assert params and sorted(states) == sorted(params)
+    assert all(int(s["step"]) == 3 and s["exp_avg"].numel() > 0 for s in states.values())
     return metrics
 
 
