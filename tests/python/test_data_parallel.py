@@ -5,56 +5,21 @@ per-rank jobs that resume (another world size: test_dp_resume.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from conftest import require_daemon
+from dp_ranks import assert_matches_torch, run_worker
 from fuyou._data_parallel import split_by_bytes
 
-HERE = Path(__file__).resolve().parent
 RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
 
 
 def run_ranks(tmp: Path, world: int, *flags: str, name: str = "run") -> list:
-    """Runs `world` ranks of dp_worker.py; their results, by rank. Every rank
-    finds the node's daemon itself: no default socket answers, so rank 0
-    starts an embedded fuyoud on ``tmp/data``."""
-    binary = require_daemon()
-    env = dict(os.environ, FUYOU_DAEMON=binary, FUYOU_SOCKET=str(tmp / "no-daemon.sock"),
-               FUYOU_DATA_DIR=str(tmp / "data"),
-               PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
-    env.pop("FUYOU_EMBEDDED", None)
-    store = tmp / f"{name}.store"
-    outs = [tmp / f"{name}.{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "dp_worker.py"), str(r), str(world),
-                               str(store), str(outs[r]), *flags], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank did not finish; its output:\n" + p.communicate()[0].decode())
-    results = []
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
-        results.append(json.loads(out.read_text()))
-    return results
-
-
-def assert_matches_torch(results: list, steps: int) -> None:
-    for res in results:
-        assert "error" not in res, res.get("traceback")
-        assert len(res["worst"]) == steps
-        assert max(res["worst"]) <= 0.0, f"rank {res['rank']}: {res['worst']}"
+    """Runs `world` ranks of dp_worker.py; their results, by rank (an "error"
+    in one is for the test to judge). Every rank finds the node's daemon
+    itself: no default socket answers, so rank 0 starts an embedded fuyoud on
+    ``tmp/data``."""
+    return run_worker("dp_worker.py", tmp, world, *flags, name=name, errors_allowed=True,
+                      timeout_s=RANK_TIMEOUT_S)
 
 
 def test_split_by_bytes_is_contiguous_balanced_and_never_empty():

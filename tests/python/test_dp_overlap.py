@@ -6,17 +6,12 @@ reduction counters read after each backward pass, before step(). Also
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import require_daemon
+from dp_ranks import run_worker
 
-HERE = Path(__file__).resolve().parent
 RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
 
 
@@ -24,30 +19,9 @@ def run_ranks(tmp: Path, world: int, *flags: str) -> list:
     """Runs `world` ranks of dp_overlap_worker.py; their results by rank, each
     checked to have matched torch after every step. No default socket
     answers: rank 0 starts the node's embedded fuyoud on ``tmp/data``."""
-    env = dict(os.environ, FUYOU_DAEMON=require_daemon(), FUYOU_SOCKET=str(tmp / "none.sock"),
-               FUYOU_DATA_DIR=str(tmp / "data"),
-               PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
-    env.pop("FUYOU_EMBEDDED", None)
-    outs = [tmp / f"rank{r}.json" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "dp_overlap_worker.py"), str(r),
-                               str(world), str(tmp / "store"), str(outs[r]), *flags],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank did not finish; its output:\n" + p.communicate()[0].decode())
-    results = []
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
-        res = json.loads(out.read_text())
-        assert "error" not in res, res.get("traceback")
+    results = run_worker("dp_overlap_worker.py", tmp, world, *flags, timeout_s=RANK_TIMEOUT_S)
+    for r, res in enumerate(results):
         assert max(res["worst"]) <= 0.0, f"rank {r} differs from torch: {res['worst']}"
-        results.append(res)
     return results
 
 

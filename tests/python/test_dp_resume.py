@@ -6,19 +6,15 @@ torch.optim.AdamW on the same batches."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import require_daemon, start_daemon
+from conftest import start_daemon
+from dp_ranks import assert_matches_torch, run_worker
 from fuyou._dp_jobs import JobRecord, plan_world
 
-HERE = Path(__file__).resolve().parent
 RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
 FAIL_BOUND_S = 60  # a survivor's error after a peer was killed, measured from its step's start
 
@@ -26,47 +22,12 @@ FAIL_BOUND_S = 60  # a survivor's error after a peer was killed, measured from i
 def run_ranks(tmp: Path, world: int, *flags: str, name: str, env_of=None,
               expect_killed=()) -> list:
     """Runs `world` ranks of dp_resume_worker.py; their results by rank (None
-    for the ranks in `expect_killed`, which must die by SIGKILL). `env_of(r)`:
-    extra environment of rank r. Without it every rank shares one node whose
-    leader starts an embedded fuyoud on ``tmp/data``."""
-    binary = require_daemon()
-    base = dict(os.environ, FUYOU_DAEMON=binary, FUYOU_SOCKET=str(tmp / "no-daemon.sock"),
-                FUYOU_DATA_DIR=str(tmp / "data"),
-                PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
-    base.pop("FUYOU_EMBEDDED", None)
-    base.pop("FUYOU_NODE_ID", None)
-    store = tmp / f"{name}.store"
-    outs = [tmp / f"{name}.{r}.json" for r in range(world)]
-    procs = []
-    for r in range(world):
-        env = dict(base, **(env_of(r) if env_of else {}))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "dp_resume_worker.py"), str(r), str(world), str(store),
-             str(outs[r]), *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0].decode(errors="replace"))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank did not finish (a hang); its output:\n" + p.communicate()[0].decode())
-    results = []
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        if r in expect_killed:
-            assert p.returncode == -9, f"rank {r} was to be killed:\n{logs[r]}"
-            results.append(None)
-            continue
-        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
-        results.append(json.loads(out.read_text()))
-    return results
-
-
-def assert_matches_torch(results: list, steps: int) -> None:
-    for res in results:
-        assert "error" not in res, res.get("traceback")
-        assert len(res["worst"]) == steps
-        assert max(res["worst"]) <= 0.0, f"rank {res['rank']}: {res['worst']}"
+    for the ranks in `expect_killed`, which must die by SIGKILL; an "error" in
+    one is for the test to judge). `env_of(r)`: extra environment of rank r.
+    Without it every rank shares one node whose leader starts an embedded
+    fuyoud on ``tmp/data``."""
+    return run_worker("dp_resume_worker.py", tmp, world, *flags, name=name, env_of=env_of,
+                      expect_killed=expect_killed, errors_allowed=True, timeout_s=RANK_TIMEOUT_S)
 
 
 def listed_jobs(address: str) -> dict:
