@@ -53,13 +53,23 @@ def build_state_dict(opt) -> dict:
             "loads it, torch.optim.AdamW would start from zero moments). For a "
             "portable checkpoint use opt.export_checkpoint(path), or raise "
             "opt.state_dict_max_bytes (None: no limit)", stacklevel=3)
+    return assemble_state_dict(opt, state, included, opt.job, pipeline.plan.chunks)
+
+
+def assemble_state_dict(opt, state: dict, included: bool, job: str, chunks,
+                        **more_fuyou) -> dict:
+    """The state dict of `opt`: torch's ``state`` (`state`) and
+    ``param_groups`` (parameters as torch's indices), and the ``"fuyou"`` entry
+    naming `job`, its step, settings and `chunks`' layout, with `more_fuyou`
+    beside them (a data-parallel job's world size)."""
     index = torch_indices(opt.param_groups)
     groups = [dict({k: v for k, v in g.items() if k != "params"},
                    params=[index[id(p)] for p in g["params"]])
               for g in opt.param_groups]
     return {"state": state, "param_groups": groups, "fuyou": {
         "version": STATE_VERSION,
-        "job": opt.job,
+        "job": job,
+        **more_fuyou,
         "committed_step": opt.committed_step,
         "state_included": included,
         "skipped_steps": opt.skipped_steps,
@@ -68,7 +78,7 @@ def build_state_dict(opt) -> dict:
         "max_grad_norm": opt.max_grad_norm,
         "chunk_bytes": opt.chunk_bytes,
         "state_dtype": opt.state_dtype,
-        "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in pipeline.plan.chunks],
+        "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in chunks],
     }}
 
 

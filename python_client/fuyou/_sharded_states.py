@@ -61,8 +61,7 @@ import torch.distributed as dist
 from . import _checkpoint
 from ._chunk_plan import ChunkPlan
 from ._errors import FailedPrecondition, InvalidArgument
-from ._optimizer_state import STATE_VERSION
-from ._torch_format import torch_indices
+from ._optimizer_state import assemble_state_dict
 
 __all__ = ["build_state_dict", "load_daemon_states", "export_state", "state_owner_error",
            "local_param"]
@@ -218,24 +217,8 @@ def build_state_dict(opt) -> dict:
             "holds a reference to the job only. For a portable checkpoint use "
             "opt.export_checkpoint(path) on every rank, or raise opt.state_dict_max_bytes "
             "(None: no limit)", stacklevel=3)
-    index = torch_indices(opt.param_groups)
-    groups = [dict({k: v for k, v in g.items() if k != "params"},
-                   params=[index[id(p)] for p in g["params"]])
-              for g in opt.param_groups]
-    return {"state": state, "param_groups": groups, "fuyou": {
-        "version": STATE_VERSION,
-        "job": dp.base_job,
-        "data_parallel": {"world_size": dp.world_size},
-        "committed_step": opt.committed_step,
-        "state_included": included,
-        "skipped_steps": opt.skipped_steps,
-        "loss_scaler": opt._scaler.state_dict(),
-        "accumulation_steps": opt.accumulation_steps,
-        "max_grad_norm": opt.max_grad_norm,
-        "chunk_bytes": opt.chunk_bytes,
-        "state_dtype": opt.state_dtype,
-        "chunks": [(c.chunk_id, c.num_elements, str(c.dtype)) for c in dp.all_chunks],
-    }}
+    return assemble_state_dict(opt, state, included, dp.base_job, dp.all_chunks,
+                               data_parallel={"world_size": dp.world_size})
 
 
 # --------------------------------------------------------------------- load_state_dict
