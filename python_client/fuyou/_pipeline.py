@@ -87,18 +87,24 @@ class ChunkPipeline:
         accumulation_steps: backward passes per step as the loop's hint.
         timeout: seconds any wait on the daemon may take.
         install_weights: new weights go into the parameters (False: offload_params).
+        commit_empty_steps: every step() that is not skipped commits a step in
+            the job, even one in which this pipeline sent no chunk (a
+            data-parallel rank: every rank's job counts the same steps, so
+            that the ranks resume together). False: a step with nothing sent
+            leaves the job as it was.
     """
 
     def __init__(self, chunks: List[Chunk], params: List[torch.Tensor], *,
                  lock, hyper: Callable[[int], Hyper],
                  hook_grad_scale: Callable[[], Optional[float]], check_finite: bool,
                  accumulation_steps: int, timeout: float, install_weights: bool = True,
-                 moments_dtype: int = 1):
+                 moments_dtype: int = 1, commit_empty_steps: bool = False):
         self.params = params
         # Shape of each parameter when the pipeline was made: a parameter whose
         # weights live in fuyoud (offload_params) is an empty placeholder between uses.
         self.param_shapes = [tuple(p.shape) for p in params]
         self.failed: Optional[BaseException] = None
+        self.commit_empty_steps = commit_empty_steps
         self.stats = LoopStats()
         self._owner = PipelineOwner(lock, hyper, hook_grad_scale)
         self._link = SessionLink()
@@ -341,8 +347,9 @@ class ChunkPipeline:
 
     def commit(self) -> None:
         """Installs every sent chunk's new weights into the parameters and commits
-        the step (nothing to commit when nothing was sent). Learns the passes per
-        step of an accumulating loop."""
+        the step (nothing to commit when nothing was sent, unless
+        ``commit_empty_steps``). Learns the passes per step of an accumulating
+        loop."""
         self._flush()
         self.slots.install_all()
         step = self.step
@@ -350,7 +357,7 @@ class ChunkPipeline:
             self.stats.redo_seconds += time.monotonic() - step.redo_started
             self.stats.steps_with_redo += 1
         self.passes.learn(step.accumulating)
-        if step.in_step:
+        if step.in_step or self.commit_empty_steps:
             self._link.end_step()
             self.states.count_committed((cid, s.not_updated) for cid, s in step.sent.items())
             self.stats.steps += 1

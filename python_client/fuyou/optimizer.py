@@ -122,7 +122,8 @@ class AdamW(torch.optim.Optimizer):
             chunks, trainable, lock=self._lock, hyper=self._hyper,
             hook_grad_scale=self._hook_grad_scale, check_finite=self._scaler.enabled,
             accumulation_steps=accumulation_steps, timeout=self.timeout,
-            install_weights=mode_class.INSTALL_WEIGHTS, moments_dtype=moments_dtype)
+            install_weights=mode_class.INSTALL_WEIGHTS, moments_dtype=moments_dtype,
+            commit_empty_steps=self._data_parallel is not None)
 
         plan = _checkpoint.plan_import(self, pipeline, init_from) if init_from is not None else None
         # An embedded fuyoud beside a training on the CPU gets the cores torch leaves.

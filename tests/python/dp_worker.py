@@ -1,14 +1,16 @@
 """One rank of the data-parallel tests (test_data_parallel.py).
 
 ``dp_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--accumulate]
-[--steps-from A --steps-to B] [--job J] [--chunk-bytes N]``: joins a gloo
+[--steps-from A --steps-to B] [--job J] [--chunk-bytes N] [--head-only-step K]``: joins a gloo
 group over a FileStore, trains a small MLP with fuyou.AdamW on this rank's
 batches from step A to B and compares, after every step, every weight with
 torch.optim.AdamW run in this one process on the gradients averaged over all
 ranks' batches (what 2-rank DDP + torch.optim.AdamW gives), from step 0.
 Writes the largest violation of |a-b| <= 1e-6 + 1e-5|a| per step and what the
 optimizer saw (job, address, embedded daemon, chunks) to OUT.json; an error's
-text goes there too.
+text goes there too. With ``--head-only-step K`` step K's loss reaches only the
+last layer (the others' chunks, and so some ranks' whole shards, get no
+gradient in that step).
 """
 
 import argparse
@@ -38,11 +40,17 @@ def batch(step: int, rank: int, micro: int = 0):
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def loss_of(model, x, y):
-    return torch.nn.functional.mse_loss(model(x), y)
+def loss_of(model, x, y, head_only=False):
+    """The loss of the batch; `head_only`: the layers before the last are run
+    without autograd, so only the last layer gets gradients."""
+    if not head_only:
+        return torch.nn.functional.mse_loss(model(x), y)
+    with torch.no_grad():
+        features = model[:-1](x)
+    return torch.nn.functional.mse_loss(model[-1](features), y)
 
 
-def reference(steps: int, world: int, clip: bool, micro: int):
+def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: int = -1):
     """Weights after each step: torch.optim.AdamW on the averaged gradient."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -50,7 +58,8 @@ def reference(steps: int, world: int, clip: bool, micro: int):
     for step in range(steps):
         for r in range(world):
             for m in range(micro):
-                (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
+                loss = loss_of(model, *batch(step, r, m), head_only=step == head_only_step)
+                (loss / (world * micro)).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
@@ -77,6 +86,7 @@ def main():
     ap.add_argument("--steps-to", type=int, default=3)
     ap.add_argument("--job", default="dp")
     ap.add_argument("--chunk-bytes", type=int, default=2048)
+    ap.add_argument("--head-only-step", type=int, default=-1)
     args = ap.parse_args()
     result = {"rank": args.rank}
     store = dist.FileStore(args.store, args.world)
@@ -84,7 +94,7 @@ def main():
     opt = None
     try:
         micro = 2 if args.accumulate else 1
-        ref = reference(args.steps_to, args.world, args.clip, micro)
+        ref = reference(args.steps_to, args.world, args.clip, micro, args.head_only_step)
         model = make_model()
         if args.steps_from > 0:  # a resumed job installs its weights; start elsewhere
             with torch.no_grad():
@@ -104,7 +114,8 @@ def main():
         worst = []
         for step in range(args.steps_from, args.steps_to):
             for m in range(micro):
-                loss = loss_of(trained, *batch(step, args.rank, m)) / micro
+                loss = loss_of(trained, *batch(step, args.rank, m),
+                               head_only=step == args.head_only_step) / micro
                 if args.ddp and m < micro - 1:
                     with trained.no_sync():
                         loss.backward()

@@ -60,6 +60,20 @@ def test_resume_with_the_same_world_size(tmp_path):
     # another world size reshards: test_dp_resume.py
 
 
+def test_a_rank_whose_chunks_get_no_gradient_still_commits_the_step(tmp_path):
+    # step 1 reaches only the last layer: rank 1's shard (the first layers) has
+    # no gradient, so it sends nothing; it commits the step all the same, and
+    # the ranks resume together (before the fix its job stayed one step behind
+    # and the resume was refused as ranks at different steps)
+    first = run_ranks(tmp_path, 2, "--head-only-step", "1", name="first")
+    assert_matches_torch(first, 3)
+    assert [r["final_committed"] for r in first] == [3, 3]
+    resumed = run_ranks(tmp_path, 2, "--head-only-step", "1", "--steps-from", "3",
+                        "--steps-to", "4", name="again")
+    assert_matches_torch(resumed, 1)
+    assert [(r["committed"], r["final_committed"]) for r in resumed] == [(3, 4), (3, 4)]
+
+
 def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):
     for res in run_ranks(tmp_path, 2, "--chunk-bytes", str(1 << 20)):
         assert "1 chunk(s) for 2 ranks" in res["error"], res
