@@ -15,7 +15,6 @@ import sys
 from typing import Optional
 
 from . import _lifetime
-from ._errors import FailedPrecondition
 from .daemon import EmbeddedDaemon, resolve_address
 
 __all__ = ["DaemonConnection", "open_session"]
@@ -69,36 +68,8 @@ class DaemonConnection:
         self.num_slots = int(num_slots)
         self.slot_bytes = int(slot_bytes)
         if self._data_parallel is None:
-            session = self.open()
-            if int(session.committed_step) == 0:
-                self._refuse_rank_jobs(session)
-            return session
+            return self.open()
         return self._data_parallel.open_together(self.open)
-
-    def _refuse_rank_jobs(self, session) -> None:
-        """A single process on a job trained by data-parallel ranks (its jobs
-        ``<job>.rank<r>-of<w>`` on this daemon) raises instead of starting the
-        job anew beside them: resharding into one process is not implemented.
-        Only a real daemon's session is checked (its admin API lists jobs)."""
-        from . import _native
-        from ._admin import admin_client
-        from ._dp_jobs import jobs_on_daemon, plan_world
-        if not isinstance(session, _native.module().Session):
-            return
-        try:
-            listed = admin_client(self.address, min(self.timeout, 10.0)).list_jobs()
-        except Exception:  # the admin API refused: nothing to compare with
-            return
-        plan = plan_world(self.job, 1, jobs_on_daemon(listed, self.job, ""))
-        if not plan.reshard:
-            return
-        session.close()
-        w = plan.source_world
-        raise FailedPrecondition(
-            f"fuyou.AdamW of job {self.job!r}: the job was trained with {w} data-parallel ranks "
-            f"(jobs {self.job}.rank<r>-of{w}, step {plan.source_step}); resharding them into "
-            "one process is not implemented yet: resume it under torch.distributed with any "
-            "number of ranks above 1 (which reshards), or delete those jobs to start over")
 
     def open(self):
         """A new session on the job."""

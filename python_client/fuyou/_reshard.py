@@ -46,7 +46,10 @@ __all__ = ["delete_on_nodes", "reshard"]
 
 
 def _gather_errors(dp, mine: Optional[str]) -> List[str]:
-    """Every rank's error (None: none), as "rank r: ..."; a collective."""
+    """Every rank's error (None: none), as "rank r: ..."; a collective (none
+    for a world of one process: _reshard_one.py)."""
+    if dp.world_size == 1:
+        return [f"rank 0: {mine}"] if mine else []
     errors: list = [None] * dp.world_size
     dist.all_gather_object(errors, mine, group=dp.group)
     return [f"rank {r}: {e}" for r, e in enumerate(errors) if e]

@@ -9,7 +9,8 @@ from typing import Optional, Union
 
 import torch
 
-from . import _checkpoint, _data_parallel, _lifetime, _optimizer_state, _sharded_states
+from . import (_checkpoint, _data_parallel, _lifetime, _optimizer_state, _reshard_one,
+               _sharded_states)
 from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
@@ -112,6 +113,7 @@ class AdamW(torch.optim.Optimizer):
         self._lock = threading.RLock()
         self.skipped_steps = 0
         self.resumed = False
+        self._reshard_plan = None  # a single process's reshard from ranks (_reshard_one.py)
 
         mode_class = _mode_class(offload_params, self._data_parallel)
         chunks, trainable, slot_bytes = mode_class.plan(self.param_groups, self.chunk_bytes,
@@ -134,6 +136,7 @@ class AdamW(torch.optim.Optimizer):
         try:
             session = self._connection.open_first(num_slots + mode_class.EXTRA_SLOTS, slot_bytes)
             self._mode = mode_class(self, pipeline, session)
+            self._reshard_into_one_process(pipeline, session, offload_params)
             if plan is not None and self._data_parallel is not None:
                 _sharded_states.import_together(self, pipeline, plan)  # then broadcast
             elif plan is not None:
@@ -422,6 +425,19 @@ class AdamW(torch.optim.Optimizer):
             if error is not None:
                 return error
         return None
+
+    def _reshard_into_one_process(self, pipeline, session, offload_params: bool) -> None:
+        """A single process on a new job whose name has data-parallel ranks' jobs
+        on the daemon: their states are imported into it (_reshard_one.py)."""
+        if self._data_parallel is not None or int(session.committed_step) != 0:
+            return
+        plan = _reshard_one.plan_one_process(self._connection, session)
+        self._reshard_plan = plan
+        if plan is None:
+            return
+        if offload_params:
+            _reshard_one.refuse_streamed(self.job, plan)
+        _reshard_one.reshard_into_one_process(self, pipeline, self._connection, plan)
 
     def _hyper(self, group_index: int) -> Hyper:
         """The group's hyper-parameters now (an LR scheduler may have changed them)."""

@@ -49,6 +49,13 @@ def reference(history):
     return out
 
 
+def resharded_from(opt):
+    """The world size this start resharded from (None: it did not)."""
+    dp = opt._data_parallel
+    plan = dp.world_plan if dp is not None else opt._reshard_plan
+    return plan.source_world if plan is not None else None
+
+
 def die():
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -130,7 +137,7 @@ def main():
                       committed=opt.committed_step, embedded=opt.embedded_daemon is not None,
                       own_chunks=opt.num_chunks,
                       all_chunks=len(dp.all_chunks) if dp is not None else opt.num_chunks,
-                      resharded_from=dp.world_plan.source_world if dp is not None else None)
+                      resharded_from=resharded_from(opt))
         if args.steps_from > 0:
             result["start_violation"] = max(
                 violation(a, b) for a, b in zip(ref[args.steps_from - 1], model.parameters()))

@@ -1,5 +1,5 @@
 """Data parallel across restarts (issue 24): a changed world size resharded
-(W -> W', a single-process job -> W ranks), a rank killed mid-step or during
+(W -> W', a single-process job -> W ranks, W ranks -> one process), a rank killed mid-step or during
 a reshard, and two nodes simulated as two fuyouds. Real gloo ranks as
 subprocesses (dp_resume_worker.py), real fuyouds, compared with
 torch.optim.AdamW on the same batches."""
@@ -124,10 +124,64 @@ def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
                     name="two")
     assert_matches_torch(two, 2)
     assert [r["resharded_from"] for r in two] == [1, 1]
-    # back to one process: refused, naming the rank jobs (not trained anew beside them)
-    one = run_ranks(tmp_path, 1, "--steps-from", "4", "--steps-to", "5", name="one")
-    assert "trained with 2 data-parallel ranks" in one[0]["error"], one
-    assert "resharding them into one process is not implemented yet" in one[0]["error"]
+
+
+def test_two_ranks_resharded_back_to_one_process_match_torch(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        history = "2,2,1,1,1"
+        two = run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history, *address,
+                        name="two")
+        assert_matches_torch(two, 2)
+        # the streamed mode cannot import them (it registers at bind): refused
+        import fuyou
+        from dp_worker import make_model
+        with pytest.raises(fuyou.FailedPrecondition, match="offload_params is not implemented"):
+            fuyou.AdamW(make_model().parameters(), job="dp", chunk_bytes=2048,
+                        offload_params=True, address=d.address)
+        # one process (no torch.distributed) on job "dp": the ranks' jobs are imported
+        one = run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history",
+                        history, *address, name="one")
+        assert_matches_torch(one, 2)
+        assert one[0]["resharded_from"] == 2 and one[0]["start_violation"] <= 0.0
+        jobs = listed_jobs(d.address)
+        assert sorted(n for n in jobs if n.startswith("dp")) == ["dp"]  # ranks' jobs gone
+        # and the single-process job resumes as any other
+        again = run_ranks(tmp_path, 1, "--steps-from", "4", "--steps-to", "5", "--history",
+                          history, *address, name="again")
+        assert_matches_torch(again, 1)
+        assert again[0]["resharded_from"] is None and again[0]["resumed"]
+        assert again[0]["committed"] == 2 and again[0]["start_violation"] <= 0.0
+    finally:
+        d.stop()
+
+
+def test_a_reshard_into_one_process_killed_is_run_again_or_finished(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        address = ["--address", d.address]
+        history = "2,2,1,1"
+        assert_matches_torch(run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history,
+                                       *address, name="two"), 2)
+        # killed after its first imported chunk: the ranks' jobs are untouched
+        run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                  "--die-at", "0:0:reshard", *address, name="cut", expect_killed=(0,))
+        jobs = listed_jobs(d.address)
+        assert jobs["dp.rank0-of2"] == 2 and jobs["dp.rank1-of2"] == 2
+        assert "dp.resharded-to-1" not in jobs
+        # killed after the marker: the next start finishes the deletions
+        run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history", history,
+                  "--die-at", "0:0:marker", *address, name="cut2", expect_killed=(0,))
+        assert "dp.resharded-to-1" in listed_jobs(d.address)
+        one = run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history",
+                        history, *address, name="one")
+        assert_matches_torch(one, 2)
+        assert one[0]["start_violation"] <= 0.0
+        jobs = listed_jobs(d.address)
+        assert sorted(n for n in jobs if n.startswith("dp")) == ["dp"]
+    finally:
+        d.stop()
 
 
 def test_a_rank_killed_during_the_reshard_leaves_the_old_jobs_usable(tmp_path):
