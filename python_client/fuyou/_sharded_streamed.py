@@ -25,14 +25,27 @@ are copies, refreshed after every commit from their owners. So:
 
 The step, on every rank alike:
 
-1. backward: the gradients stay in ``.grad`` (no chunk is sent or freed
-   during backward in this slice: the reduction needs every rank's);
-2. step(): a parameter with a gradient on some ranks takes zeros on the
-   others, then the gradients are averaged (``average_gradients``: not again
-   after DDP); with loss scaling an inf/nan anywhere skips the step on every
-   rank; ``max_grad_norm`` clips by the global norm (the owners' sums of
-   squares all-reduced); each rank sends its own chunks from ``.grad``,
-   commits its job, and every gradient goes (``.grad`` is None after step());
+1. backward (``PassReductions``, _dp_pass_reductions.py): in the step's
+   last pass (as far as known: the passes the last step made) each chunk of
+   the whole plan is all-reduced as soon as the pass completed it, in plan
+   order, and this rank sends its own chunks' averages to its daemon
+   speculatively as they arrive; at the pass's end (autograd's callback,
+   inside ``backward()``) the rest start, all are waited for and the
+   averages are written into ``.grad`` on every rank. So the loop sees what
+   DDP leaves: ``clip_grad_norm_``, GradScaler's unscale or a ``mul_``
+   between backward and step() act on the global gradients, alike on every
+   rank. An earlier accumulation pass reduces nothing; a pass after the one
+   expected averages again (exact: the mean of avg(g1) + g2_r is
+   avg(g1) + avg(g2));
+2. step(): a step none of whose passes averaged (fewer than expected) is
+   averaged here (``average_gradients``); with loss scaling an inf/nan
+   anywhere skips the step on every rank (one all-reduce of a flag); the own
+   chunks sent in backward whose ``.grad`` changed since (fingerprints, as
+   the resident mode's: the loop's clip or mul_, another pass, new
+   hyper-parameters) are redone from ``.grad``, all of them when
+   ``max_grad_norm`` clips by the global norm (the owners' sums of squares
+   all-reduced); the own chunks not sent yet go from ``.grad``; this rank's
+   job commits, and every gradient goes (``.grad`` is None after step());
 3. the owners' new masters reach every rank's copies (``refresh_copies``)
    and the weight cache is dropped, so the next forward fetches the new
    weights everywhere.
@@ -44,11 +57,20 @@ between an owner's commit and the copies' import is repaired there).
 ``model.load_state_dict`` writes the rank's whole job (own chunks and copies):
 call it on every rank; step() refuses to go on when the ranks' loads differ.
 
+The ranks make the same number of backward passes a step, each reaching
+some trainable parameter (as under DDP): a rank with one more averaging pass
+waits in its reductions up to the group's timeout, then raises. Every
+reduction is done when ``backward()`` returns, so they share the
+optimizer's group with step()'s collectives and the loop's own.
+
 Not in this slice: freeing the gradients of a chunk during backward (they
-stay in ``.grad`` until step(), so the device holds every gradient at once),
-the overlap of the reduction with backward, ``clip_grad_norm_`` / GradScaler
-unscale in the loop on the averaged gradients (they see this rank's own:
-use ``max_grad_norm`` / ``loss_scale``), DDP (its parameters are placeholders).
+stay in ``.grad`` until step(), and each averaging pass's buffers hold them
+once more until its end: twice the gradients at a pass's end); a hook sees
+a reduction done only at a later hook, so on a small model most own chunks
+are sent at the pass's end (still inside ``backward()``); the first step of
+an accumulating loop that did not declare ``accumulation_steps`` averages
+every pass (later steps only the last); DDP (its parameters are
+placeholders).
 """
 
 from __future__ import annotations
