@@ -3,13 +3,16 @@ fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
 [--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]
-[--clip opt|loop|none] [--halve-at S]``:
+[--clip opt|loop|none] [--halve-at S] [--no-overlap] [--declare-passes K]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), on this rank's batches from step A to B. ``--clip``: by
 ``max_grad_norm=`` (the default), by ``torch.nn.utils.clip_grad_norm_`` in the
 loop after backward (on the averaged ``.grad``), or not at all; ``--halve-at
-S``: ``p.grad.mul_(0.5)`` on every parameter before step S's clip. The
+S``: ``p.grad.mul_(0.5)`` on every parameter before step S's clip;
+``--no-overlap``: ``overlap=False``; ``--declare-passes K``:
+``accumulation_steps=K`` (more than the loop makes: step() averages the
+first step). The
 reduction counters (``opt._mode.reductions.counts``) and the pipeline's
 speculative updates and redos go to the result.
 After every step every weight, read with ``model.state_dict()`` (a local call),
@@ -81,6 +84,8 @@ def main():
     ap.add_argument("--load-torch", action="store_true")
     ap.add_argument("--clip", choices=("opt", "loop", "none"), default="opt")
     ap.add_argument("--halve-at", type=int, default=-1)
+    ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--declare-passes", type=int, default=1)
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
@@ -97,7 +102,8 @@ def main():
                     p.add_(1.0)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                           job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM if args.clip == "opt" else None,
-                          offload_params=True,
+                          offload_params=True, overlap=not args.no_overlap,
+                          accumulation_steps=args.declare_passes,
                           loss_scale="dynamic" if args.overflow_at >= 0 else None)
         ddp = torch.nn.parallel.DistributedDataParallel(make_model())  # a collective
         try:

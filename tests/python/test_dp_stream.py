@@ -89,3 +89,26 @@ def test_clip_grad_norm_in_the_loop_sees_the_averaged_gradients(tmp_path):
         assert_overlapped(res, 4)
         assert res["counts"]["passes"] == 8 and res["counts"]["passes_averaged"] == 5, res
         assert res["redone_changed"] == 4 * res["own_chunks"], res  # the clip changed them
+
+
+def test_overlap_off_and_a_first_step_averaged_at_step(tmp_path):
+    # overlap=False: the passes still average .grad, nothing is sent before step()
+    (tmp_path / "off").mkdir()
+    results = run_worker("dp_stream_worker.py", tmp_path / "off", 2, "--clip", "loop",
+                         "--no-overlap", "--steps-to", "3", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 3)
+    for res in results:
+        counts = res["counts"]
+        assert counts["passes_averaged"] == 3 and counts["averaged_at_step"] == 0, counts
+        assert counts["sent_in_hooks"] + counts["sent_at_pass_end"] == 0, counts
+        assert res["speculative"] == 0 and res["redone_changed"] == 0, res
+    # accumulation_steps=2 declared, one pass made: the first step's pass is
+    # not the last expected, step() averages it; the next steps learned one pass
+    (tmp_path / "declared").mkdir()
+    results = run_worker("dp_stream_worker.py", tmp_path / "declared", 2, "--clip", "none",
+                         "--declare-passes", "2", "--steps-to", "3", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 3)
+    for res in results:
+        counts = res["counts"]
+        assert counts["averaged_at_step"] == 1 and counts["passes_averaged"] == 2, counts
+        assert res["speculative"] == 2 * res["own_chunks"], res
