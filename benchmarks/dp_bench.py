@@ -6,7 +6,7 @@ each rank on its own fixed thread budget, one fuyoud for the node.
     /usr/bin/python3 benchmarks/dp_bench.py --fuyoud BUILD/daemon/fuyoud \\
         [--ranks 1,2,3] [--threads-per-rank 1] [--daemon-threads 1] \\
         [--model tiny] [--global-batch 12] [--seq-len 64] [--steps 6] [--warmup 2] \\
-        [--chunk-bytes 1048576] [--ddp] [--json [PATH]]
+        [--chunk-bytes 1048576] [--ddp | --offload-params] [--json [PATH]]
 
 For each world size w the ranks are subprocesses (this script with --worker)
 joined over a FileStore; each calls torch.set_num_threads(--threads-per-rank)
@@ -14,7 +14,9 @@ and trains --global-batch / w sequences a step (--global-batch must divide by
 every w), with fuyou.AdamW on one fuyoud this script starts with
 --threads --daemon-threads. ``--ddp`` wraps the model in DDP (DDP's all-reduce,
 fuyou reduces nothing); without it fuyou reduces each chunk to its owner
-during backward (fuyou/_dp_overlap.py). Reported per w: the mean step time of
+during backward (fuyou/_dp_overlap.py). ``--offload-params``: the streamed
+mode (``offload_params=True``, ``fuyou.stream_parameters``; each chunk
+all-reduced during backward, fuyou/_dp_pass_reductions.py). Reported per w: the mean step time of
 the steps after --warmup (rank 0's; every step ends in collectives, so the
 ranks keep pace), tokens/s of the global batch, the speedup over w=1 and the
 scaling efficiency speedup / w, and the reductions started during backward.
@@ -54,6 +56,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--chunk-bytes", type=int, default=1 << 20)
     ap.add_argument("--ddp", action="store_true", help="wrap the model in DDP")
+    ap.add_argument("--offload-params", action="store_true",
+                    help="the streamed mode: fuyou.stream_parameters (not with --ddp)")
     ap.add_argument("--json", nargs="?", const="-", default=None,
                     help="write the results as JSON to PATH (or stdout without one)")
     # one rank (internal)
@@ -76,14 +80,21 @@ def worker(args) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
                             world_size=world)
     torch.manual_seed(0)
-    model = GPT(PRESETS[args.model])
+    if args.offload_params:  # its tied LM head a module: a streamed module fetches its own
+        from param_stream_bench import StreamableGPT
+        model = StreamableGPT(PRESETS[args.model])
+    else:
+        model = GPT(PRESETS[args.model])
     trained = model
     if args.ddp and world > 1:  # gloo broadcasts no bool tensors: the masks stay out
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [n for n, b in model.named_buffers() if b.dtype == torch.bool])
         trained = torch.nn.parallel.DistributedDataParallel(model)
     opt = fuyou.AdamW(model.parameters(), lr=1e-4, job=f"dpbench-w{world}",
-                      address=args.address, chunk_bytes=args.chunk_bytes)
+                      address=args.address, chunk_bytes=args.chunk_bytes,
+                      offload_params=args.offload_params)
+    if args.offload_params:
+        fuyou.stream_parameters(model, opt)
     per_rank = args.global_batch // world
     gen = torch.Generator().manual_seed(1000 + rank)
     times = []
@@ -101,14 +112,23 @@ def worker(args) -> None:
         result = {"rank": rank, "step_s": times[args.warmup:],
                   "chunks": len(opt._data_parallel.all_chunks) if opt._data_parallel
                   else opt.num_chunks,
-                  "started_in_backward": reductions.counts.started_in_backward
-                  if reductions else None,
-                  "rounds_dropped_for_ddp": reductions.counts.rounds_dropped_for_ddp
-                  if reductions else None}
+                  "started_in_backward": _started_in_backward(reductions),
+                  "rounds_dropped_for_ddp": getattr(reductions.counts, "rounds_dropped_for_ddp",
+                                                    None) if reductions else None}
     finally:
         opt.close()
         dist.destroy_process_group()
     pathlib.Path(out).write_text(json.dumps(result))
+
+
+def _started_in_backward(reductions):
+    """Chunk reductions started during backward (either mode's counters)."""
+    if reductions is None:
+        return None
+    counts = reductions.counts
+    if hasattr(counts, "started_in_backward"):
+        return counts.started_in_backward
+    return counts.started_in_hooks + counts.started_at_pass_end
 
 
 # ---------------------------------------------------------------------- driver
@@ -119,7 +139,8 @@ def run_world(args, world: int, tmp: pathlib.Path, address: str) -> dict:
     common = ["--model", args.model, "--global-batch", str(args.global_batch), "--seq-len",
               str(args.seq_len), "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--chunk-bytes", str(args.chunk_bytes), "--threads-per-rank",
-              str(args.threads_per_rank), "--address", address] + (["--ddp"] if args.ddp else [])
+              str(args.threads_per_rank), "--address", address] + (["--ddp"] if args.ddp else []) + (
+                  ["--offload-params"] if args.offload_params else [])
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world),
                                str(tmp / f"w{world}.store"), str(outs[r])] + common,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -144,6 +165,9 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.ddp and args.offload_params:
+        sys.exit("dp_bench: --ddp and --offload-params do not go together (DDP does not wrap "
+                 "a streamed model)")
     worlds = [int(w) for w in args.ranks.split(",") if w.strip()]
     bad = [w for w in worlds if w < 1 or args.global_batch % w]
     if bad:
@@ -168,10 +192,11 @@ def main(argv=None) -> int:
         r["efficiency"] = r["speedup"] / r["ranks"] if base else None
     report = {"model": args.model, "global_batch": args.global_batch, "seq_len": args.seq_len,
               "threads_per_rank": args.threads_per_rank, "daemon_threads": args.daemon_threads,
-              "ddp": args.ddp, "cpu_count": os.cpu_count(), "results": results}
+              "ddp": args.ddp, "offload_params": args.offload_params, "cpu_count": os.cpu_count(), "results": results}
     print(f"dp_bench: {args.model}, global batch {args.global_batch} x {args.seq_len}, "
           f"{args.threads_per_rank} thread(s) a rank, fuyoud --threads {args.daemon_threads}, "
-          f"{'DDP' if args.ddp else 'fuyou reduces'}, {os.cpu_count()} cores")
+          f"{'DDP' if args.ddp else 'fuyou reduces'}"
+          f"{', streamed' if args.offload_params else ''}, {os.cpu_count()} cores")
     print(f"{'ranks':>5} {'step ms':>9} {'tokens/s':>10} {'speedup':>8} {'effic.':>7} "
           f"{'cores wanted':>12}")
     for r in results:

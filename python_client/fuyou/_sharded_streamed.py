@@ -25,14 +25,27 @@ are copies, refreshed after every commit from their owners. So:
 
 The step, on every rank alike:
 
-1. backward: the gradients stay in ``.grad`` (no chunk is sent or freed
-   during backward in this slice: the reduction needs every rank's);
-2. step(): a parameter with a gradient on some ranks takes zeros on the
-   others, then the gradients are averaged (``average_gradients``: not again
-   after DDP); with loss scaling an inf/nan anywhere skips the step on every
-   rank; ``max_grad_norm`` clips by the global norm (the owners' sums of
-   squares all-reduced); each rank sends its own chunks from ``.grad``,
-   commits its job, and every gradient goes (``.grad`` is None after step());
+1. backward (``PassReductions``, _dp_pass_reductions.py): in the step's
+   last pass (as far as known: the passes the last step made) each chunk of
+   the whole plan is all-reduced as soon as the pass completed it, in plan
+   order, and this rank sends its own chunks' averages to its daemon
+   speculatively as they arrive; at the pass's end (autograd's callback,
+   inside ``backward()``) the rest start, all are waited for and the
+   averages are written into ``.grad`` on every rank. So the loop sees what
+   DDP leaves: ``clip_grad_norm_``, GradScaler's unscale or a ``mul_``
+   between backward and step() act on the global gradients, alike on every
+   rank. An earlier accumulation pass reduces nothing; a pass after the one
+   expected averages again (exact: the mean of avg(g1) + g2_r is
+   avg(g1) + avg(g2));
+2. step(): a step none of whose passes averaged (fewer than expected) is
+   averaged here (``average_gradients``); with loss scaling an inf/nan
+   anywhere skips the step on every rank (one all-reduce of a flag); the own
+   chunks sent in backward whose ``.grad`` changed since (fingerprints, as
+   the resident mode's: the loop's clip or mul_, another pass, new
+   hyper-parameters) are redone from ``.grad``, all of them when
+   ``max_grad_norm`` clips by the global norm (the owners' sums of squares
+   all-reduced); the own chunks not sent yet go from ``.grad``; this rank's
+   job commits, and every gradient goes (``.grad`` is None after step());
 3. the owners' new masters reach every rank's copies (``refresh_copies``)
    and the weight cache is dropped, so the next forward fetches the new
    weights everywhere.
@@ -44,23 +57,34 @@ between an owner's commit and the copies' import is repaired there).
 ``model.load_state_dict`` writes the rank's whole job (own chunks and copies):
 call it on every rank; step() refuses to go on when the ranks' loads differ.
 
+The ranks make the same number of backward passes a step, each reaching
+some trainable parameter (as under DDP): a rank with one more averaging pass
+waits in its reductions up to the group's timeout, then raises. Every
+reduction is done when ``backward()`` returns, so they share the
+optimizer's group with step()'s collectives and the loop's own.
+
 Not in this slice: freeing the gradients of a chunk during backward (they
-stay in ``.grad`` until step(), so the device holds every gradient at once),
-the overlap of the reduction with backward, ``clip_grad_norm_`` / GradScaler
-unscale in the loop on the averaged gradients (they see this rank's own:
-use ``max_grad_norm`` / ``loss_scale``), DDP (its parameters are placeholders).
+stay in ``.grad`` until step(), and each averaging pass's buffers hold them
+once more until its end: twice the gradients at a pass's end); a hook sees
+a reduction done only at a later hook, so on a small model most own chunks
+are sent at the pass's end (still inside ``backward()``); the first step of
+an accumulating loop that did not declare ``accumulation_steps`` averages
+every pass (later steps only the last); DDP (its parameters are
+placeholders).
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from ._dp_pass_reductions import PassReductions, assign_grad
 from ._errors import FailedPrecondition
-from ._protocol import STATE_MASTER
+from ._fingerprints import changed_chunks, fingerprint
+from ._protocol import REDO_CLIPPED, REDO_GRADIENTS_CHANGED, STATE_MASTER
 from ._streamed import StreamedMode
 
 __all__ = ["ShardedStreamedMode"]
@@ -73,60 +97,143 @@ class ShardedStreamedMode(StreamedMode):
         self.dp = opt._data_parallel
         self._opt = weakref.ref(opt)
         self._accumulated: Dict[int, set] = {}  # id(block) -> its members with a gradient
+        self.reductions: Optional[PassReductions] = None  # once every module is registered
+        self._pass_open = False
+        self._sent_in_pass: List = []  # own chunks sent from this pass's averages
+        self._changed: set = set()  # chunk ids sent in backward and changed since (step())
         super().__init__(opt, pipeline, session)
         self.offload.own_chunks = self.dp.take_shard
         self.offload.after_registration = self._registered
 
     # ------------------------------------------------------------ hooks
     # grad_arriving is the streamed mode's: the block is held for backward (no
-    # chunk is sent during backward, and no FreedGrad is made, so nothing else).
+    # FreedGrad is made: the gradients stay in .grad, averaged at the pass's end).
 
     def grad_accumulated(self, index: int) -> None:
-        """The gradient stays in .grad until step() averages it; once every
-        member of its block has one, the block's backward hold goes."""
-        if not self.pipeline.hooks_live():
+        """Counts the pass (the first hook queues its end), starts the chunks
+        it completed, sends the own chunks whose average arrived; once every
+        member of a block has a gradient, its backward hold goes."""
+        pipeline = self.pipeline
+        if not pipeline.hooks_live():
             return
         block = self.offload.layout.of_param.get(index)
-        if block is None:
+        if block is not None:
+            seen = self._accumulated.setdefault(id(block), set())
+            seen.add(index)
+            if len(seen) == len(block.members):
+                seen.clear()
+                self.offload.weights.release_backward(block)
+        reductions = self.reductions
+        if reductions is None:
             return
-        seen = self._accumulated.setdefault(id(block), set())
-        seen.add(index)
-        if len(seen) == len(block.members):
-            seen.clear()
-            self.offload.weights.release_backward(block)
+        try:
+            if not self._pass_open:
+                self._pass_open = True
+                reductions.pass_started()
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    _pass_end_callback(weakref.ref(self), pipeline.lock))
+            self._send_averaged(reductions.accumulated(index), in_hook=True)
+        except BaseException as e:
+            pipeline.failed = e
+            raise
+
+    def pass_ended(self) -> None:
+        """The end of a backward pass (autograd's callback): the averages go into
+        .grad on every rank, the own chunks not sent yet are sent, and those
+        sent from this pass leave the fingerprint of .grad for step()."""
+        if not self._pass_open:
+            return
+        self._pass_open = False
+        pipeline = self.pipeline
+        try:
+            self._send_averaged(self.reductions.pass_ended(), in_hook=False)
+            for c in self._sent_in_pass:
+                sent = pipeline.step.sent.get(c.chunk_id)
+                if sent is not None:
+                    sent.fingerprint = fingerprint(c)
+            self._sent_in_pass = []
+        except BaseException as e:
+            pipeline.failed = e
+            raise
+
+    def _send_averaged(self, arrived: List, in_hook: bool) -> None:
+        """Sends this rank's chunks whose average arrived, speculatively (not a
+        chunk sent before in this step: step() finds it changed and redoes it)."""
+        pipeline = self.pipeline
+        grad_scale = pipeline.hook_grad_scale()
+        if grad_scale is None:
+            return  # overlap off, an overflow: step() sends them
+        for c in arrived:
+            if c.chunk_id in pipeline.step.sent:
+                continue
+            if pipeline.send(c, grad_scale, speculative=True,
+                             packed=self.reductions.averaged_chunk(c)):
+                self._sent_in_pass.append(c)
+                counts = self.reductions.counts
+                if in_hook:
+                    counts.sent_in_hooks += 1
+                else:
+                    counts.sent_at_pass_end += 1
 
     # ------------------------------------------------------------ step
     def finish_step(self, scaler, max_grad_norm) -> bool:
-        """Averages the gradients, then the streamed step on this rank's chunks,
-        then the owners' new masters into every rank's copies. Every rank
-        commits or skips the step alike."""
+        """The streamed step on this rank's chunks from the averaged .grad
+        (the passes averaged it, or here when none did), then the owners' new
+        masters into every rank's copies. Every rank commits or skips alike."""
         if not self.offload.registered:
             raise FailedPrecondition(
                 f"step() of data-parallel job {self.dp.base_job!r} before its model is "
                 "registered: call fuyou.stream_parameters(model, opt) on every rank first")
         self._accumulated.clear()
+        self.pass_ended()  # a pass whose end autograd did not run (not expected)
         self._check_loads_agree()
         params = self.pipeline.params
-        self._zeros_where_others_have_grads(params)
-        self.dp.average_gradients(params)
-        if scaler.enabled and not _all_finite(params):
-            self.pipeline.step.mark_overflow()  # the same on every rank: the same grads
+        if not self.reductions.averaged:  # the same on every rank: the same passes
+            self._zeros_where_others_have_grads(params)
+            self.dp.average_gradients(params)
+            self.reductions.counts.averaged_at_step += 1
+        if scaler.enabled:
+            self.pipeline.wait_sent()  # the sender's inf/nan check of the chunks sent
+            bad = self.pipeline.step.overflow or not _all_finite(params)
+            if self.dp.global_sum(1.0 if bad else 0.0, params[0]) > 0:
+                self.pipeline.step.mark_overflow()  # on every rank alike
         committed = super().finish_step(scaler, max_grad_norm)
         if committed:
             self.refresh_copies()
         return committed
 
     def _settle(self, inv_scale: float, clipping: bool) -> List[float]:
-        squares = super()._settle(inv_scale, clipping)
+        """The own chunks sent in backward whose .grad changed since (the loop's
+        clip_grad_norm_, unscale, mul_, another pass, new hyper-parameters) are
+        to be redone; with clipping, the global norm (the owners' sums of
+        squares, all-reduced)."""
+        pipeline = self.pipeline
+        pipeline.wait_sent()
+        changed, squares = changed_chunks(pipeline.plan.chunks, pipeline.step.sent,
+                                          pipeline.hyper_now)
+        self._changed = {c.chunk_id for c in changed}
         if not clipping:
             return []
-        return [self.dp.global_sum(sum(squares), self.pipeline.params[0])]
+        return [self.dp.global_sum(sum(squares.values()), pipeline.params[0])]
+
+    def _redo_sent(self, grad_scale: float, clipped: bool) -> None:
+        """The chunks sent in backward again from .grad: changed, or clipped."""
+        pipeline = self.pipeline
+        for c in pipeline.step.sent_chunks():
+            if c.chunk_id in self._changed:
+                pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED)
+            elif clipped:
+                pipeline.redo(c, grad_scale, REDO_CLIPPED)
+            if pipeline.step.overflow:
+                break
+        self._changed = set()
 
     def _send_unsent(self, grad_scale: float) -> None:
-        """Sends every own chunk from ``.grad`` (the sender thread copies them;
-        nothing is freed in between, as a parameter may span two of the
-        chunks); the step's end drops every gradient (``.grad`` is None after
-        step() on every rank: the daemon of the chunk's owner has it)."""
+        """Sends the own chunks not sent in backward from ``.grad`` (the sender
+        thread copies them; nothing is freed in between, as a parameter may
+        span two of the chunks); the step's end drops every gradient (``.grad``
+        is None after step() on every rank: the daemon of the chunk's owner has
+        it)."""
         pipeline = self.pipeline
         for c in pipeline.plan.chunks:
             if c.chunk_id not in pipeline.step.sent:
@@ -134,6 +241,13 @@ class ShardedStreamedMode(StreamedMode):
                 if pipeline.step.overflow:
                     break
         pipeline.wait_sent()
+
+    def _step_ended(self, committed: bool) -> None:
+        super()._step_ended(committed)
+        self._sent_in_pass = []
+        self._changed = set()
+        if self.reductions is not None:
+            self.reductions.step_ended()
 
     def _zeros_where_others_have_grads(self, params) -> None:
         """A parameter with a gradient on some ranks gets zeros on the others
@@ -143,7 +257,7 @@ class ShardedStreamedMode(StreamedMode):
         dist.all_reduce(has, group=self.dp.group)
         for p, shape, n in zip(params, self.pipeline.param_shapes, has.tolist()):
             if n > 0 and p.grad is None:
-                _set_zero_grad(p, shape)
+                assign_grad(p, shape, torch.zeros(shape, dtype=p.dtype, device=p.device))
 
     def _check_loads_agree(self) -> None:
         loads: list = [None] * self.dp.world_size
@@ -157,9 +271,11 @@ class ShardedStreamedMode(StreamedMode):
     # ------------------------------------------------------------ the copies
     def _registered(self) -> None:
         """Every module is registered (on every rank at once): the ranks agree
-        on new or resumed, then the copies are made the owners'."""
+        on new or resumed, then the copies are made the owners'; the chunks of
+        the whole plan are known to the reductions."""
         self.dp.check_resumed_together(self._opt().resumed, self.pipeline.committed_step)
         self.refresh_copies()
+        self.reductions = PassReductions(self.dp, self.pipeline)
 
     def refresh_copies(self) -> None:
         """Each chunk's fp32 master, broadcast from its owner, replaces the
@@ -192,14 +308,17 @@ class ShardedStreamedMode(StreamedMode):
             self.dp.barrier()
 
 
-def _set_zero_grad(p, shape) -> None:
-    data = p.data  # a placeholder: torch checks .grad's size against it
-    p.data = torch.empty(1, dtype=p.dtype, device=p.device).expand(shape)
-    p.grad = torch.zeros(shape, dtype=p.dtype, device=p.device)
-    p.data = data
-
-
 def _all_finite(params) -> bool:
     flags = [torch.isfinite(p.grad.detach()).all() for p in params
              if p.grad is not None and torch.is_tensor(p.grad)]
     return not flags or bool(torch.stack(flags).all())
+
+
+def _pass_end_callback(mode_ref, lock):
+    """What autograd runs at the end of a backward pass (the mode held weakly)."""
+    def ended():
+        mode = mode_ref()
+        if mode is not None:
+            with lock:
+                mode.pass_ended()
+    return ended

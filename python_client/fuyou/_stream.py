@@ -89,7 +89,7 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
             "fuyou.stream_parameters of a DistributedDataParallel model: DDP keeps views of "
             "every parameter's storage, which a streamed parameter does not have; stream the "
             "module itself (ddp.module) without DDP: in a data-parallel group fuyou.AdamW "
-            "averages the gradients at step()")
+            "averages the gradients during backward, into .grad, as DDP would")
     offload: Optional[OffloadedParams] = getattr(optimizer, "offload", None)
     if offload is None:
         raise InvalidArgument("fuyou.stream_parameters needs the model's optimizer opened as "

@@ -2,10 +2,19 @@
 fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
-[--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]``:
+[--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]
+[--clip opt|loop|none] [--halve-at S] [--no-overlap] [--declare-passes K]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
-rank's fuyoud), with clipping on, on this rank's batches from step A to B.
+rank's fuyoud), on this rank's batches from step A to B. ``--clip``: by
+``max_grad_norm=`` (the default), by ``torch.nn.utils.clip_grad_norm_`` in the
+loop after backward (on the averaged ``.grad``), or not at all; ``--halve-at
+S``: ``p.grad.mul_(0.5)`` on every parameter before step S's clip;
+``--no-overlap``: ``overlap=False``; ``--declare-passes K``:
+``accumulation_steps=K`` (more than the loop makes: step() averages the
+first step). The
+reduction counters (``opt._mode.reductions.counts``) and the pipeline's
+speculative updates and redos go to the result.
 After every step every weight, read with ``model.state_dict()`` (a local call),
 is compared with torch.optim.AdamW run here on the averaged gradients of all
 ranks' batches from step 0 (dp_worker.reference). Steps after the second use
@@ -21,6 +30,7 @@ optimizer's state dict (a collective) against torch's, and a
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 import traceback
@@ -34,9 +44,11 @@ from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, 
 CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
 
 
-def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1):
+def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1,
+                     clip: bool = True, halve_at: int = -1):
     """torch.optim.AdamW's weights after each step and its state dict after the
-    last; `micro` batches a step per rank; step `skipped` is not taken."""
+    last; `micro` batches a step per rank; step `skipped` is not taken; the
+    gradients halved at step `halve_at`."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     weights = []
@@ -47,7 +59,11 @@ def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1):
         for r in range(world):
             for m in range(micro):
                 (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if step == halve_at:
+            for p in model.parameters():
+                p.grad.mul_(0.5)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
         opt.zero_grad(set_to_none=True)
         weights.append([p.detach().clone() for p in model.parameters()])
@@ -66,6 +82,10 @@ def main():
     ap.add_argument("--accumulate", action="store_true")
     ap.add_argument("--overflow-at", type=int, default=-1)
     ap.add_argument("--load-torch", action="store_true")
+    ap.add_argument("--clip", choices=("opt", "loop", "none"), default="opt")
+    ap.add_argument("--halve-at", type=int, default=-1)
+    ap.add_argument("--no-overlap", action="store_true")
+    ap.add_argument("--declare-passes", type=int, default=1)
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
@@ -73,15 +93,17 @@ def main():
     opt = None
     try:
         micro = 2 if args.accumulate else 1
-        ref, ref_sd = reference_states(args.steps_to, args.world, micro, args.overflow_at)
+        ref, ref_sd = reference_states(args.steps_to, args.world, micro, args.overflow_at,
+                                       args.clip != "none", args.halve_at)
         model = make_model()
         if args.steps_from:  # a resumed job has the daemon's weights: start elsewhere
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1.0)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                          job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM,
-                          offload_params=True,
+                          job="s", chunk_bytes=args.chunk_bytes, max_grad_norm=MAX_NORM if args.clip == "opt" else None,
+                          offload_params=True, overlap=not args.no_overlap,
+                          accumulation_steps=args.declare_passes,
                           loss_scale="dynamic" if args.overflow_at >= 0 else None)
         ddp = torch.nn.parallel.DistributedDataParallel(make_model())  # a collective
         try:
@@ -105,6 +127,11 @@ def main():
                 if step == args.overflow_at and args.rank == 1:
                     loss = loss * float("inf")  # an inf on one rank skips the step on all
                 opt.scale_loss(loss).backward()
+            if step == args.halve_at:  # a uniform linear edit of the averaged .grad
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
+            if args.clip == "loop":  # the global norm: .grad holds the average
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
             opt.step()
             if step < 2:
                 opt.zero_grad(set_to_none=True)
@@ -124,7 +151,11 @@ def main():
                      zip(ref[args.steps_to - 1], model.named_parameters()))
         res.update(worst=worst, states=states, committed=opt.committed_step,
                    skipped=opt.skipped_steps, loss_scale=opt.loss_scale,
-                   fetches=handle.fetches, export=export)
+                   fetches=handle.fetches, export=export,
+                   counts=dataclasses.asdict(opt._mode.reductions.counts),
+                   speculative=opt._pipeline.stats.speculative_updates,
+                   redone_changed=opt._pipeline.stats.redone_changed,
+                   redone_clipped=opt._pipeline.stats.redone_clipped)
         dist.barrier()
         if args.rank == 0:  # a local call: no other rank takes part
             alone = list(model.state_dict().values())

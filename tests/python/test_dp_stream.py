@@ -2,11 +2,26 @@
 (issue 24; python_client/fuyou/_sharded_streamed.py): two real gloo ranks
 (dp_stream_worker.py) sharing one embedded fuyoud, each fetching its modules'
 weights from its own job, each updating its own chunks, against
-torch.optim.AdamW on the averaged, clipped gradients; then a resume."""
+torch.optim.AdamW on the averaged, clipped gradients; then a resume. Each
+chunk's gradients are all-reduced during backward and the owner sends its
+average to its daemon before backward() returns (the counters say where);
+``.grad`` holds the average after backward, so the loop's own
+``clip_grad_norm_`` and a ``p.grad.mul_`` see what torch sees on one process."""
 
 from __future__ import annotations
 
-from dp_ranks import run_worker
+from dp_ranks import assert_matches_torch, run_worker
+
+
+def assert_overlapped(res: dict, steps: int) -> None:
+    """Every step's chunks were reduced and this rank's sent during backward,
+    none averaged at step()."""
+    counts = res["counts"]
+    assert counts["averaged_at_step"] == 0, counts
+    assert counts["started_in_hooks"] > 0, counts
+    assert counts["sent_in_hooks"] + counts["sent_at_pass_end"] == steps * res["own_chunks"], \
+        counts
+    assert res["speculative"] == steps * res["own_chunks"], res
 
 
 def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
@@ -23,6 +38,9 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
         assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
         assert res["export"] <= 0.0, res  # export_checkpoint: every chunk's master
         assert res["committed"] == 5 and res["fetches"] > 0
+        assert_overlapped(res, 5)
+        # max_grad_norm: every speculative update is redone once the global norm clips
+        assert res["redone_changed"] == 0 and res["redone_clipped"] > 0, res
     # every chunk owned by one rank, each rank updating some
     assert [r["all_chunks"] for r in first] == [9, 9]
     assert sum(r["own_chunks"] for r in first) == 9 and all(r["own_chunks"] for r in first)
@@ -46,3 +64,51 @@ def test_two_streamed_ranks_accumulate_and_skip_an_overflow_on_one_rank(tmp_path
         assert res["skipped"] == 1 and res["committed"] == 3, res
         assert res["loss_scale"] == 2.0 ** 15  # backed off once, on every rank
         assert res["states"] <= 0.0, res
+
+
+def test_plain_steps_are_reduced_and_sent_during_backward(tmp_path):
+    # no clip: every speculative update stands, but step 3's p.grad.mul_(0.5)
+    # (on every rank alike) changes the own chunks, which step() redoes
+    results = run_worker("dp_stream_worker.py", tmp_path, 2, "--clip", "none",
+                         "--halve-at", "3", "--steps-to", "4", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 4)
+    for res in results:
+        assert_overlapped(res, 4)
+        assert res["counts"]["passes_averaged"] == 4, res["counts"]
+        assert res["redone_changed"] == res["own_chunks"] and res["redone_clipped"] == 0, res
+
+
+def test_clip_grad_norm_in_the_loop_sees_the_averaged_gradients(tmp_path):
+    # torch.nn.utils.clip_grad_norm_ between backward and step(), two
+    # micro-batches a step (the first step learns them: its first pass averages
+    # too, the second averages again): as torch on the global batch
+    results = run_worker("dp_stream_worker.py", tmp_path, 2, "--clip", "loop", "--accumulate",
+                         "--steps-to", "4", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 4)
+    for res in results:
+        assert_overlapped(res, 4)
+        assert res["counts"]["passes"] == 8 and res["counts"]["passes_averaged"] == 5, res
+        assert res["redone_changed"] == 4 * res["own_chunks"], res  # the clip changed them
+
+
+def test_overlap_off_and_a_first_step_averaged_at_step(tmp_path):
+    # overlap=False: the passes still average .grad, nothing is sent before step()
+    (tmp_path / "off").mkdir()
+    results = run_worker("dp_stream_worker.py", tmp_path / "off", 2, "--clip", "loop",
+                         "--no-overlap", "--steps-to", "3", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 3)
+    for res in results:
+        counts = res["counts"]
+        assert counts["passes_averaged"] == 3 and counts["averaged_at_step"] == 0, counts
+        assert counts["sent_in_hooks"] + counts["sent_at_pass_end"] == 0, counts
+        assert res["speculative"] == 0 and res["redone_changed"] == 0, res
+    # accumulation_steps=2 declared, one pass made: the first step's pass is
+    # not the last expected, step() averages it; the next steps learned one pass
+    (tmp_path / "declared").mkdir()
+    results = run_worker("dp_stream_worker.py", tmp_path / "declared", 2, "--clip", "none",
+                         "--declare-passes", "2", "--steps-to", "3", "--chunk-bytes", "1024")
+    assert_matches_torch(results, 3)
+    for res in results:
+        counts = res["counts"]
+        assert counts["averaged_at_step"] == 1 and counts["passes_averaged"] == 2, counts
+        assert res["speculative"] == 2 * res["own_chunks"], res
