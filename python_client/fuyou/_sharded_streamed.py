@@ -70,7 +70,10 @@ a reduction done only at a later hook, so on a small model most own chunks
 are sent at the pass's end (still inside ``backward()``); the first step of
 an accumulating loop that did not declare ``accumulation_steps`` averages
 every pass (later steps only the last); DDP (its parameters are
-placeholders).
+placeholders); another world size (resharding a streamed job raises on
+every rank, before anything is registered, naming the old jobs and how to go
+on: its rank jobs hold a copy of every chunk, which _reshard.py does not
+read).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class ShardedStreamedMode(StreamedMode):
 
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel
+        _refuse_reshard(self.dp)
         self._opt = weakref.ref(opt)
         self._accumulated: Dict[int, set] = {}  # id(block) -> its members with a gradient
         self.reductions: Optional[PassReductions] = None  # once every module is registered
@@ -322,3 +326,22 @@ def _pass_end_callback(mode_ref, lock):
             with lock:
                 mode.pass_ended()
     return ended
+
+
+def _refuse_reshard(dp) -> None:
+    """A streamed job trained with another world size is not resharded (its
+    rank jobs hold a copy of every chunk, which _reshard.py does not read):
+    raises on every rank before anything is registered, so the old jobs stay
+    as they are and nothing trains anew beside them."""
+    plan = dp.world_plan
+    if not plan.reshard:
+        return
+    old = (f"the single-process job {dp.base_job!r}" if plan.source_world == 1 else
+           f"the jobs {dp.base_job}.rank<r>-of{plan.source_world}")
+    raise FailedPrecondition(
+        f"fuyou.AdamW of job {dp.base_job!r} (rank {dp.rank} of {dp.world_size}): the job "
+        f"was trained with {plan.source_world} rank(s) ({old}, step {plan.source_step}); "
+        f"resharding it to {dp.world_size} ranks with offload_params is not implemented: "
+        f"resume it with {plan.source_world} rank(s), or save model.state_dict() and "
+        "opt.state_dict() there and load both into a new job on the new ranks")
+

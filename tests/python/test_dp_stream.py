@@ -47,6 +47,13 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
     assert first[0]["alone"] <= 0.0  # model.state_dict() on rank 0 alone
     for res in first:  # model.load_state_dict on rank 0 alone: refused on every rank
         assert "call model.load_state_dict on every rank" in res["uneven_load"], res
+    # another world size: refused on every rank, the old jobs untouched (not trained
+    # anew beside them, as it was before)
+    three = run_worker("dp_stream_worker.py", tmp_path, 3, "--steps-from", "5",
+                       "--steps-to", "6", *split, name="three", errors_allowed=True)
+    for res in three:
+        assert "trained with 2 rank(s)" in res.get("error", ""), res
+        assert "with offload_params is not implemented" in res["error"]
     # resumed, and torch.optim.AdamW's own state dict of step 5 loaded into it
     again = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "5",
                        "--steps-to", "7", "--load-torch", *split, name="again")
