@@ -13,7 +13,7 @@ joined over a FileStore; each calls torch.set_num_threads(--threads-per-rank)
 and trains --global-batch / w sequences a step (--global-batch must divide by
 every w), with fuyou.AdamW on one fuyoud this script starts with
 --threads --daemon-threads. ``--ddp`` wraps the model in DDP (DDP's all-reduce,
-fuyou reduces nothing); without it fuyou reduces each chunk to its owner
+fuyou reduces nothing); without it fuyou all-reduces each chunk
 during backward (fuyou/_dp_overlap.py). Reported per w: the mean step time of
 the steps after --warmup (rank 0's; every step ends in collectives, so the
 ranks keep pace), tokens/s of the global batch, the speedup over w=1 and the
@@ -103,7 +103,7 @@ def worker(args) -> None:
                   else opt.num_chunks,
                   "started_in_backward": reductions.counts.started_in_backward
                   if reductions else None,
-                  "rounds_dropped_for_ddp": reductions.counts.rounds_dropped_for_ddp
+                  "rounds_found_ddp": reductions.counts.rounds_found_ddp
                   if reductions else None}
     finally:
         opt.close()
@@ -135,7 +135,7 @@ def run_world(args, world: int, tmp: pathlib.Path, address: str) -> dict:
             "tokens_per_s": args.global_batch * args.seq_len / step_s,
             "chunks": ranks[0]["chunks"],
             "started_in_backward": [r["started_in_backward"] for r in ranks],
-            "rounds_dropped_for_ddp": ranks[0]["rounds_dropped_for_ddp"],
+            "rounds_found_ddp": ranks[0]["rounds_found_ddp"],
             "cores_wanted": world * args.threads_per_rank + args.daemon_threads}
 
 
