@@ -22,7 +22,9 @@ and step() sees the global gradients and decides alike on every rank, as
 under DDP and as in one process. An all-reduce, not a reduce to the owner: it
 moves about twice the bytes (a reduce-scatter and an all-gather), the price of
 the average on every rank (gloo has no reduce_scatter in torch 1.13; the
-owners' daemon updates need only their own chunks). A pass before the step's
+owners' daemon updates need only their own chunks); every rank keeps its
+buffers until the pass end (a copy of the gradients, as DDP's buckets are), a
+non-owner drops them once written. A pass before the step's
 last (accumulation, ``accumulation_steps`` or the passes learned) reduces
 nothing: ``.grad`` keeps the rank's own sum, as under DDP's ``no_sync``.
 
