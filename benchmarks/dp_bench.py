@@ -13,7 +13,7 @@ joined over a FileStore; each calls torch.set_num_threads(--threads-per-rank)
 and trains --global-batch / w sequences a step (--global-batch must divide by
 every w), with fuyou.AdamW on one fuyoud this script starts with
 --threads --daemon-threads. ``--ddp`` wraps the model in DDP (DDP's all-reduce,
-fuyou reduces nothing); without it fuyou reduces each chunk to its owner
+fuyou reduces nothing); without it fuyou all-reduces each chunk
 during backward (fuyou/_dp_overlap.py). ``--offload-params``: the streamed
 mode (``offload_params=True``, ``fuyou.stream_parameters``; each chunk
 all-reduced during backward, fuyou/_dp_pass_reductions.py). Reported per w: the mean step time of
@@ -113,8 +113,8 @@ def worker(args) -> None:
                   "chunks": len(opt._data_parallel.all_chunks) if opt._data_parallel
                   else opt.num_chunks,
                   "started_in_backward": _started_in_backward(reductions),
-                  "rounds_dropped_for_ddp": getattr(reductions.counts, "rounds_dropped_for_ddp",
-                                                    None) if reductions else None}
+                  "rounds_found_ddp": getattr(reductions.counts, "rounds_found_ddp", None)
+                  if reductions else None}
     finally:
         opt.close()
         dist.destroy_process_group()
@@ -125,10 +125,11 @@ def _started_in_backward(reductions):
     """Chunk reductions started during backward (either mode's counters)."""
     if reductions is None:
         return None
-    counts = reductions.counts
-    if hasattr(counts, "started_in_backward"):
-        return counts.started_in_backward
-    return counts.started_in_hooks + counts.started_at_pass_end
+    counts = reductions.counts  # in a hook, or at the end of the pass (inside backward)
+    in_hooks = getattr(counts, "started_in_backward", None)
+    if in_hooks is None:
+        in_hooks = counts.started_in_hooks
+    return in_hooks + counts.started_at_pass_end
 
 
 # ---------------------------------------------------------------------- driver
@@ -156,7 +157,7 @@ def run_world(args, world: int, tmp: pathlib.Path, address: str) -> dict:
             "tokens_per_s": args.global_batch * args.seq_len / step_s,
             "chunks": ranks[0]["chunks"],
             "started_in_backward": [r["started_in_backward"] for r in ranks],
-            "rounds_dropped_for_ddp": ranks[0]["rounds_dropped_for_ddp"],
+            "rounds_found_ddp": ranks[0]["rounds_found_ddp"],
             "cores_wanted": world * args.threads_per_rank + args.daemon_threads}
 
 

@@ -24,7 +24,7 @@ from ._stream import ParameterStream, stream_parameters
 from ._activations import ActivationOffload, offload_activations
 from ._sizes import parse_size
 from . import _sharded
-from ._dp_overlap import skip_ddp_allreduce
+from ._ddp_skip import skip_ddp_allreduce
 
 __all__ = [
     "AdamW",

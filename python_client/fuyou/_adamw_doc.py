@@ -198,7 +198,8 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             (None: the default group when torch.distributed is initialised
             with more than one rank). Each rank trains the job
             ``<job>.rank<r>-of<w>`` on one fuyoud per node and owns whole
-            chunks, each reduced to its owner during backward; see README
+            chunks; each chunk is averaged over the ranks during backward and
+            ``.grad`` holds the average after it, as under DDP; see README
             "Data parallel", ``_data_parallel.py`` and ``_dp_overlap.py``.
             There :meth:`state_dict`, :meth:`load_state_dict` and
             :meth:`export_checkpoint` are collectives over the whole job (call

@@ -20,8 +20,8 @@ group, or ``fuyou.AdamW(..., process_group=group)``) each rank's optimizer:
   balanced by bytes and the same on every rank. Whole chunks: each chunk's
   states live in one rank's daemon files, and its I/O (read, update, write
   back) stays as large as without data parallelism;
-- has each chunk's gradients reduced to its owner during backward
-  (_dp_overlap.py), or, when every rank already holds the same (DDP averaged
+- has each chunk's gradients averaged over the ranks during backward and
+  written into ``.grad`` at its end, as DDP does (_dp_overlap.py), or, when every rank already holds the same (DDP averaged
   them), averages nothing (``average_gradients``); sends only its chunks, and
   after the commit broadcasts each chunk's new weights from its owner
   (``broadcast_weights``).

@@ -1,85 +1,101 @@
-"""ChunkReductions: each chunk's gradients reduced to the rank that owns it
-while backward goes on (issue 24: the overlap of a data-parallel step).
+"""ChunkReductions: each chunk's gradients averaged over the ranks while
+backward goes on, and the average written into ``.grad`` at the end of the
+backward pass, as DDP leaves it (issue 24: the overlap of a data-parallel
+step).
 
 A data-parallel rank owns whole chunks (_data_parallel.py). Its backward hooks
 (``ShardedResidentMode.grad_accumulated``) count the passes of every chunk of
 the whole plan; once a chunk is complete for the step's last pass
 (``passes_per_step``, the resident mode's accumulation rule) its reduction
-starts at once, ``torch.distributed.reduce(..., dst=owner, async_op=True)``,
-so chunk *i* travels while backward computes chunk *i+1*; at the next hooks the
-owner finds it done and sends the averaged gradients to its daemon
-(speculatively, as the resident mode sends its chunks).
+starts at once, ``torch.distributed.all_reduce(..., async_op=True)``, so chunk
+*i* travels while backward computes chunk *i+1*; at the next hooks the owner
+finds it done and sends the average to its daemon (speculatively, as the
+resident mode sends its chunks).
 
-Why ``reduce`` to the owner, not ``all_reduce``: only the owner updates a chunk
-(the others get its new weights by broadcast after the commit), and a reduce
-moves about half the bytes of an all-reduce (which is a reduce-scatter and an
-all-gather). gloo has no reduce_scatter in torch 1.13; with whole-chunk shards
-a reduce to each chunk's owner is what a reduce-scatter would do.
+*DDP's semantics.* At the end of the backward pass (``PassEnd``, after DDP's
+own end-of-backward callback) the pass's reductions are waited for and every
+rank's ``.grad`` becomes the average over the ranks: a parameter some rank has
+a gradient for gets one on every rank (zeros where it had none, the sum
+divided by the world size, as DDP averages), one no rank has stays None. So a
+``clip_grad_norm_``, an unscale or an inf check of the loop between backward
+and step() sees the global gradients and decides alike on every rank, as
+under DDP and as in one process. An all-reduce, not a reduce to the owner: it
+moves about twice the bytes (a reduce-scatter and an all-gather), the price of
+the average on every rank (gloo has no reduce_scatter in torch 1.13; the
+owners' daemon updates need only their own chunks); every rank keeps its
+buffers until the pass end (a copy of the gradients, as DDP's buckets are), a
+non-owner drops them once written. A pass before the step's
+last (accumulation, ``accumulation_steps`` or the passes learned) reduces
+nothing: ``.grad`` keeps the rank's own sum, as under DDP's ``no_sync``.
 
 Rules that keep every rank's collectives in the same order:
 
 - *One round a step.* Every chunk is reduced once a round, in plan order: a
-  chunk complete out of order waits for the ones before it (``_cursor``).
-  Which of them start in backward and which at step() may differ between the
-  ranks (a rank with overlap off starts them all at step()); the sequence does
-  not. Each reduction carries one more element per segment: 1 where this rank
-  has a gradient, so the owner knows which parameters no rank has (not updated,
-  as torch leaves a parameter without a gradient) and which some lack (zeros,
-  as DDP does). The sum is divided by the world size, as DDP averages.
+  chunk complete out of order waits for the ones before it (``_cursor``);
+  what is left starts at the end of the pass (or at step(), when no pass
+  ended the round). Which start in backward and which at the pass end may
+  differ between the ranks (a rank with overlap off starts them all at the
+  pass end); the sequence does not. Each reduction carries one more element
+  per segment: 1 where this rank has a gradient, so every rank knows which
+  parameters no rank has.
+- *A pass more than expected* (the loop accumulates more passes than counted:
+  undeclared accumulation, learned at the commit) reaches chunks already
+  averaged: at its end the ranks agree (one all-reduce of flags) on the chunks
+  reached and reduce them again. The average of a sum that holds an average
+  is exact: mean_r(avg(g1) + g2_r) = avg(g1) + avg(g2).
 - *Agreed at step()* (``settle``): the rest of the round starts; a fingerprint
-  of the gradients each rank sent (the resident mode's, _fingerprints.py) is
-  compared with ``.grad`` now, and the chunks changed on any rank (one
-  all-reduce of flags: one more backward pass, an in-place edit) are reduced
-  again. When they changed and ``.grad`` is now the same on every rank (a
-  model wrapped in DDP: DDP's own all-reduce wrote the average into ``.grad``
-  at the end of backward), the round is dropped and ``ddp_averages`` set: the
+  of ``.grad`` as the pass end wrote it (_fingerprints.py) is compared with
+  ``.grad`` now, in one all-reduce of flags. A chunk the loop changed alike on
+  every rank (a clip, an unscale: ``.grad`` the same on every rank) is taken
+  from ``.grad`` and redone; one changed differently on some rank (a per-rank
+  edit of the averaged gradients) raises on every rank: fuyou updates each
+  chunk once for every rank and cannot step on per-rank gradients. So does an
+  edit of gradients no pass end averaged (a step with fewer backward passes
+  than counted, the loop editing each rank's own sum in between): only a
+  declared pass count can make that exact.
+- *DDP found.* A model wrapped in DDP writes DDP's average into ``.grad`` at
+  the end of backward, before the pass end: ``.grad`` written since the hook
+  (``grad_stamp``) on any rank, agreed at step(), sets ``ddp_averages``: the
   next steps start no reductions at all (DDP's all-reduce is kept, not
-  replaced), until a step finds the gradients not averaged.
+  replaced), until a step finds the gradients not averaged. The loop's own
+  edits come after the pass end and are never taken for DDP's.
 - *A round begun is finished*: zero_grad() after a backward without step()
   (a skipped step) starts the rest of the round and drops it.
-- *A group of their own.* The reductions and the agreements of step() run on
-  a process group made for them (``dist.new_group`` over the default group's
-  ranks, when the optimizer's group is the default one), so a collective of
-  the loop's own (a loss all-reduced for logging between backward and step())
-  never pairs with a reduction that one rank started in backward and another
-  only at step(). A group passed as ``process_group=`` is used as it is (a
-  new group must be made by every rank of the default group alike): the loop
-  then must not use it between backward and step().
+- *A group of their own.* The reductions and the agreements run on a process
+  group made for them (``dist.new_group`` over the default group's ranks, when
+  the optimizer's group is the default one), so a collective of the loop's own
+  (a loss all-reduced for logging) never pairs with a reduction. A group
+  passed as ``process_group=`` is used as it is (a new group must be made by
+  every rank of the default group alike): the loop then must not use it during
+  backward or between backward and step().
 
-``skip_ddp_allreduce(ddp_model)`` replaces DDP's all-reduce instead: a comm
-hook that reduces nothing leaves each rank's own gradients in ``.grad``, and
-fuyou's reductions (with the owners' daemon updates during backward) average
-them. For a DDP model whose every trainable parameter a fuyou.AdamW of the
-same group trains.
+``skip_ddp_allreduce(ddp_model)`` (_ddp_skip.py) replaces DDP's all-reduce
+instead: DDP reduces nothing and copies each rank's own gradients back into
+``.grad``; the pass end overwrites them with fuyou's averages.
 
-``finish_reduced_step`` is step() on the averaged gradients: an inf/nan in any
-reduced chunk (loss scaling) or a non-finite norm skips the step on every rank
-(one all-reduce of [sum of squares, overflow]); ``max_grad_norm`` clips by the
-norm of the averaged gradients; a chunk sent during backward is redone when it
-was reduced again, its group's hyper-parameters changed, or the norm clipped.
-``.grad`` is never written: it keeps this rank's own gradients (DDP's average
-under DDP).
+step() on the averages: ``finish_reduced_step`` (_dp_step.py).
 """
 
 from __future__ import annotations
 
 import collections
-import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import _native
+from ._chunk_grads import read_grads, write_grads
 from ._chunk_plan import ChunkPlan
 from ._chunking import Chunk
+from ._ddp_skip import reduces_nothing
+from ._errors import FailedPrecondition
 from ._fingerprints import fingerprint, missing_grads
-from ._mode import clip_coefficient
+from ._pass_end import grad_stamp
 from ._passes import PassCounter
-from ._protocol import ABORT_OVERFLOW, REDO_CLIPPED, REDO_GRADIENTS_CHANGED
 
-__all__ = ["ChunkReductions", "ReductionCounts", "finish_reduced_step", "skip_ddp_allreduce"]
+__all__ = ["ChunkReductions", "ReductionCounts"]
+
 
 
 @dataclass
@@ -87,34 +103,36 @@ class ReductionCounts:
     """What the reductions did since the optimizer was made (tests read them)."""
 
     started_in_backward: int = 0  # chunk reductions a backward hook started
-    started_at_step: int = 0  # ... that step() or zero_grad() started (the rest of a round)
-    reduced_again: int = 0  # chunks reduced again at step(): changed on some rank
+    started_at_pass_end: int = 0  # ... the end of a backward pass started (the rest of a round)
+    started_at_step: int = 0  # ... step() or zero_grad() started (no pass end did)
+    reduced_again: int = 0  # chunks reduced again: a pass more than counted reached them
+    edited_in_loop: int = 0  # chunks the loop changed alike on every rank, taken from .grad
     sent_in_backward: int = 0  # own chunks sent to the daemon before step()
     rounds: int = 0  # rounds finished (steps, skipped steps)
-    rounds_dropped_for_ddp: int = 0  # rounds whose gradients DDP had averaged already
+    rounds_found_ddp: int = 0  # rounds in which DDP wrote its average into .grad too
 
 
 class _Reduction:
     """One chunk's reduction this round: its buffer (this rank's gradients as
-    the chunk lays them out, then one presence flag per segment; on the owner,
-    after the reduce, their average and the ranks that had each), the work,
-    and what was sent (fingerprint, segments without gradient)."""
+    the chunk lays them out, then one presence flag per segment; after the
+    all-reduce their average and how many ranks had each), the work, and
+    ``.grad`` as the pass end wrote it (fingerprint, segments without)."""
 
-    __slots__ = ("flat", "work", "fingerprint", "local_missing", "missing", "finished")
+    __slots__ = ("flat", "work", "missing", "finished", "written", "written_missing")
 
-    def __init__(self, flat, work, fp, local_missing):
+    def __init__(self, flat, work):
         self.flat = flat
         self.work = work
-        self.fingerprint = fp  # of this rank's .grad when started
-        self.local_missing = local_missing  # this rank's segments without a gradient
-        self.missing = local_missing  # on the owner, once finished: no rank's
-        self.finished = False  # the owner's average is in `flat` (or a non-owner let go)
+        self.missing: Tuple[int, ...] = ()  # once finished: the segments no rank has
+        self.finished = False  # the average is in `flat`
+        self.written: Optional[object] = None  # the fingerprint of .grad once written
+        self.written_missing: Optional[Tuple[int, ...]] = None  # None: not written yet
 
 
 class ChunkReductions:
     """The reductions of one rank's optimizer (see the module doc). Every method
-    runs with the optimizer's lock held; ``settle``, ``finish_round`` and
-    ``wait_all`` are collectives of the data-parallel group."""
+    runs with the optimizer's lock held; ``pass_ended``, ``settle``,
+    ``finish_round`` and ``wait_all`` are collectives of the group."""
 
     def __init__(self, dp, pipeline):
         self.dp = dp
@@ -149,10 +167,15 @@ class ChunkReductions:
         self._cursor = 0  # chunks before it were started this round
         self._ready: set = set()  # complete for the step's last pass, not started
         self._reached: set = set()  # started chunks a later pass reached
+        self._reached_in_pass: set = set()  # ... in the pass going on
         self._by_id: Dict[int, _Reduction] = {}
         self._unfinished: collections.deque = collections.deque()  # chunk ids, in start order
-        self._again: set = set()  # chunk ids reduced a second time this round
+        self._changed: set = set()  # chunk ids whose average changed after it was first ready
         self._counted_pass = False
+        self._averaged = False  # a pass end wrote the round's averages into .grad
+        self._hook_stamps: Dict[int, object] = {}  # param index -> grad_stamp after its hook
+        self._end_stamps: Optional[List[object]] = None  # every .grad's at the last pass end
+        self._rewritten = False  # .grad written between a hook and its pass end (DDP)
 
     @property
     def round_open(self) -> bool:
@@ -165,19 +188,21 @@ class ChunkReductions:
     # ------------------------------------------------------------ hooks
     def arriving(self, index: int) -> bool:
         """Before parameter `index` accumulates: whether this pass reaches a
-        chunk already started this round (the loop accumulates more passes than
-        expected; settle() reduces it again)."""
-        again = [c for c in self.plan.of_param(index)
-                 if c.chunk_id in self._by_id and c.chunk_id not in self._reached]
+        chunk already started this round for the first time (the loop
+        accumulates more passes than expected; the pass end reduces it again)."""
+        started = [c for c in self.plan.of_param(index) if c.chunk_id in self._by_id]
+        self._reached_in_pass.update(c.chunk_id for c in started)
+        again = [c for c in started if c.chunk_id not in self._reached]
         self._reached.update(c.chunk_id for c in again)
         return bool(again)
 
     def accumulated(self, index: int, may_start: bool) -> List[Chunk]:
         """After parameter `index` accumulated: counts the pass, starts the
-        chunks now complete in plan order (`may_start`: overlap on, not under
-        DDP), and returns this rank's chunks whose reduction finished (their
-        average is ready for the daemon, not sent yet)."""
+        chunks now complete in plan order (`may_start`: overlap on), and
+        returns this rank's chunks whose reduction finished (their average is
+        ready for the daemon, not sent yet)."""
         self._counted_pass = True
+        self._hook_stamps[index] = grad_stamp(self.pipeline.params[index])
         per_step = self.pipeline.passes.passes_per_step
         for c in self.passes.count(index, self.plan.of_param(index), self.plan.params_of,
                                    self._started):
@@ -186,65 +211,54 @@ class ChunkReductions:
         if may_start:
             while self._cursor < len(self.chunks) and \
                     self.chunks[self._cursor].chunk_id in self._ready:
-                self._start(self.chunks[self._cursor], in_backward=True)
+                self._start(self.chunks[self._cursor], "backward")
         return self._finished_own()
 
     def _started(self, chunk_id: int) -> bool:
         return self._position[chunk_id] < self._cursor
 
     # ------------------------------------------------------------ starting
-    def _start(self, c: Chunk, in_backward: bool) -> None:
-        """Starts chunk `c`'s reduce to its owner (the next of the round, or a
-        second one of a changed chunk at step())."""
-        dp = self.dp
-        fp = fingerprint(c)  # before the copy: a DDP bucket view may still change
-        missing = missing_grads(c)
-        dev = dp._device(c.segments[0].param)
+    def _start(self, c: Chunk, when: str) -> None:
+        """Starts chunk `c`'s all-reduce (the next of the round, or a second one:
+        `when` "again")."""
+        dev = self.dp._device(c.segments[0].param)
         dtype = c.dtype if dev.type == "cuda" else torch.float32  # gloo: sums in fp32
         n, k = c.num_elements, len(c.segments)
         flat = torch.empty(n + k, dtype=dtype, device=dev)
-        for i, seg in enumerate(c.segments):
-            piece = flat[seg.offset:seg.offset + seg.numel]
-            g = seg.param.grad
-            if g is None:
-                piece.zero_()
-            else:
-                piece.copy_(g.detach().reshape(-1)[seg.start:seg.end])
+        read_grads(c, flat)
+        missing = missing_grads(c)
         flat[n:] = torch.tensor([0.0 if i in missing else 1.0 for i in range(k)], dtype=dtype)
-        work = dist.reduce(flat, dst=dp._src(dp.owner_of[c.chunk_id]), op=dist.ReduceOp.SUM,
-                           group=self.group, async_op=True)
-        again = c.chunk_id in self._by_id
-        self._by_id[c.chunk_id] = _Reduction(flat, work, fp, missing)
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        self._by_id[c.chunk_id] = _Reduction(flat, work)
         self._unfinished.append(c.chunk_id)
-        if again:
-            self._again.add(c.chunk_id)
+        if when == "again":
+            self._changed.add(c.chunk_id)
             self.counts.reduced_again += 1
+            return
+        self._cursor += 1
+        self._ready.discard(c.chunk_id)
+        if when == "backward":
+            self.counts.started_in_backward += 1
+        elif when == "pass end":
+            self.counts.started_at_pass_end += 1
         else:
-            self._cursor += 1
-            self._ready.discard(c.chunk_id)
-            if in_backward:
-                self.counts.started_in_backward += 1
-            else:
-                self.counts.started_at_step += 1
+            self.counts.started_at_step += 1
 
-    def start_rest(self) -> None:
+    def start_rest(self, when: str = "step") -> None:
         """Starts every chunk of the round not started yet, in plan order."""
         while self._cursor < len(self.chunks):
-            self._start(self.chunks[self._cursor], in_backward=False)
+            self._start(self.chunks[self._cursor], when)
 
     # ------------------------------------------------------------ finishing
     def _finish(self, c: Chunk, r: _Reduction, wait: bool) -> bool:
-        """Whether `c`'s reduction is done (waits when `wait`); the owner's sum
-        becomes the average, a non-owner lets its buffer go."""
+        """Whether `c`'s reduction is done (waits when `wait`); the sum becomes
+        the average."""
         if r.finished:
             return True
         if not wait and not r.work.is_completed():
             return False
         r.work.wait()  # raises a failed collective's error
         r.finished = True
-        if not self.owns(c):
-            r.flat = None
-            return True
         n = c.num_elements
         present = r.flat[n:].tolist()
         r.missing = tuple(i for i, v in enumerate(present) if v <= 0)
@@ -252,8 +266,8 @@ class ChunkReductions:
         return True
 
     def _finished_own(self) -> List[Chunk]:
-        """Finishes the reductions done so far, oldest first (a non-owner's
-        buffer goes at once); this rank's chunks among them."""
+        """Finishes the reductions done so far, oldest first; this rank's
+        chunks among them."""
         out = []
         while self._unfinished:
             cid = self._unfinished[0]
@@ -265,51 +279,132 @@ class ChunkReductions:
                 out.append(c)
         return out
 
-    def wait_all(self) -> None:
-        """Waits for every reduction started this round (in the order started)."""
+    def wait_all(self) -> List[Chunk]:
+        """Waits for every reduction started this round (in the order started);
+        this rank's chunks among those not finished before."""
+        out = []
         while self._unfinished:
             cid = self._unfinished.popleft()
-            self._finish(self.plan.chunk(cid), self._by_id[cid], wait=True)
+            c = self.plan.chunk(cid)
+            self._finish(c, self._by_id[cid], wait=True)
+            if self.owns(c):
+                out.append(c)
+        return out
 
     def averaged(self, c: Chunk) -> Tuple[torch.Tensor, Tuple[int, ...]]:
         """This rank's chunk `c` averaged over the ranks, laid out as the chunk,
         and the segments no rank has a gradient for: ``ChunkPipeline.send``'s
-        ``packed``. After ``wait_all``, or once ``accumulated`` returned it."""
+        ``packed``. After ``wait_all``, or once returned as finished."""
         r = self._by_id[c.chunk_id]
         return r.flat, r.missing
 
     def count_sent_in_backward(self) -> None:
         self.counts.sent_in_backward += 1
 
-    def reduced_again(self, c: Chunk) -> bool:
-        return c.chunk_id in self._again
+    def changed(self, c: Chunk) -> bool:
+        """Whether `c`'s average changed after it was first ready (reduced
+        again, or edited alike by the loop): a send of it is redone."""
+        return c.chunk_id in self._changed
+
+    # ------------------------------------------------------------ pass end
+    def pass_ended(self) -> List[Chunk]:
+        """At the end of a backward pass: when it was the step's last (a chunk
+        is due), the rest of the round starts and every chunk's average goes
+        into ``.grad``; a pass after that reduces again the chunks it reached
+        on any rank. Returns this rank's chunks whose average is ready now."""
+        params = self.pipeline.params
+        self._rewritten |= any(grad_stamp(params[i]) != s for i, s in self._hook_stamps.items()
+                               if not reduces_nothing(params[i]))
+        self._hook_stamps = {}
+        reached, self._reached_in_pass = self._reached_in_pass, set()
+        if not self._averaged:
+            if self._cursor == 0 and not self._ready:
+                self._stamp_pass_end()
+                return []  # a pass before the step's last: .grad stays this rank's
+            self.start_rest("pass end")
+            chunks = self.chunks
+        else:
+            flags = [1 if c.chunk_id in reached else 0 for c in self.chunks]
+            agreed = self.all_reduce(torch.tensor(flags, dtype=torch.int32), dist.ReduceOp.MAX)
+            chunks = [c for c, f in zip(self.chunks, agreed.tolist()) if f]
+            for c in chunks:
+                self._start(c, "again")
+        ready = self.wait_all()
+        for c in chunks:
+            self._write(c)
+        self._averaged = True
+        self._stamp_pass_end()
+        return ready
+
+    def _write(self, c: Chunk) -> None:
+        """The average of `c` into ``.grad``; what was written is remembered."""
+        r = self._by_id[c.chunk_id]
+        write_grads(c, r.flat, r.missing)
+        r.written = fingerprint(c)
+        r.written_missing = missing_grads(c)
+        if not self.owns(c):
+            r.flat = None  # only the owner sends it
+
+    def _stamp_pass_end(self) -> None:
+        self._end_stamps = [grad_stamp(p) for p in self.pipeline.params]
 
     # ------------------------------------------------------------ step()
     def settle(self) -> bool:
-        """At step(), a collective: starts the rest of the round, then reduces
-        again the chunks whose gradients changed on any rank since they were
-        sent. Returns True (the round dropped, ``ddp_averages`` set) when they
-        changed and are now the same on every rank: DDP averaged them."""
+        """At step(), a collective: starts and finishes the rest of the round,
+        takes the chunks the loop changed alike on every rank from ``.grad``,
+        raises on every rank when it changed them differently. Returns whether
+        DDP wrote its averages into ``.grad`` (``ddp_averages`` is then set)."""
+        unwritten = [c for c in self.chunks if c.chunk_id not in self._by_id
+                     or self._by_id[c.chunk_id].written_missing is None]
+        edited_own = self._end_stamps is not None and any(
+            grad_stamp(self.pipeline.params[i]) != self._end_stamps[i]
+            for c in unwritten for i in self.plan.params_of(c.chunk_id))
         self.start_rest()
-        flags = [0] * len(self.chunks)
+        self.wait_all()
+        flags = [0] * (len(self.chunks) + 2)
         for i, c in enumerate(self.chunks):
             r = self._by_id[c.chunk_id]
-            if missing_grads(c) != r.local_missing or \
-                    not _same_fingerprint(fingerprint(c), r.fingerprint):
+            if r.written_missing is not None and (
+                    missing_grads(c) != r.written_missing
+                    or not _same_fingerprint(fingerprint(c), r.written)):
                 flags[i] = 1
-        agreed = self._all_reduce(torch.tensor(flags, dtype=torch.int32), dist.ReduceOp.MAX)
-        changed = [c for c, f in zip(self.chunks, agreed.tolist()) if f]
-        if not changed:
-            return False
-        if self._same_on_every_rank():
-            self.wait_all()
-            self.ddp_averages = True
-            self.counts.rounds_dropped_for_ddp += 1
-            return True
-        self.wait_all()  # before a chunk's buffer is replaced
+        flags[-2], flags[-1] = int(self._rewritten), int(edited_own)
+        agreed = self.all_reduce(torch.tensor(flags, dtype=torch.int32),
+                                 dist.ReduceOp.MAX).tolist()
+        if agreed[-1]:
+            raise FailedPrecondition(self._message(_EDITED_OWN))
+        changed = [c for c, f in zip(self.chunks, agreed) if f]
+        if changed and not self._same_on_every_rank(changed):
+            raise FailedPrecondition(self._message(_EDITED_APART.format(
+                params=sorted({i for c in changed for i in self.plan.params_of(c.chunk_id)}))))
         for c in changed:
-            self._start(c, in_backward=False)
-        return False
+            self._take_from_grads(c)
+        for c in unwritten:  # the average where the loop's .grad is (as DDP leaves it)
+            self._write(c)
+        if agreed[-2]:
+            self.ddp_averages = True
+            self.counts.rounds_found_ddp += 1
+        return bool(agreed[-2])
+
+    def _take_from_grads(self, c: Chunk) -> None:
+        """Chunk `c`'s average is ``.grad`` now (the same on every rank): a new
+        buffer (the sender may still read the old one)."""
+        self._changed.add(c.chunk_id)
+        self.counts.edited_in_loop += 1
+        if not self.owns(c):
+            return
+        r = self._by_id[c.chunk_id]
+        flat = torch.empty(c.num_elements, dtype=torch.float32 if r.flat.device.type == "cpu"
+                           else r.flat.dtype, device=r.flat.device)
+        read_grads(c, flat)
+        r.flat, r.missing = flat, missing_grads(c)
+
+    def _message(self, what: str) -> str:
+        dp = self.dp
+        return (f"fuyou.AdamW of data-parallel job {dp.base_job!r} (rank {dp.rank} of "
+                f"{dp.world_size}): {what}; edit .grad alike on every rank after the "
+                f"step's last backward pass, or let fuyou clip and unscale (max_grad_norm=, "
+                f"loss_scale=), or wrap the model in DDP")
 
     def finish_round(self) -> None:
         """Ends the round (after the step's commit or abort); a round begun in a
@@ -321,12 +416,13 @@ class ChunkReductions:
             self.counts.rounds += 1
         self._reset()
 
-    def _same_on_every_rank(self) -> bool:
-        """Whether ``.grad`` is the same on every rank now: per chunk the sum,
-        the sum of squares and a position-weighted sum (fp64), their minimum
-        and maximum over the ranks equal; segments without a gradient count."""
+    def _same_on_every_rank(self, chunks: List[Chunk]) -> bool:
+        """Whether ``.grad`` of `chunks` is the same on every rank now: per chunk
+        the sum, the sum of squares and a position-weighted sum (fp64), their
+        minimum and maximum over the ranks equal; segments without a gradient
+        count; an inf or a nan counts as itself."""
         stats = []
-        for c in self.chunks:
+        for c in chunks:
             s = torch.zeros(4, dtype=torch.float64)
             for i, seg in enumerate(c.segments):
                 g = seg.param.grad
@@ -339,40 +435,31 @@ class ChunkReductions:
                 s[0] += piece.sum()
                 s[1] += piece.square().sum()
                 s[2] += torch.dot(piece, weights)
-            stats.append(s)
-        mine = torch.cat(stats) if stats else torch.zeros(1, dtype=torch.float64)
-        lowest = self._all_reduce(mine.clone(), dist.ReduceOp.MIN)
-        highest = self._all_reduce(mine.clone(), dist.ReduceOp.MAX)
-        return torch.equal(lowest, highest)  # a nan anywhere: not the same
+            stats.append(torch.nan_to_num(s, nan=3e300, posinf=2e300, neginf=-2e300))
+        mine = torch.cat(stats)
+        lowest = self.all_reduce(mine.clone(), dist.ReduceOp.MIN)
+        highest = self.all_reduce(mine.clone(), dist.ReduceOp.MAX)
+        return torch.equal(lowest, highest)
 
-    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        """`t` reduced over the ranks by `op` on the reductions' group (a
+        collective), back on the host."""
         dev = self.dp._device(self.pipeline.params[0])
         t = t.to(dev)
         dist.all_reduce(t, op=op, group=self.group)
         return t.cpu()
 
-    # ------------------------------------------------------------ the own chunks
-    def own_squares(self, chunks: List[Chunk]) -> float:
-        """The sum of squares of this rank's averaged chunks (fp64)."""
-        total = 0.0
-        for c in chunks:
-            flat = self._by_id[c.chunk_id].flat
-            if flat.device.type == "cpu" and flat.dtype == torch.float32:
-                total += _native.module().sum_and_squares([(flat.data_ptr(), flat.numel())])[1]
-            else:
-                total += float(flat.double().square().sum())
-        return total
 
-    def own_finite(self, chunks: List[Chunk]) -> bool:
-        flags = [torch.isfinite(self._by_id[c.chunk_id].flat).all() for c in chunks]
-        return not flags or bool(torch.stack(flags).all())
-
-    def agree(self, squares: float, overflow: bool) -> Tuple[float, bool]:
-        """(the ranks' sums of squares summed, whether any rank overflowed): one
-        all-reduce."""
-        t = self._all_reduce(torch.tensor([squares, 1.0 if overflow else 0.0],
-                                          dtype=torch.float64), dist.ReduceOp.SUM)
-        return float(t[0]), bool(t[1] > 0)
+_EDITED_APART = ("the loop changed .grad differently on the ranks after fuyou averaged it at "
+                 "the end of backward (parameters {params} by index; as DDP does, .grad held "
+                 "the same average on every rank): a per-rank edit, a .grad set to None or an "
+                 "inf put in on one rank alone; fuyou updates each chunk once for all ranks "
+                 "and cannot step on per-rank gradients")
+_EDITED_OWN = ("the loop changed .grad after a backward pass that was not the step's last as "
+               "fuyou counts them (accumulation_steps=, or the passes learned from earlier "
+               "steps): .grad still held each rank's own gradients, and an average of what the "
+               "loop made of them (a clip by each rank's norm) is not what torch computes; "
+               "declare accumulation_steps= as the passes of every step")
 
 
 def _same_fingerprint(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
@@ -382,49 +469,6 @@ def _same_fingerprint(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> b
     return all(p == q or (p != p and q != q) for p, q in zip(x, y))
 
 
-def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
-                        max_grad_norm: Optional[float], before_commit) -> bool:
-    """step() of a rank whose chunks fuyou reduced (after ``settle``): see the
-    module doc. Every rank commits or skips alike: ``before_commit(True)`` once
-    the own chunks' updates are answered (the ranks' agreement, which raises
-    when another rank is not ready), ``before_commit(False)`` when they
-    failed here. Returns whether committed."""
-    own = pipeline.plan.chunks
-    reductions.wait_all()
-    pipeline.wait_sent()  # the sends of backward, and the sender's inf/nan check
-    clipping = max_grad_norm is not None
-    squares = reductions.own_squares(own) if clipping else 0.0
-    overflow = pipeline.step.overflow or (scaler.enabled and not reductions.own_finite(own))
-    total, overflow = reductions.agree(squares, overflow)
-    coef = 1.0
-    if not overflow and clipping:
-        coef = clip_coefficient([total], max_grad_norm, scaler)
-        overflow = not math.isfinite(coef)
-    if overflow:
-        pipeline.abort(ABORT_OVERFLOW)
-        scaler.update(overflow=True)
-        return False
-    grad_scale = coef / scaler.scale
-    try:
-        for c in own:
-            packed = reductions.averaged(c)
-            sent = pipeline.step.sent.get(c.chunk_id)
-            if sent is None:
-                pipeline.send(c, grad_scale, packed=packed)
-            elif reductions.reduced_again(c) or sent.hyper != pipeline.hyper_now(c.group_index):
-                pipeline.redo(c, grad_scale, REDO_GRADIENTS_CHANGED, packed=packed)
-            elif coef < 1.0:
-                pipeline.redo(c, grad_scale, REDO_CLIPPED, packed=packed)
-        pipeline.wait_sent()
-    except BaseException:
-        before_commit(False)
-        raise
-    before_commit(True)
-    pipeline.commit()
-    scaler.update(overflow=False)
-    return True
-
-
 def _timeout_of(group):
     """The timeout `group` (None: the default group) was made with."""
     pg = group if group is not None else dist.group.WORLD
@@ -432,24 +476,3 @@ def _timeout_of(group):
         return pg.options._timeout
     except AttributeError:  # a backend without options
         return dist.distributed_c10d.default_pg_timeout
-
-
-def _reduce_nothing(state, bucket):
-    """A DDP comm hook: the bucket as it is (this rank's gradients, undivided)."""
-    done = torch.futures.Future()
-    done.set_result(bucket.buffer())
-    return done
-
-
-def skip_ddp_allreduce(model) -> None:
-    """Makes DistributedDataParallel `model` all-reduce nothing: each rank's
-    ``.grad`` keeps its own gradients, and ``fuyou.AdamW`` (of the same group,
-    over all of the model's trainable parameters) reduces each chunk to its
-    owner during backward, the owners' daemon updates overlapping the rest of
-    backward (with DDP's own all-reduce they wait for step()). Call it once,
-    before the first backward. Only for a model that fuyou.AdamW trains: any
-    other optimizer would step on each rank's own gradients."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"skip_ddp_allreduce takes a DistributedDataParallel model, not "
-                        f"{type(model).__name__}")
-    model.register_comm_hook(None, _reduce_nothing)

@@ -8,23 +8,25 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   chunk's weights are broadcast from its owner (a resumed owner installed the
   daemon's).
 - Backward (the hooks, always installed): each chunk complete for the step's
-  last pass is reduced to its owner at once, and the owner sends the average
-  to its daemon as soon as it is there (``ChunkReductions``, _dp_overlap.py:
-  the round, the order, the accumulation and DDP rules); with overlap off
-  everything starts at step().
+  last pass is all-reduced at once, and the owner sends the average to its
+  daemon as soon as it is there; at the end of the pass every rank's
+  ``.grad`` holds the average, as DDP leaves it (``ChunkReductions``,
+  _dp_overlap.py: the round, the order, the accumulation and DDP rules); with
+  overlap off every reduction starts at the end of the pass.
 - Another world size: the job's states are resharded into the new per-rank
   jobs after registration (_reshard.py), before the weights are broadcast.
-- step(): ``settle`` (the rest of the round, the chunks changed since sent
-  reduced again, DDP detected), then ``finish_reduced_step``: an inf/nan in
+- step(): ``settle`` (the rest of the round; the chunks the loop edited alike
+  on every rank taken from ``.grad``, a per-rank edit refused on every rank;
+  DDP detected), then ``finish_reduced_step`` (_dp_step.py): an inf/nan in
   any averaged chunk (loss scaling) skips the step on every rank;
   ``max_grad_norm`` clips by the global norm (the owners' sums of squares
   all-reduced); the own chunks sent or redone, every rank's agreement
   (_dp_commit.py: the step commits on every rank or on none), the step
   committed in this rank's job, and every chunk's new weights broadcast from
   its owner.
-- Under DDP (its all-reduce already averaged ``.grad``; kept, not replaced):
-  nothing is reduced again (``average_gradients`` finds every rank's the
-  same), the own chunks go from ``.grad`` at step() as in the resident mode,
+- Under DDP (its all-reduce already averaged ``.grad``; kept, not replaced,
+  from the step after the one that found it): nothing is reduced
+  (``average_gradients`` finds every rank's the same), the own chunks go from ``.grad`` at step() as in the resident mode,
   and the global norm and the overflow are agreed as above. With
   ``fuyou.skip_ddp_allreduce(ddp_model)`` DDP reduces nothing and the
   reductions above replace its all-reduce.
@@ -39,8 +41,10 @@ from typing import List
 
 import torch
 
-from ._dp_overlap import ChunkReductions, finish_reduced_step
+from ._dp_overlap import ChunkReductions
 from ._dp_commit import agree_to_commit
+from ._dp_step import finish_reduced_step
+from ._pass_end import PassEnd
 from ._reshard import reshard
 from ._resident import ResidentMode
 
@@ -60,7 +64,7 @@ class ShardedResidentMode(ResidentMode):
         super().__init__(opt, pipeline, session)
         self._overlap = True  # the hooks count every pass; whether they start: hook_grad_scale
         self.reductions = ChunkReductions(self.dp, pipeline)
-        self._sent_unaveraged: List = []  # own chunks sent from a round DDP made moot
+        self._pass_end = PassEnd(self, "_backward_ended")  # the averages into .grad
         if self.dp.world_plan.reshard:
             reshard(self.dp, pipeline, opt._connection)
             opt.resumed = True
@@ -85,6 +89,7 @@ class ShardedResidentMode(ResidentMode):
             pipeline.count_pass(index)  # the passes the pipeline learns at commit
             if self.reductions.ddp_averages:
                 return  # DDP reduces; the own chunks go at step()
+            self._pass_end.arm()
             grad_scale = pipeline.hook_grad_scale()
             arrived = self.reductions.accumulated(index, may_start=grad_scale is not None)
             if grad_scale is None:
@@ -97,18 +102,38 @@ class ShardedResidentMode(ResidentMode):
             pipeline.failed = e
             raise
 
+    def _backward_ended(self) -> None:
+        """At the end of a backward pass: the averages into ``.grad`` (the
+        pass's reductions waited for); sends the own chunks that became ready."""
+        pipeline = self.pipeline
+        with pipeline.lock:
+            if not pipeline.hooks_live() or self.reductions.ddp_averages:
+                return
+            try:
+                ready = self.reductions.pass_ended()
+                grad_scale = pipeline.hook_grad_scale()
+                for c in ready if grad_scale is not None else ():
+                    if c.chunk_id not in pipeline.step.sent and pipeline.send(
+                            c, grad_scale, speculative=True,
+                            packed=self.reductions.averaged(c)):
+                        self.reductions.count_sent_in_backward()
+            except BaseException as e:
+                pipeline.failed = e
+                raise
+
     # ------------------------------------------------------------ step
     def finish_step(self, scaler, max_grad_norm) -> bool:
         """The step on the gradients fuyou reduced (or DDP averaged), then the
         new weights of every chunk from its owner. Every rank commits or skips
         the step alike."""
         reductions = self.reductions
-        if not reductions.ddp_averages and not reductions.settle():
-            self.dp.steps_averaged += 1  # fuyou reduced this step's gradients
+        self._pass_end.disarm()
+        if not reductions.ddp_averages:
+            if not reductions.settle():
+                self.dp.steps_averaged += 1  # fuyou alone averaged this step's gradients
             committed = finish_reduced_step(self.pipeline, reductions, scaler, max_grad_norm,
                                             before_commit=self._agree_to_commit)
         else:
-            self._sent_unaveraged = self.pipeline.step.sent_chunks()
             committed = self._finish_averaged(scaler, max_grad_norm)
         reductions.finish_round()
         if committed:
@@ -127,8 +152,6 @@ class ShardedResidentMode(ResidentMode):
 
     def _settle(self, inv_scale: float, clipping: bool) -> List[float]:
         squares = super()._settle(inv_scale, clipping)
-        stale, self._sent_unaveraged = self._sent_unaveraged, []
-        self._changed += [c for c in stale if c not in self._changed]  # sent from a moot round
         if not clipping:
             return []
         return [self.dp.global_sum(sum(squares), self.pipeline.params[0])]
@@ -137,6 +160,7 @@ class ShardedResidentMode(ResidentMode):
         """A round begun in a step the loop skipped is finished (every rank
         starts its next one at the same collective), then as the resident mode."""
         pipeline = self.pipeline
+        self._pass_end.disarm()
         if pipeline.attached and pipeline.failed is None:
             try:
                 self.reductions.finish_round()

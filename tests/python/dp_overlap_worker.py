@@ -1,18 +1,25 @@
 """One rank of the overlap tests (test_dp_overlap.py).
 
-``dp_overlap_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--micro K]
-[--declare] [--no-overlap] [--edit-grads] [--loss-scale] [--inf-at S]
+``dp_overlap_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--loop-clip]
+[--micro K] [--declare] [--no-overlap] [--edit-grads] [--loss-scale] [--inf-at S]
 [--solo] [--steps N]``: joins a gloo group over a FileStore and trains
 dp_worker.py's MLP with fuyou.AdamW on this rank's batches, comparing every
 weight after every step with torch.optim.AdamW run here on the averaged
 gradient (what DDP + torch.optim.AdamW gives). Records, per step, the
 reduction counters (``opt._mode.reductions.counts``) after each backward pass
-(before step()) and after step(). ``--micro K``: K backward passes a step
-(``--declare``: ``accumulation_steps=K``); ``--edit-grads``: every gradient
-halved between backward and step(); ``--inf-at S``: rank 1 puts an inf into
-a gradient of the last layer (a chunk rank 0 owns) before step() of step S
-(loss scaling skips the step on every rank); ``--drop-last R,..``: those
-ranks set the last parameter's ``.grad`` to None before step(); ``--no-overlap-rank R``: overlap off on rank R alone; ``--log-loss``: the
+(before step()) and after step(), and a digest of ``.grad`` after the last
+backward pass (the same on every rank: fuyou wrote the average into it).
+``--clip``: ``max_grad_norm``; ``--loop-clip``: ``clip_grad_norm_`` in the
+loop between backward and step(), fuyou not clipping; ``--edit-apart``: rank
+0 alone halves its gradients before step() (every rank must raise);
+``--micro K``: K backward passes a step (``--declare``:
+``accumulation_steps=K``; ``--accumulation-steps N``: declares N instead);
+``--edit-grads``: every gradient halved between backward and step();
+``--inf-at S``: rank 1's backward puts an inf into its gradient of the last
+layer (a chunk rank 0 owns) in step S (loss scaling skips the step on every
+rank); ``--drop-last R,..``: on those ranks the last parameter takes no part
+in backward (no gradient: averaged with zeros, as DDP does; None on every
+rank when every rank drops it); ``--no-overlap-rank R``: overlap off on rank R alone; ``--log-loss``: the
 loss all-reduced on the default group between backward and step();
 ``--pause-in-backward``: every rank waits for the others, then half a
 second, before the first layer's gradient; ``--skip-ddp-allreduce``: DDP reduces nothing (fuyou.skip_ddp_allreduce);
@@ -62,12 +69,18 @@ def reference(args, world: int, ranks):
                 for p in model.parameters():
                     if p.grad is not None:
                         p.grad.mul_(0.5)
-            if args.clip:
+            if args.clip or args.loop_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
             opt.step()
         opt.zero_grad(set_to_none=True)
         out.append([p.detach().clone() for p in model.parameters()])
     return out
+
+
+def digest(params) -> list:
+    """[sum, sum of squares] of every .grad (fp64), None for a parameter without."""
+    return [None if p.grad is None else [float(p.grad.double().sum()),
+                                         float(p.grad.double().square().sum())] for p in params]
 
 
 def counts_of(opt) -> dict:
@@ -81,11 +94,13 @@ def main():
         ap.add_argument(name, type=int)
     ap.add_argument("store")
     ap.add_argument("out")
-    for flag in ("--ddp", "--clip", "--declare", "--no-overlap", "--edit-grads",
+    for flag in ("--ddp", "--clip", "--loop-clip", "--edit-apart", "--declare",
+                 "--no-overlap", "--edit-grads",
                  "--loss-scale", "--solo", "--log-loss", "--skip-ddp-allreduce",
                  "--pause-in-backward"):
         ap.add_argument(flag, action="store_true")
     ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--accumulation-steps", type=int, default=0)
     ap.add_argument("--no-overlap-rank", type=int, default=-1)
     ap.add_argument("--inf-at", type=int, default=-1)
     ap.add_argument("--drop-last", type=lambda v: [int(r) for r in v.split(",")], default=[])
@@ -113,7 +128,8 @@ def main():
                           chunk_bytes=args.chunk_bytes,
                           overlap=not args.no_overlap and args.rank != args.no_overlap_rank,
                           max_grad_norm=MAX_NORM if args.clip else None,
-                          accumulation_steps=args.micro if args.declare else 1,
+                          accumulation_steps=args.accumulation_steps or (
+                              args.micro if args.declare else 1),
                           loss_scale="dynamic" if args.loss_scale else None, **extra)
         dp = opt._data_parallel
         if args.pause_in_backward:  # before the first layer's gradient: every rank has
@@ -125,30 +141,46 @@ def main():
         result.update(job=opt.job, data_parallel=dp is not None,
                       all_chunks=len(dp.all_chunks) if dp else opt.num_chunks,
                       own_chunks=opt.num_chunks)
+        params = list(model.parameters())
+        last, dropping = params[-1], args.rank in args.drop_last
         worst, per_step = [], []
         for step in range(args.steps):
             seen = []
+            inf_hook = None
+            if step == args.inf_at and args.rank == 1:
+                # in the last layer, a chunk rank 0 owns: an inf in rank 1's own
+                # gradient, which the average brings to every rank
+                def put_inf(grad):
+                    grad = grad.clone()
+                    grad[0] = float("inf")
+                    return grad
+                inf_hook = last.register_hook(put_inf)
             for m in range(args.micro):
+                last.requires_grad_(not dropping)  # no part in backward: no gradient
                 loss = opt.scale_loss(loss_of(trained, *batch(step, args.rank, m)) / args.micro)
                 if args.ddp and m < args.micro - 1:
                     with trained.no_sync():
                         loss.backward()
                 else:
                     loss.backward()
+                last.requires_grad_(True)
                 seen.append(counts_of(opt))
+            if inf_hook is not None:
+                inf_hook.remove()
+            grads = digest(params)
             if args.edit_grads:
                 for p in model.parameters():
                     p.grad.mul_(0.5)
+            if args.edit_apart and args.rank == 0:
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
+            if args.loop_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
             if args.log_loss:  # the loop's own collective between backward and step()
                 dist.all_reduce(loss.detach().clone())
-            if args.rank in args.drop_last:  # a parameter without a gradient on this rank
-                list(model.parameters())[-1].grad = None
-            if step == args.inf_at and args.rank == 1:
-                # in the last layer, a chunk rank 0 owns: rank 1 learns of it from rank 0
-                list(model.parameters())[-1].grad[0] = float("inf")
             opt.step()
             opt.zero_grad(set_to_none=True)
-            per_step.append({"after_pass": seen, "after_step": counts_of(opt)})
+            per_step.append({"after_pass": seen, "after_step": counts_of(opt), "grads": grads})
             worst.append(max(violation(a, b) for a, b in zip(ref[step], model.parameters())))
         result.update(worst=worst, per_step=per_step, skipped=opt.skipped_steps,
                       committed=opt.committed_step,

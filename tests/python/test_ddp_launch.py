@@ -56,8 +56,10 @@ def test_main_job_ddp_runs_two_ranks_on_one_daemon(tmp_path):
     out = run(["bash", "deploy/main-job.sh", "--ddp", "--nproc", "2", *TINY,
                "--out-dir", str(tmp_path / "out")], tmp_path)
     metrics = check_two_ranks_one_daemon(out, tmp_path / "out")
-    # DDP averaged: fuyou found it at the first step and redid what it had sent
-    assert metrics["loop_stats"]["redone_changed"] == metrics["loop_stats"]["speculative_updates"]
+    # DDP averaged too: fuyou found it at the first step, whose own averages it had
+    # written into .grad after DDP's (the same average): nothing sent was redone
+    assert metrics["loop_stats"]["speculative_updates"] > 0
+    assert metrics["loop_stats"]["redone_changed"] == 0
 
 
 def test_torchrun_with_a_plain_model_reduces_during_backward(tmp_path):
