@@ -192,7 +192,7 @@ int Main(int argc, char** argv) {
   options.max_request_bytes = c.bs;
   absl::StatusOr<std::unique_ptr<IoEngine>> engine = IoEngine::Create(options);
   if (!engine.ok()) Die(engine.status().ToString());
-  absl::StatusOr<std::unique_ptr<StateFile>> file = (*engine)->Open(path, /*create=*/true, nullptr);
+  absl::StatusOr<std::unique_ptr<StateFile>> file = (*engine)->Open(path, /*create=*/true, nullptr, IoOwner());
   if (!file.ok()) Die(file.status().ToString());
   if (!(*file)->direct_io()) Die(fmt::format("{} is not on a filesystem with O_DIRECT", c.dir.string()));
   if (absl::Status s = (*file)->Reserve(c.size); !s.ok()) Die(s.ToString());

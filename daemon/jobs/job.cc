@@ -209,7 +209,8 @@ absl::Status Job::RemoveFiles(const storage::DirFd& jobs_dir, const std::string&
 }
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& roots, const std::string& name, uid_t uid,
-                                               bool create, storage::IoEngine& io, DaemonStats& stats) {
+                                               bool create, storage::IoEngine& io, DaemonStats& stats,
+                                               storage::IoOwner io_owner) {
   if (std::string problem = JobNameProblem(name); !problem.empty()) return absl::InvalidArgumentError(problem);
   std::vector<storage::DirFd> jobs_dirs;  // Ri/users/<uid>/jobs
   for (const fs::path& root : roots) {
@@ -258,7 +259,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
     for (size_t i = 0; i < roots.size(); ++i) {
       FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, is_new ? jobs_dirs[i].OpenOrCreateDir(name, kDirMode)
                                                         : jobs_dirs[i].OpenDir(name));
-      auto file = io.OpenAt(dir, kStatesFile, /*create=*/is_new, stats.path_counters(i));
+      auto file = io.OpenAt(dir, kStatesFile, /*create=*/is_new, stats.path_counters(i), io_owner);
       if (!file.ok()) return file.status();
       // A new job's manifest names no bytes: a states.bin left by an old crash is stale.
       if (is_new) FUYOU_RETURN_IF_ERROR((*file)->Truncate(0));
@@ -267,7 +268,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
     }
     auto states = std::make_unique<storage::StripedFile>(std::move(files));
     auto job =
-        std::unique_ptr<Job>(new Job(name, uid, std::move(dirs), std::move(states), std::move(manifest)));
+        std::unique_ptr<Job>(new Job(name, uid, std::move(dirs), std::move(states), std::move(manifest), io_owner));
     if (is_new) {
       FUYOU_RETURN_IF_ERROR(job->Commit(job->manifest()));
       job->created_ = true;
@@ -288,13 +289,14 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Open(const std::vector<fs::path>& root
 }
 
 Job::Job(std::string name, uid_t uid, std::vector<storage::DirFd> dirs, std::unique_ptr<storage::StripedFile> states,
-         v1::JobManifest manifest)
+         v1::JobManifest manifest, storage::IoOwner io_owner)
     : name_(std::move(name)),
       uid_(uid),
       key_(Key(uid, name_)),
       dirs_(std::move(dirs)),
       states_(std::move(states)),
-      manifest_(std::move(manifest)) {}
+      manifest_(std::move(manifest)),
+      io_owner_(io_owner) {}
 
 int Job::FindChunk(uint32_t chunk_id) const {
   for (int i = 0; i < manifest_.chunks_size(); ++i) {

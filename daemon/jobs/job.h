@@ -107,9 +107,12 @@ class Job {
   // DATA_LOSS when the manifest is corrupt. Creation is all or nothing: the state
   // files are made first and the manifest committed last, and on any failure
   // (EMFILE, ENOSPC, ...) everything this call made is removed again.
+  // The state files' transfers are `io_owner`'s (storage/io_engine.h, "Owners"):
+  // the session that holds the job, or the copy that reads or writes it.
   static absl::StatusOr<std::unique_ptr<Job>> Open(const std::vector<std::filesystem::path>& roots,
                                                    const std::string& name, uid_t uid, bool create,
-                                                   storage::IoEngine& io, DaemonStats& stats);
+                                                   storage::IoEngine& io, DaemonStats& stats,
+                                                   storage::IoOwner io_owner = storage::IoOwner());
   // Reads only the manifest of the job in `job_dir` (for listings). NOT_FOUND
   // when absent, DATA_LOSS when damaged.
   static absl::StatusOr<v1::JobManifest> ReadManifest(const storage::DirFd& job_dir, const std::string& name);
@@ -125,6 +128,8 @@ class Job {
   const std::string& key() const { return key_; }
   // True when Open created this job (it had no manifest before).
   bool created() const { return created_; }
+  // Whom the state files' transfers are for (Open's `io_owner`).
+  storage::IoOwner io_owner() const { return io_owner_; }
   // The committed manifest. Changed only through Commit (JobEdit builds one).
   const v1::JobManifest& manifest() const { return manifest_; }
   // Index of chunk `chunk_id` in manifest().chunks(), or -1.
@@ -188,7 +193,7 @@ class Job {
 
  private:
   Job(std::string name, uid_t uid, std::vector<storage::DirFd> dirs, std::unique_ptr<storage::StripedFile> states,
-      v1::JobManifest manifest);
+      v1::JobManifest manifest, storage::IoOwner io_owner);
 
   std::string name_;
   uid_t uid_;
@@ -197,6 +202,7 @@ class Job {
   std::vector<storage::DirFd> dirs_;  // Ri/users/<uid>/jobs/<name>
   std::unique_ptr<storage::StripedFile> states_;
   v1::JobManifest manifest_;
+  storage::IoOwner io_owner_;
 };
 
 }  // namespace fuyou

@@ -128,7 +128,10 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Acquire(const std::string& nam
         fmt::format("job '{}' is already open in another session; close it first (one session per job)", name));
   }
   FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(name, uid, "open"));
-  auto job = Job::Open(roots_, name, uid, /*create=*/false, io_, stats_);
+  // The session that holds the job is one owner of the I/O queues, with its
+  // scratch files (Session uses job->io_owner()).
+  const storage::IoOwner io_owner = storage::IoOwner::Next();
+  auto job = Job::Open(roots_, name, uid, /*create=*/false, io_, stats_, io_owner);
   if (!job.ok() && absl::IsNotFound(job.status())) {
     if (const uint32_t limit = options_.max_jobs_per_user; limit != 0 && CountJobs(uid) >= limit) {
       return absl::ResourceExhaustedError(fmt::format(
@@ -136,7 +139,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Acquire(const std::string& nam
           "(fuyouctl jobs delete) or raise [limits] max_jobs_per_user / --max-jobs-per-user",
           name, uid, CountJobs(uid), limit));
     }
-    job = Job::Open(roots_, name, uid, /*create=*/true, io_, stats_);
+    job = Job::Open(roots_, name, uid, /*create=*/true, io_, stats_, io_owner);
   }
   if (!job.ok()) return job.status();
   std::shared_ptr<Job> shared = std::move(*job);
@@ -239,7 +242,10 @@ absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::st
     return absl::FailedPreconditionError(
         fmt::format("cannot copy job '{}' into job '{}': '{}' is open in a session", src, dst, dst));
   }
-  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> source, Job::Open(roots_, src, uid, /*create=*/false, io_, stats_));
+  // The copy's transfers take turns with the sessions' as one owner.
+  const storage::IoOwner io_owner = storage::IoOwner::Next();
+  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> source,
+                         Job::Open(roots_, src, uid, /*create=*/false, io_, stats_, io_owner));
   if (auto existing = Job::Open(roots_, dst, uid, /*create=*/false, io_, stats_); !absl::IsNotFound(existing.status())) {
     if (!existing.ok()) return existing.status();
     return absl::AlreadyExistsError(fmt::format(
@@ -253,7 +259,8 @@ absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::st
         "a job (fuyouctl jobs delete) or raise [limits] max_jobs_per_user / --max-jobs-per-user",
         src, dst, uid, CountJobs(uid), limit));
   }
-  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> target, Job::Open(roots_, dst, uid, /*create=*/true, io_, stats_));
+  FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> target,
+                         Job::Open(roots_, dst, uid, /*create=*/true, io_, stats_, io_owner));
   const std::string src_key = Job::Key(uid, src);
   const std::string dst_key = Job::Key(uid, dst);
   copying_[src_key] = fmt::format("it is being copied into job '{}'", dst);

@@ -44,12 +44,19 @@ absl::StatusOr<std::unique_ptr<JournalScratch>> JournalScratch::Create(const std
   return std::unique_ptr<JournalScratch>(new JournalScratch(io, std::move(dirs), std::move(counters)));
 }
 
-std::unique_ptr<JournalSpillFiles> JournalScratch::ForSession(const std::string& session_id, ScratchCharge charge) {
-  return std::unique_ptr<JournalSpillFiles>(new JournalSpillFiles(*this, FileNameFor(session_id), std::move(charge)));
+std::unique_ptr<JournalSpillFiles> JournalScratch::ForSession(const std::string& session_id, ScratchCharge charge,
+                                                              storage::IoOwner io_owner) {
+  return std::unique_ptr<JournalSpillFiles>(
+      new JournalSpillFiles(*this, FileNameFor(session_id), std::move(charge), io_owner));
 }
 
-JournalSpillFiles::JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge)
-    : scratch_(scratch), name_(std::move(name)), charge_(std::move(charge)), files_(scratch.dirs_.size()) {}
+JournalSpillFiles::JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge,
+                                     storage::IoOwner io_owner)
+    : scratch_(scratch),
+      name_(std::move(name)),
+      charge_(std::move(charge)),
+      io_owner_(io_owner),
+      files_(scratch.dirs_.size()) {}
 
 JournalSpillFiles::~JournalSpillFiles() {
   for (size_t i = 0; i < files_.size(); ++i) {
@@ -79,7 +86,7 @@ absl::StatusOr<JournalSpillFiles::Location> JournalSpillFiles::Allocate(uint64_t
   File& file = files_[index];
   if (!file.file) {
     FUYOU_ASSIGN_OR_RETURN(file.file, scratch_.io_.OpenAt(scratch_.dirs_[index], name_, /*create=*/true,
-                                                           scratch_.counters_[index]));
+                                                           scratch_.counters_[index], io_owner_));
   }
   if (file.end > UINT64_MAX - bytes) return absl::ResourceExhaustedError("journal scratch file offset overflow");
   if (absl::Status reserved = file.file->Reserve(file.end + bytes); !reserved.ok()) {

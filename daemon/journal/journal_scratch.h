@@ -59,8 +59,10 @@ class JournalScratch {
   static constexpr std::string_view kActivationDirName = "activations";
 
   // The scratch files of session `session_id`, none created yet, admitted by
-  // `charge`. Must not outlive this JournalScratch (nor the charge's budget).
-  std::unique_ptr<JournalSpillFiles> ForSession(const std::string& session_id, ScratchCharge charge = {});
+  // `charge`, their transfers `io_owner`'s (the session's, storage/io_engine.h
+  // "Owners"). Must not outlive this JournalScratch (nor the charge's budget).
+  std::unique_ptr<JournalSpillFiles> ForSession(const std::string& session_id, ScratchCharge charge = {},
+                                                storage::IoOwner io_owner = storage::IoOwner());
 
   size_t roots() const { return dirs_.size(); }
 
@@ -115,7 +117,7 @@ class JournalSpillFiles {
 
  private:
   friend class JournalScratch;
-  JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge);
+  JournalSpillFiles(JournalScratch& scratch, std::string name, ScratchCharge charge, storage::IoOwner io_owner);
 
   struct File {
     std::unique_ptr<storage::StateFile> file;  // null until the first Allocate on this path
@@ -124,6 +126,7 @@ class JournalSpillFiles {
   JournalScratch& scratch_;
   const std::string name_;
   const ScratchCharge charge_;
+  const storage::IoOwner io_owner_;
   uint64_t held_ = 0;  // bytes held in charge_.budget (allocated_bytes())
   std::vector<File> files_;
   uint32_t next_ = 0;  // the storage path of the next Allocate

@@ -109,7 +109,7 @@ class StoragePathLock {
 absl::StatusOr<bool> ProbeDirectIo(storage::IoEngine& io, const fs::path& root) {
   FUYOU_ASSIGN_OR_RETURN(storage::DirFd dir, storage::DirFd::OpenRoot(root));
   constexpr char kProbe[] = ".fuyoud-probe";
-  auto file = io.OpenAt(dir, kProbe, /*create=*/true, nullptr);
+  auto file = io.OpenAt(dir, kProbe, /*create=*/true, nullptr, storage::IoOwner());
   if (!file.ok()) return file.status();
   bool direct = (*file)->direct_io();
   file->reset();

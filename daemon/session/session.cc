@@ -51,20 +51,25 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
                                              services.durability);
   step_.current = held_.store->committed_step() + 1;
   // Both scratches are admitted by the storage budget as registrations are
-  // (the per-user storage limit, the free space kept for commits).
+  // (the per-user storage limit, the free space kept for commits). Their
+  // transfers and the job's are one owner's in the I/O queues (the job hold's,
+  // JobRegistry::Acquire): the session takes one turn among the sessions.
   held_.journal = std::make_unique<GradJournal>(
       services.cache, "journal:" + identity_.id,
       services.journal_scratch != nullptr
-          ? services.journal_scratch->ForSession(identity_.id, ScratchCharge{.budget = services.storage_budget,
-                                                                             .uid = client.uid,
-                                                                             .what = "the gradient journal scratch"})
+          ? services.journal_scratch->ForSession(identity_.id,
+                                                 ScratchCharge{.budget = services.storage_budget,
+                                                               .uid = client.uid,
+                                                               .what = "the gradient journal scratch"},
+                                                 held_.job->io_owner())
           : nullptr,
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeJournal, &SessionQuota::GiveJournal));
   held_.activations = std::make_unique<ActivationSpill>(
       services.activation_scratch != nullptr
           ? services.activation_scratch->ForSession(
                 identity_.id,
-                ScratchCharge{.budget = services.storage_budget, .uid = client.uid, .what = "the activation scratch"})
+                ScratchCharge{.budget = services.storage_budget, .uid = client.uid, .what = "the activation scratch"},
+                held_.job->io_owner())
           : nullptr,
       UserQuotaHooks(services.quota, client.uid, &SessionQuota::TakeActivations, &SessionQuota::GiveActivations));
 }

@@ -90,7 +90,7 @@ TEST_F(DirFdTest, IoEngineOpenAtRefusesASymlinkedStateFile) {
   ASSERT_TRUE(io.ok()) << io.status();
   auto root = DirFd::OpenRoot(root_);
   ASSERT_TRUE(root.ok());
-  auto file = (*io)->OpenAt(*root, "states.bin", /*create=*/true, nullptr);
+  auto file = (*io)->OpenAt(*root, "states.bin", /*create=*/true, nullptr, IoOwner());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kFailedPrecondition) << file.status();
   EXPECT_EQ(Victim(), "precious");
   EXPECT_TRUE(fs::is_symlink(root_ / "states.bin"));

@@ -35,7 +35,7 @@ using FileDescriptor = UniqueFd;
 
 class UringStateFile final : public StateFile {
  public:
-  UringStateFile(FileDescriptor fd, bool direct, std::filesystem::path path, uint64_t size,
+  UringStateFile(FileDescriptor fd, bool direct, std::filesystem::path path, IoOwner owner, uint64_t size,
                  std::shared_ptr<UringQueue> queue, const IoEngineOptions& options, IoCounters* counters)
       : fd_(std::move(fd)),
         queue_(std::move(queue)),
@@ -46,6 +46,7 @@ class UringStateFile final : public StateFile {
     target_.fd = fd_.get();
     target_.direct = direct;
     target_.path = std::move(path);
+    target_.owner = owner;
   }
 
   ~UringStateFile() override {
@@ -244,22 +245,22 @@ class UringIoEngine final : public IoEngine {
   }
 
   absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
-                                                  IoCounters* counters) override {
-    return OpenRelative(AT_FDCWD, path.c_str(), path, create, counters);
+                                                  IoCounters* counters, IoOwner owner) override {
+    return OpenRelative(AT_FDCWD, path.c_str(), path, create, counters, owner);
   }
 
   absl::StatusOr<std::unique_ptr<StateFile>> OpenAt(const DirFd& dir, const std::string& name, bool create,
-                                                    IoCounters* counters) override {
+                                                    IoCounters* counters, IoOwner owner) override {
     if (name.empty() || name.find('/') != std::string::npos) {
       return absl::InvalidArgumentError(fmt::format("OpenAt: '{}' is not one path component", name));
     }
-    return OpenRelative(dir.get(), name.c_str(), dir.path() / name, create, counters);
+    return OpenRelative(dir.get(), name.c_str(), dir.path() / name, create, counters, owner);
   }
 
   // Opens `name` relative to `dirfd` (AT_FDCWD: `name` is a path), never
   // following a last-component symlink; `path` names the file in messages.
   absl::StatusOr<std::unique_ptr<StateFile>> OpenRelative(int dirfd, const char* name, const std::filesystem::path& path,
-                                                          bool create, IoCounters* counters) {
+                                                          bool create, IoCounters* counters, IoOwner owner) {
     struct stat before {};
     const bool existed = fstatat(dirfd, name, &before, AT_SYMLINK_NOFOLLOW) == 0;
     const int base_flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0);
@@ -306,7 +307,7 @@ class UringIoEngine final : public IoEngine {
     }
     absl::StatusOr<std::shared_ptr<UringQueue>> queue = QueueFor(st.st_dev);
     if (!queue.ok()) return queue.status();
-    return std::make_unique<UringStateFile>(std::move(fd), direct, path, static_cast<uint64_t>(st.st_size),
+    return std::make_unique<UringStateFile>(std::move(fd), direct, path, owner, static_cast<uint64_t>(st.st_size),
                                             *std::move(queue), options_, counters);
   }
 
@@ -329,6 +330,11 @@ class UringIoEngine final : public IoEngine {
 };
 
 }  // namespace
+
+IoOwner IoOwner::Next() {
+  static std::atomic<uint64_t> last{0};
+  return IoOwner(last.fetch_add(1, std::memory_order_relaxed) + 1);
+}
 
 absl::Status StateFile::Read(uint64_t offset, std::span<std::byte> buffer) {
   return ReadAsync(offset, buffer).status();

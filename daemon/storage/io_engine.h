@@ -14,8 +14,23 @@
 // until the engine is destroyed.
 //
 // Requests: a transfer is split into requests of at most max_request_bytes; all of
-// them are queued at once, at most queue_depth are in a ring, the rest wait in a
-// FIFO and enter as earlier ones complete. Submission is thread-safe.
+// them are queued at once, at most queue_depth are in a ring, the rest wait and
+// enter as earlier ones complete. Submission is thread-safe.
+//
+// Owners: every file is opened for an IoOwner (one session, or one job copy), and
+// its requests are that owner's. The requests waiting for a ring wait in one FIFO
+// per owner, and the owners take turns: each free place in the ring goes to the
+// next owner with a request waiting, one request per turn. So another session's
+// read waits for at most one request of each other owner ahead of it in the turn
+// (plus what is in the ring), not behind a flood of write-backs. Within one owner
+// the order is submission order (a request continuing a short transfer goes
+// first), so one owner alone is served exactly as one FIFO, and so are all files
+// opened for the same owner. A request enters the ring after every request its
+// owner submitted before it; the ring may still run them in any order, so a
+// caller that needs a write on the device before a read or a sync waits for the
+// write's Future first (SyncAsync covers the writes whose callbacks ran, below).
+// Reads do not overtake their own owner's write-backs: a session's write-backs
+// give back the DRAM its reads need.
 //
 // Status codes a transfer's Future (or Reserve/Sync) may hold:
 //   INVALID_ARGUMENT    misaligned offset/length/address (checked before any I/O),
@@ -65,6 +80,24 @@ struct IoCounters {
 // or destroy the engine. It may start new transfers, and may destroy the
 // StateFile whose transfer it completes.
 using IoFuture = Future<void>;
+
+// Whom a file's transfers are for: the unit the ring's waiting requests are
+// shared between, in turns (see Owners above). The daemon makes one per session
+// (its job hold, jobs/job_registry.h, and its scratch files) and one per job copy.
+// IoOwner() is the daemon's own work (probes, tests), one owner like any other.
+class IoOwner {
+ public:
+  constexpr IoOwner() = default;
+  // An owner no other call returned before, in this process (never IoOwner()).
+  static IoOwner Next();
+
+  constexpr uint64_t id() const { return id_; }
+  friend constexpr bool operator==(IoOwner, IoOwner) = default;
+
+ private:
+  constexpr explicit IoOwner(uint64_t id) : id_(id) {}
+  uint64_t id_ = 0;
+};
 
 // A test seam: consulted on every completion before the engine acts on it.
 // Returning a value replaces the kernel's result (bytes transferred, or -errno),
@@ -154,13 +187,14 @@ class IoEngine {
   // allow_buffered_fallback is false.
   // The last component of `path` is never followed (O_NOFOLLOW). Tests use this
   // form; the daemon opens its state files with OpenAt.
+  // Every transfer of the file is `owner`'s (see Owners above).
   virtual absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
-                                                          IoCounters* counters) = 0;
+                                                          IoCounters* counters, IoOwner owner) = 0;
   // As Open, for the file `name` (one component) in `dir`: openat relative to the
   // directory's fd with O_NOFOLLOW (storage/dir_fd.h), so a symlink planted in
   // place of the file fails with FAILED_PRECONDITION and touches nothing.
   virtual absl::StatusOr<std::unique_ptr<StateFile>> OpenAt(const DirFd& dir, const std::string& name, bool create,
-                                                            IoCounters* counters) = 0;
+                                                            IoCounters* counters, IoOwner owner) = 0;
 };
 
 }  // namespace fuyou::storage

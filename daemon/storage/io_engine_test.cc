@@ -134,8 +134,8 @@ class IoEngineTest : public ::testing::Test {
   }
 
   std::unique_ptr<StateFile> MustOpen(IoEngine& engine, const std::filesystem::path& path,
-                                      IoCounters* counters = nullptr) {
-    absl::StatusOr<std::unique_ptr<StateFile>> file = engine.Open(path, /*create=*/true, counters);
+                                      IoCounters* counters = nullptr, IoOwner owner = IoOwner()) {
+    absl::StatusOr<std::unique_ptr<StateFile>> file = engine.Open(path, /*create=*/true, counters, owner);
     EXPECT_TRUE(file.ok()) << file.status();
     return file.ok() ? *std::move(file) : nullptr;
   }
@@ -163,7 +163,7 @@ TEST_F(IoEngineTest, CreateRejectsBadOptions) {
 
 TEST_F(IoEngineTest, OpenMissingFileWithoutCreateIsNotFound) {
   auto engine = MakeEngine();
-  absl::StatusOr<std::unique_ptr<StateFile>> file = engine->Open(dir_ / "missing", /*create=*/false, nullptr);
+  absl::StatusOr<std::unique_ptr<StateFile>> file = engine->Open(dir_ / "missing", /*create=*/false, nullptr, IoOwner());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(file.status().message().find("missing"), std::string::npos);
 }
@@ -547,7 +547,7 @@ TEST_F(IoEngineTest, RefusedODirectIsFailedPreconditionWhenFallbackDisabled) {
   options.allow_buffered_fallback = false;
   auto engine = MakeEngine(options);
   const std::filesystem::path path = ShmPath("fuyou_refused");
-  absl::StatusOr<std::unique_ptr<StateFile>> file = engine->Open(path, /*create=*/true, nullptr);
+  absl::StatusOr<std::unique_ptr<StateFile>> file = engine->Open(path, /*create=*/true, nullptr, IoOwner());
   EXPECT_EQ(file.status().code(), absl::StatusCode::kFailedPrecondition) << file.status();
   EXPECT_NE(file.status().message().find(path.string()), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(path));  // refusing leaves no file behind
@@ -559,7 +559,7 @@ TEST_F(IoEngineTest, RealTmpfsIsDirectOrReported) {
   IoEngineOptions strict;
   strict.allow_buffered_fallback = false;
   auto strict_engine = MakeEngine(strict);
-  absl::StatusOr<std::unique_ptr<StateFile>> refused = strict_engine->Open(ShmPath("fuyou_strict"), true, nullptr);
+  absl::StatusOr<std::unique_ptr<StateFile>> refused = strict_engine->Open(ShmPath("fuyou_strict"), true, nullptr, IoOwner());
   const bool tmpfs_takes_direct = refused.ok();
   if (refused.ok()) {
     EXPECT_TRUE((*refused)->direct_io());
@@ -622,6 +622,169 @@ TEST_F(IoEngineTest, CallbacksMayChainTransfersAndDestroyTheirFile) {
   ASSERT_EQ(future.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(future.get().ok());
   EXPECT_EQ(file, nullptr);
+}
+
+// Records the requests in the order their completions reach the engine
+// ("<file name> <op> <offset in blocks>"). While held, every completion waits
+// before it is recorded: with a ring of depth 1 the request in the ring stays
+// there, and a test can queue everything else behind it, deterministically.
+class CompletionOrder final : public FaultInjector {
+ public:
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = true;
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = false;
+    released_.notify_all();
+  }
+  std::vector<std::string> Order() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return order_;
+  }
+
+  int64_t Adjust(Op op, const std::filesystem::path& file, uint64_t offset, uint64_t, int64_t result) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    released_.wait(lock, [this] { return !held_; });
+    const char* verb = op == Op::kRead ? "read" : op == Op::kWrite ? "write" : op == Op::kSync ? "sync" : "reserve";
+    order_.push_back(file.filename().string() + " " + verb + " " + std::to_string(offset / kBlockSize));
+    return result;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable released_;
+  bool held_ = false;
+  std::vector<std::string> order_;
+};
+
+// One request in the ring at a time, one block per request, every completion
+// seen by `order`.
+IoEngineOptions OneAtATime(CompletionOrder& order) {
+  IoEngineOptions options;
+  options.queue_depth = 1;
+  options.max_request_bytes = kBlockSize;
+  options.fault_injector = &order;
+  return options;
+}
+
+// The point of the turns: session A floods the queue with write-backs, then
+// session B asks for one read (on its critical path). B's read enters the ring
+// after one more of A's writes, not after all of them, as it did when one FIFO
+// served everyone (then it was last).
+TEST_F(IoEngineTest, AnotherOwnersReadOvertakesAWriteFlood) {
+  CompletionOrder order;
+  auto engine = MakeEngine(OneAtATime(order));
+  const IoOwner a = IoOwner::Next();
+  const IoOwner b = IoOwner::Next();
+  auto flood = MustOpen(*engine, dir_ / "a", nullptr, a);
+  auto reads = MustOpen(*engine, dir_ / "b", nullptr, b);
+  ASSERT_NE(flood, nullptr);
+  ASSERT_NE(reads, nullptr);
+  AlignedBuffer data = MustAllocate(kBlockSize);
+  FillPattern(data.span(), 3);
+  ASSERT_TRUE(AwaitWrite(*reads, 0, data.span()).ok());
+
+  constexpr int kWrites = 8;
+  AlignedBuffer out = MustAllocate(kWrites * kBlockSize);
+  AlignedBuffer in = MustAllocate(kBlockSize);
+  order.Hold();  // the first write stays in the ring while the rest queue
+  std::vector<IoFuture> writes;
+  for (int i = 0; i < kWrites; ++i) {
+    writes.push_back(flood->WriteAsync(i * kBlockSize, out.span().subspan(i * kBlockSize, kBlockSize)));
+  }
+  IoFuture read = reads->ReadAsync(0, in.span());
+  order.Release();
+  EXPECT_TRUE(Await(read).ok());
+  for (const IoFuture& write : writes) EXPECT_TRUE(Await(write).ok());
+  EXPECT_EQ(std::memcmp(in.data(), data.data(), kBlockSize), 0);
+
+  // a0 was in the ring; a1 was first in the turn when b queued (a had been
+  // waiting), then b's read, then the rest of a's.
+  EXPECT_EQ(order.Order(), (std::vector<std::string>{"b write 0", "a write 0", "a write 1", "b read 0", "a write 2",
+                                                     "a write 3", "a write 4", "a write 5", "a write 6",
+                                                     "a write 7"}));
+}
+
+// Owners take turns request by request, also within a transfer split into
+// several requests; each owner's requests stay in their order.
+TEST_F(IoEngineTest, OwnersTakeTurnsRequestByRequest) {
+  CompletionOrder order;
+  auto engine = MakeEngine(OneAtATime(order));
+  auto a = MustOpen(*engine, dir_ / "a", nullptr, IoOwner::Next());
+  auto b = MustOpen(*engine, dir_ / "b", nullptr, IoOwner::Next());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  AlignedBuffer out = MustAllocate(4 * kBlockSize);
+  order.Hold();
+  IoFuture first = a->WriteAsync(0, out.span().first(kBlockSize));         // in the ring
+  IoFuture a_big = a->WriteAsync(kBlockSize, out.span().first(3 * kBlockSize));  // 3 requests
+  IoFuture b_big = b->WriteAsync(0, out.span().first(3 * kBlockSize));         // 3 requests
+  order.Release();
+  for (const IoFuture* f : {&first, &a_big, &b_big}) EXPECT_TRUE(Await(*f).ok());
+  EXPECT_EQ(order.Order(), (std::vector<std::string>{"a write 0", "a write 1", "b write 0", "a write 2", "b write 1",
+                                                     "a write 3", "b write 2"}));
+}
+
+// One owner alone is served exactly as the single FIFO served everyone before
+// the turns: in submission order, whatever its files, reads, writes and syncs.
+// A sync queued after writes enters the ring after them.
+TEST_F(IoEngineTest, OneOwnerIsServedInSubmissionOrder) {
+  CompletionOrder order;
+  auto engine = MakeEngine(OneAtATime(order));
+  const IoOwner session = IoOwner::Next();
+  auto states = MustOpen(*engine, dir_ / "states", nullptr, session);
+  auto scratch = MustOpen(*engine, dir_ / "scratch", nullptr, session);
+  ASSERT_NE(states, nullptr);
+  ASSERT_NE(scratch, nullptr);
+  AlignedBuffer out = MustAllocate(4 * kBlockSize);
+  AlignedBuffer in = MustAllocate(4 * kBlockSize);
+  FillPattern(out.span(), 11);
+  ASSERT_TRUE(AwaitWrite(*scratch, 0, out.span()).ok());
+  const std::vector<std::string> before = order.Order();
+
+  order.Hold();
+  std::vector<IoFuture> all;
+  all.push_back(states->WriteAsync(0, out.span().first(2 * kBlockSize)));
+  all.push_back(scratch->ReadAsync(0, in.span().first(kBlockSize)));
+  all.push_back(states->WriteAsync(2 * kBlockSize, out.span().subspan(2 * kBlockSize)));
+  all.push_back(states->SyncAsync());
+  all.push_back(scratch->ReadAsync(kBlockSize, in.span().subspan(kBlockSize, 2 * kBlockSize)));
+  all.push_back(scratch->SyncAsync());
+  order.Release();
+  for (const IoFuture& f : all) EXPECT_TRUE(Await(f).ok());
+
+  std::vector<std::string> served = order.Order();
+  served.erase(served.begin(), served.begin() + static_cast<ptrdiff_t>(before.size()));
+  EXPECT_EQ(served, (std::vector<std::string>{"states write 0", "states write 1", "scratch read 0", "states write 2",
+                                              "states write 3", "states sync 0", "scratch read 1", "scratch read 2",
+                                              "scratch sync 0"}));
+}
+
+// While other owners take their turns, a sync still enters the ring after
+// every write its owner queued before it (a caller that waits for the writes'
+// Futures, as SyncAsync's contract asks, never depends on it; one that queues
+// the sync at once still gets it behind them).
+TEST_F(IoEngineTest, ASyncFollowsItsOwnersWritesWhileOthersTakeTurns) {
+  CompletionOrder order;
+  auto engine = MakeEngine(OneAtATime(order));
+  auto states = MustOpen(*engine, dir_ / "states", nullptr, IoOwner::Next());
+  auto other = MustOpen(*engine, dir_ / "other", nullptr, IoOwner::Next());
+  ASSERT_NE(states, nullptr);
+  ASSERT_NE(other, nullptr);
+  AlignedBuffer out = MustAllocate(4 * kBlockSize);
+  order.Hold();
+  std::vector<IoFuture> all;
+  all.push_back(other->WriteAsync(0, out.span()));  // 4 requests, the first in the ring
+  all.push_back(states->WriteAsync(0, out.span().first(3 * kBlockSize)));
+  all.push_back(states->SyncAsync());
+  all.push_back(other->WriteAsync(4 * kBlockSize, out.span().first(kBlockSize)));
+  order.Release();
+  for (const IoFuture& f : all) EXPECT_TRUE(Await(f).ok());
+  EXPECT_EQ(order.Order(), (std::vector<std::string>{"other write 0", "other write 1", "states write 0",
+                                                     "other write 2", "states write 1", "other write 3",
+                                                     "states write 2", "other write 4", "states sync 0"}));
 }
 
 }  // namespace

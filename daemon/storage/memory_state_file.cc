@@ -118,7 +118,7 @@ class MemoryStateFile final : public StateFile {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateFile>> MemoryIoEngine::Open(const std::filesystem::path& path, bool create,
-                                                                IoCounters* counters) {
+                                                                IoCounters* counters, IoOwner /*owner*/) {
   std::lock_guard lock(mutex_);
   auto it = files_.find(path);
   if (it == files_.end()) {
@@ -129,8 +129,9 @@ absl::StatusOr<std::unique_ptr<StateFile>> MemoryIoEngine::Open(const std::files
 }
 
 absl::StatusOr<std::unique_ptr<StateFile>> MemoryIoEngine::OpenAt(const DirFd& dir, const std::string& name,
-                                                                  bool create, IoCounters* counters) {
-  return Open(dir.path() / name, create, counters);
+                                                                  bool create, IoCounters* counters,
+                                                                  IoOwner owner) {
+  return Open(dir.path() / name, create, counters, owner);
 }
 
 std::string MemoryIoEngine::Contents(const std::filesystem::path& path) const {

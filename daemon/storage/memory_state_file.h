@@ -30,10 +30,11 @@ class MemoryIoEngine final : public IoEngine {
   // `fault_injector`: optional, not owned, must outlive the engine.
   explicit MemoryIoEngine(FaultInjector* fault_injector = nullptr) : fault_injector_(fault_injector) {}
 
+  // `owner` is not used: transfers complete at once, nothing waits for a turn.
   absl::StatusOr<std::unique_ptr<StateFile>> Open(const std::filesystem::path& path, bool create,
-                                                  IoCounters* counters) override;
+                                                  IoCounters* counters, IoOwner owner) override;
   absl::StatusOr<std::unique_ptr<StateFile>> OpenAt(const DirFd& dir, const std::string& name, bool create,
-                                                    IoCounters* counters) override;
+                                                    IoCounters* counters, IoOwner owner) override;
 
   // The bytes file `path` holds now (a copy; empty when there is none).
   std::string Contents(const std::filesystem::path& path) const;

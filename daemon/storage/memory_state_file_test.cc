@@ -29,7 +29,7 @@ TEST(MemoryStateFileTest, WritesAreReadBackAndOutliveTheirHandle) {
   MemoryIoEngine engine;
   IoCounters counters;
   {
-    auto file = engine.Open("/mem/states.bin", /*create=*/true, &counters);
+    auto file = engine.Open("/mem/states.bin", /*create=*/true, &counters, IoOwner());
     ASSERT_TRUE(file.ok()) << file.status();
     AlignedBuffer out = Buffer(2 * kBlockSize, 'a');
     IoFuture written = (*file)->WriteAsync(kBlockSize, out.span());
@@ -37,7 +37,7 @@ TEST(MemoryStateFileTest, WritesAreReadBackAndOutliveTheirHandle) {
     EXPECT_TRUE(written.status().ok()) << written.status();
     EXPECT_EQ((*file)->size(), 3 * kBlockSize);
   }
-  auto again = engine.Open("/mem/states.bin", /*create=*/false, nullptr);
+  auto again = engine.Open("/mem/states.bin", /*create=*/false, nullptr, IoOwner());
   ASSERT_TRUE(again.ok()) << again.status();
   AlignedBuffer in = Buffer(kBlockSize, 0);
   EXPECT_TRUE((*again)->Read(2 * kBlockSize, in.span()).ok());
@@ -50,8 +50,8 @@ TEST(MemoryStateFileTest, WritesAreReadBackAndOutliveTheirHandle) {
 TEST(MemoryStateFileTest, KeepsTheEnginesStatusTable) {
   FailWrites faults;
   MemoryIoEngine engine(&faults);
-  EXPECT_EQ(engine.Open("/mem/absent", /*create=*/false, nullptr).status().code(), absl::StatusCode::kNotFound);
-  auto file = engine.Open("/mem/states.bin", /*create=*/true, nullptr);
+  EXPECT_EQ(engine.Open("/mem/absent", /*create=*/false, nullptr, IoOwner()).status().code(), absl::StatusCode::kNotFound);
+  auto file = engine.Open("/mem/states.bin", /*create=*/true, nullptr, IoOwner());
   ASSERT_TRUE(file.ok());
   AlignedBuffer buffer = Buffer(kBlockSize, 'b');
   EXPECT_EQ((*file)->Read(0, buffer.span()).code(), absl::StatusCode::kOutOfRange);

@@ -31,7 +31,7 @@ class StripedFileTest : public ::testing::Test {
     std::vector<std::unique_ptr<StateFile>> files;
     counters_ = std::vector<IoCounters>(members);
     for (size_t i = 0; i < members; ++i) {
-      auto file = engine_->Open(dir_ / ("member" + std::to_string(i)), true, &counters_[i]);
+      auto file = engine_->Open(dir_ / ("member" + std::to_string(i)), true, &counters_[i], IoOwner());
       ASSERT_TRUE(file.ok()) << file.status();
       files.push_back(std::move(*file));
     }

@@ -63,7 +63,10 @@ void UringQueue::Submit(std::vector<std::unique_ptr<Request>> requests) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!lifetime_.stopping) {
       lifetime_.live += requests.size();
-      for (auto& r : requests) backlog_.waiting.push_back(std::move(r));
+      for (auto& r : requests) {
+        const IoOwner owner = r->target->owner;
+        backlog_.waiting.PushBack(owner, std::move(r));
+      }
       FillRingLocked();
       return;
     }
@@ -97,8 +100,7 @@ void UringQueue::FillRingLocked() {
   while (!backlog_.waiting.empty() && backlog_.in_ring < depth_) {
     io_uring_sqe* sqe = ring_->NextEntry();
     if (sqe == nullptr) break;  // cannot happen: the SQ is flushed after every fill
-    std::unique_ptr<Request> r = std::move(backlog_.waiting.front());
-    backlog_.waiting.pop_front();
+    std::unique_ptr<Request> r = backlog_.waiting.PopNext();
     // Lengths fit: IoEngine::Create caps max_request_bytes far below 4 GiB.
     const auto length = static_cast<unsigned>(r->length - r->done);
     switch (r->kind) {
@@ -205,8 +207,13 @@ void UringQueue::ReapLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       backlog_.in_ring -= reaped;
-      // Continuations go first: they hold up a transfer that is already running.
-      for (auto it = again.rbegin(); it != again.rend(); ++it) backlog_.waiting.push_front(std::move(*it));
+      // Continuations go first (in their owner's FIFO, and an owner with nothing
+      // else waiting takes the next turn): they hold up a transfer that is
+      // already running.
+      for (auto it = again.rbegin(); it != again.rend(); ++it) {
+        const IoOwner owner = (*it)->target->owner;
+        backlog_.waiting.PushFront(owner, std::move(*it));
+      }
       FillRingLocked();
     }
     // The ring is refilled before the callbacks run: a callback may take a

@@ -1,15 +1,16 @@
 // UringQueue: one io_uring plus the thread that reaps its completions. Private to
 // the storage module; IoEngine keeps one per filesystem (see io_engine.h).
 //
-// Requests go to the ring while fewer than `depth` are in it; the rest wait in a
-// FIFO and enter as earlier ones complete. Short transfers are resubmitted for the
-// remainder. Each request ends in one Status handed to its Transfer, whose
+// Requests go to the ring while fewer than `depth` are in it; the rest wait, one
+// FIFO per owner (their target's), and enter as earlier ones complete, the owners
+// taking turns (RoundRobinBacklog; the contract is io_engine.h's "Owners"). Short
+// transfers are resubmitted for the remainder, ahead of what their owner has
+// waiting. Each request ends in one Status handed to its Transfer, whose
 // done() future is set once every request of the transfer has ended.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "common/future.h"
 #include "storage/io_engine.h"
+#include "storage/round_robin_backlog.h"
 #include "storage/uring_ring.h"
 
 namespace fuyou::storage::internal {
@@ -31,6 +33,7 @@ struct IoTarget {
   int fd = -1;
   bool direct = false;
   std::filesystem::path path;
+  IoOwner owner;  // whose turn its requests wait for
 };
 
 // One caller-visible transfer (a ReadAsync or WriteAsync call), split into
@@ -101,8 +104,8 @@ class UringQueue {
 
   // Requests on their way into the ring; guarded by mu_.
   struct Backlog {
-    std::deque<std::unique_ptr<Request>> waiting;  // not yet in the ring
-    unsigned in_ring = 0;                          // SQEs submitted, CQE not yet reaped
+    RoundRobinBacklog<std::unique_ptr<Request>> waiting;  // not yet in the ring, by target->owner
+    unsigned in_ring = 0;                                  // SQEs submitted, CQE not yet reaped
   };
   // Whether the queue still takes requests, and how many have not yet ended
   // (Shutdown waits for none); guarded by mu_.
