@@ -62,10 +62,13 @@ class DurableGate:
         # at the start is durable on every rank (a resume takes the ranks to it).
         self._agreed = pipeline.committed_step
 
-    def before_writes(self) -> None:
+    def before_writes(self, group=None) -> None:
         """Returns once every rank's last committed step is durable; raises on
-        every rank otherwise (see the module doc). A collective, but a no-op
-        (on every rank alike) when nothing was committed since the last gate."""
+        every rank otherwise (see the module doc). A collective of `group`
+        (default: the optimizer's; the resident mode's reductions pass their
+        own, as the gate runs among them in a backward hook), but a no-op, on
+        every rank alike, when nothing was committed since the last gate: it
+        may be called before every write of a step."""
         pipeline = self.pipeline
         step = pipeline.committed_step
         if step <= self._agreed:
@@ -81,7 +84,8 @@ class DurableGate:
         who = (f"fuyou.AdamW of job {self.dp.base_job!r} (rank {self.dp.rank} of "
                f"{self.dp.world_size})")
         try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.dp.group)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN,
+                            group=self.dp.group if group is None else group)
         except RuntimeError as e:
             if own_error is not None:
                 raise own_error from e
