@@ -125,6 +125,7 @@ class ChunkReductions:
         self.passes = PassCounter(1)
         self.counts = ReductionCounts()
         self.ddp_averages = False  # learned: the loop's gradients arrive averaged (DDP)
+        self.gate = None  # a DurableGate (_dp_durable.py): passed before any reduction starts
         self._own_group = dp.group is None or dp.group is dist.group.WORLD
         # every rank of the default group makes it, in the same order (optimizers alike)
         # with the default group's timeout (new_group's own default is 30 min: a
@@ -195,7 +196,11 @@ class ChunkReductions:
     # ------------------------------------------------------------ starting
     def _start(self, c: Chunk, in_backward: bool) -> None:
         """Starts chunk `c`'s reduce to its owner (the next of the round, or a
-        second one of a changed chunk at step())."""
+        second one of a changed chunk at step()). First, after a commit, every
+        rank's last step is durable (the gate; a no-op but after a commit): the
+        averages this starts are written by the owners' daemons."""
+        if self.gate is not None:
+            self.gate.before_writes(self.group)
         dp = self.dp
         fp = fingerprint(c)  # before the copy: a DDP bucket view may still change
         missing = missing_grads(c)

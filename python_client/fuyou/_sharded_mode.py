@@ -41,6 +41,7 @@ import torch
 
 from ._dp_overlap import ChunkReductions, finish_reduced_step
 from ._dp_commit import agree_to_commit
+from ._dp_durable import DurableGate
 from ._reshard import reshard
 from ._resident import ResidentMode
 
@@ -65,6 +66,8 @@ class ShardedResidentMode(ResidentMode):
             reshard(self.dp, pipeline, opt._connection)
             opt.resumed = True
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
+        self.durable_gate = DurableGate(self.dp, pipeline)
+        self.reductions.gate = self.durable_gate  # before the first reduction of a round
         self.dp.broadcast_weights()
 
     # ------------------------------------------------------------ hooks
@@ -147,8 +150,10 @@ class ShardedResidentMode(ResidentMode):
 
     def _send_unsent(self, grad_scale: float) -> None:
         """Sends this rank's unsent chunks (the step from ``.grad``), then the
-        agreement."""
+        agreement. First (DDP averaged: no reduction ran) every rank's last
+        step is durable (the gate; a no-op once a reduction passed it)."""
         try:
+            self.durable_gate.before_writes()
             super()._send_unsent(grad_scale)
         except BaseException:
             self._agree_to_commit(False)
