@@ -20,12 +20,13 @@ shadows step N + 1's updates write, and no rank sends one before every rank
 is past step N's collectives (the weights' broadcast), which the dead rank
 never reaches.
 
-Not covered: a node's fuyoud that crashes after answering EndStep N but
-before N was durable, while the other nodes' ranks go on into step N + 1 and
-write their shadows: those ranks' step N - 1 states are then overwritten,
-and going back fails with DATA_LOSS at the first read (never silently wrong
-states). Closing it needs each rank to wait for its step N to be durable
-before its first update of step N + 1 (a message fuyoud does not have yet).
+A node's fuyoud that crashes after answering EndStep N but before N was
+durable (its commit runs on in the background) leaves that rank's job at
+N - 1 too: the other ranks must not have written since N (their step N + 1
+updates go to the extents holding N - 1). _dp_durable.py's ``DurableGate``
+makes sure of it: after a commit, before its next write, each rank waits for
+its step N to be durable (fuyoud's WaitDurable) and agrees with every rank
+that theirs is.
 """
 
 from __future__ import annotations
