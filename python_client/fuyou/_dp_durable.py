@@ -36,8 +36,11 @@ gates passed ``durable_gates``.
 Where the modes call it: the streamed mode (_sharded_streamed.py) at the
 start of ``refresh_copies`` after a commit, whose imports are the first
 writes after it; the resident mode (_dp_overlap.py / _sharded_mode.py)
-before the first reduction of a step's round and before step()'s sends when
-no reduction ran (DDP averaged the gradients).
+starts it before a round's first reduction (``start``: its own wait, then
+the all-reduce started, on the reductions' group, without waiting: in a
+backward hook a peer may first be in a collective of the loop) and finishes
+it before the step's first send (``finish``), and in step() before the sends
+when no reduction ran (DDP averaged the gradients: ``before_writes``).
 """
 
 from __future__ import annotations
@@ -61,17 +64,29 @@ class DurableGate:
         # The last step every rank agreed is durable: the job's committed step
         # at the start is durable on every rank (a resume takes the ranks to it).
         self._agreed = pipeline.committed_step
+        self._pending = None  # (step, flag, work, own error) of an agreement started
 
     def before_writes(self, group=None) -> None:
         """Returns once every rank's last committed step is durable; raises on
-        every rank otherwise (see the module doc). A collective of `group`
-        (default: the optimizer's; the resident mode's reductions pass their
-        own, as the gate runs among them in a backward hook), but a no-op, on
-        every rank alike, when nothing was committed since the last gate: it
-        may be called before every write of a step."""
+        every rank otherwise (see the module doc): ``start`` then ``finish``.
+        A collective of `group` (default: the optimizer's), but a no-op, on
+        every rank alike, when nothing was committed since the last agreement:
+        it may be called before every write of a step."""
+        self.start(group)
+        self.finish()
+
+    def start(self, group=None) -> None:
+        """Waits until this rank's last committed step is durable (its own
+        daemon only) and starts the agreement: an all-reduce of `group`
+        (default: the optimizer's) that ``finish`` waits for. Never waits for
+        another rank, so it may run in a backward hook where a peer may first
+        be in a collective of the loop on another group (the resident mode
+        starts it before a round's first reduction, on the reductions'
+        group, and finishes it before its first send). A no-op when nothing
+        was committed since the last agreement, or once started."""
         pipeline = self.pipeline
         step = pipeline.committed_step
-        if step <= self._agreed:
+        if step <= self._agreed or self._pending is not None:
             return
         started = time.monotonic()
         own_error = None
@@ -81,11 +96,31 @@ class DurableGate:
             own_error = e
         flag = torch.tensor([0 if own_error is not None else 1], dtype=torch.int32,
                             device=self.dp._device(pipeline.params[0]))
+        try:
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MIN,
+                                   group=self.dp.group if group is None else group,
+                                   async_op=True)
+        except RuntimeError as e:
+            work = e
+        self._pending = (step, flag, work, own_error)
+        pipeline.stats.durable_wait_seconds += time.monotonic() - started
+
+    def finish(self) -> None:
+        """Waits for the agreement ``start`` began (nothing to do without one)
+        and raises on every rank unless every rank's step is durable: this
+        rank's own error, or FailedPrecondition."""
+        if self._pending is None:
+            return
+        step, flag, work, own_error = self._pending
+        self._pending = None
+        pipeline = self.pipeline
         who = (f"fuyou.AdamW of job {self.dp.base_job!r} (rank {self.dp.rank} of "
                f"{self.dp.world_size})")
+        started = time.monotonic()
         try:
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN,
-                            group=self.dp.group if group is None else group)
+            if isinstance(work, Exception):
+                raise work
+            work.wait()
         except RuntimeError as e:
             if own_error is not None:
                 raise own_error from e
@@ -94,8 +129,7 @@ class DurableGate:
                 f"writes step {step + 1}: restart every rank, which resume at the step every "
                 "rank's job has durable") from e
         finally:
-            stats = pipeline.stats
-            stats.durable_wait_seconds += time.monotonic() - started
+            pipeline.stats.durable_wait_seconds += time.monotonic() - started
         if own_error is not None:
             raise own_error
         if int(flag.item()) == 0:

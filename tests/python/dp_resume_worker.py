@@ -112,7 +112,8 @@ def main():
     ap.add_argument("--no-durable-gate", action="store_true")
     args = ap.parse_args()
     if args.no_durable_gate:
-        fuyou._dp_durable.DurableGate.before_writes = lambda self, group=None: None
+        for name in ("before_writes", "start", "finish"):
+            setattr(fuyou._dp_durable.DurableGate, name, lambda self, group=None: None)
     history = ([int(w) for w in args.history.split(",")] if args.history
                else [args.world] * args.steps_to)
     die_rank, die_step, die_point = args.die_at.split(":") if args.die_at else (-1, -1, "")

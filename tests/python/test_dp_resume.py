@@ -399,8 +399,8 @@ def test_a_fuyoud_killed_before_its_step_was_durable_leaves_every_rank_able_to_r
     resumes both ranks at step 2 and matches torch. Without it (the hole),
     rank 1's step 4 updates overwrote step 2's states: the resume fails."""
     cut = _cut_before_step_3_is_durable_on_node_b(tmp_path, *([] if gate else ["--no-durable-gate"]))
-    if gate:
-        assert "another rank's step 3 is not durable" in cut[1]["error"], cut[1]
+    if gate:  # rank 1 raised before any send of step 4 (the gate's error, or gloo's
+        # when rank 0 left first: which one depends on timing)
         assert cut[1]["committed_at_error"] == 3, cut[1]
         assert cut[1]["durable_gates"] == 2, cut[1]  # after steps 1 and 2
     again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", name="again",
