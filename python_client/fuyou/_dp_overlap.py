@@ -196,11 +196,11 @@ class ChunkReductions:
     # ------------------------------------------------------------ starting
     def _start(self, c: Chunk, in_backward: bool) -> None:
         """Starts chunk `c`'s reduce to its owner (the next of the round, or a
-        second one of a changed chunk at step()). First, after a commit, every
-        rank's last step is durable (the gate; a no-op but after a commit): the
-        averages this starts are written by the owners' daemons."""
+        second one of a changed chunk at step()). First, after a commit, the
+        durable gate's agreement starts (a no-op but after a commit; finished
+        before the step's first send)."""
         if self.gate is not None:
-            self.gate.before_writes(self.group)
+            self.gate.start(self.group)  # finished before the first send
         dp = self.dp
         fp = fingerprint(c)  # before the copy: a DDP bucket view may still change
         missing = missing_grads(c)
@@ -395,6 +395,8 @@ def finish_reduced_step(pipeline, reductions: ChunkReductions, scaler,
     when another rank is not ready), ``before_commit(False)`` when they
     failed here. Returns whether committed."""
     own = pipeline.plan.chunks
+    if reductions.gate is not None:
+        reductions.gate.finish()  # every rank's last step durable before a send
     reductions.wait_all()
     pipeline.wait_sent()  # the sends of backward, and the sender's inf/nan check
     clipping = max_grad_norm is not None

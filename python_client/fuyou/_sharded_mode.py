@@ -92,6 +92,8 @@ class ShardedResidentMode(ResidentMode):
             arrived = self.reductions.accumulated(index, may_start=grad_scale is not None)
             if grad_scale is None:
                 return
+            if arrived:
+                self.durable_gate.finish()  # every rank's last step durable before a send
             for c in arrived:  # (those not sent now go at step())
                 if pipeline.send(c, grad_scale, speculative=True,
                                  packed=self.reductions.averaged(c)):
