@@ -114,7 +114,10 @@ def worker(args) -> None:
                   else opt.num_chunks,
                   "started_in_backward": _started_in_backward(reductions),
                   "rounds_found_ddp": getattr(reductions.counts, "rounds_found_ddp", None)
-                  if reductions else None}
+                  if reductions else None,
+                  # the durable gate (_dp_durable.py): seconds waited in all steps, gates passed
+                  "durable_wait_s": getattr(opt.loop_stats, "durable_wait_seconds", None),
+                  "durable_gates": getattr(opt.loop_stats, "durable_gates", None)}
     finally:
         opt.close()
         dist.destroy_process_group()
@@ -158,6 +161,8 @@ def run_world(args, world: int, tmp: pathlib.Path, address: str) -> dict:
             "chunks": ranks[0]["chunks"],
             "started_in_backward": [r["started_in_backward"] for r in ranks],
             "rounds_found_ddp": ranks[0]["rounds_found_ddp"],
+            "durable_wait_s": [r.get("durable_wait_s") for r in ranks],
+            "durable_gates": [r.get("durable_gates") for r in ranks],
             "cores_wanted": world * args.threads_per_rank + args.daemon_threads}
 
 

@@ -20,6 +20,7 @@ v1::DaemonMessage::KindCase AnswerKind(RequestKind kind) {
     case RequestKind::kSpillActivation: return v1::DaemonMessage::kActivationSpilled;
     case RequestKind::kRecallActivation: return v1::DaemonMessage::kActivationRecalled;
     case RequestKind::kDropActivations: return v1::DaemonMessage::kActivationsDropped;
+    case RequestKind::kWaitDurable: return v1::DaemonMessage::kStepDurable;
   }
   return v1::DaemonMessage::KIND_NOT_SET;
 }
@@ -47,6 +48,7 @@ const char* RequestName(RequestKind kind) {
     case RequestKind::kSpillActivation: return "SpillActivation";
     case RequestKind::kRecallActivation: return "RecallActivation";
     case RequestKind::kDropActivations: return "DropActivations";
+    case RequestKind::kWaitDurable: return "WaitDurable";
   }
   return "an unknown request";
 }

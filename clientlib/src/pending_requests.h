@@ -45,6 +45,7 @@ enum class RequestKind {
   kSpillActivation,   // -> ActivationSpilled
   kRecallActivation,  // -> ActivationRecalled
   kDropActivations,   // -> ActivationsDropped
+  kWaitDurable,       // -> StepDurable
 };
 
 // The message name of the request kind ("GradReady", ...).

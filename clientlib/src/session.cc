@@ -141,6 +141,7 @@ absl::Status Session::RecallActivation(uint64_t key, std::span<std::byte> out) {
   return impl_->RecallActivation(key, out);
 }
 absl::Status Session::DropActivations() { return impl_->DropActivations(); }
+absl::StatusOr<int64_t> Session::WaitDurable(int64_t step) { return impl_->WaitDurable(step); }
 absl::StatusOr<StepResult> Session::EndStep(int64_t step) { return impl_->EndStep(step); }
 absl::Status Session::AbortStep(int64_t step, AbortReason reason) { return impl_->AbortStep(step, reason); }
 absl::StatusOr<int64_t> Session::ReadState(uint32_t chunk_id, StateKind which, uint64_t first,

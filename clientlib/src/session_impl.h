@@ -5,7 +5,7 @@
 //   session_stream.cc          requests written with their ids, routing answers
 //                              by request id (on the reader thread), waiting for one
 //   session_chunks.cc          registration, slots and their regions
-//   session_steps.cc           GradReady/ParamsReady, EndStep and AbortStep
+//   session_steps.cc           GradReady/ParamsReady, EndStep, AbortStep, WaitDurable
 //   session_weights.cc         FetchWeights/WeightsFetched
 //   session_activations.cc     SpillActivation, RecallActivation, DropActivations
 //   session_state_transfer.cc  ReadState, WriteState, SetUpdateCount, CommitImport
@@ -95,6 +95,7 @@ class Session::Impl {
   absl::Status DropActivations();
   absl::StatusOr<StepResult> EndStep(int64_t step);
   absl::Status AbortStep(int64_t step, AbortReason reason);
+  absl::StatusOr<int64_t> WaitDurable(int64_t step);
   absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
   absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
   absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count, std::span<const int64_t> segment_update_counts);

@@ -1,5 +1,5 @@
 // Session::Impl, steps: a chunk's GradReady and its ParamsReady (one in
-// flight per chunk), EndStep and AbortStep.
+// flight per chunk), EndStep and AbortStep, WaitDurable.
 #include <algorithm>
 #include <optional>
 
@@ -142,6 +142,21 @@ absl::StatusOr<StepResult> Session::Impl::WaitStep(int64_t step, bool abort, Abo
 }
 
 absl::StatusOr<StepResult> Session::Impl::EndStep(int64_t step) { return WaitStep(step, false); }
+
+absl::StatusOr<int64_t> Session::Impl::WaitDurable(int64_t step) {
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (absl::Status status = CheckUsableLocked(); !status.ok()) return status;
+    id = requests_.Add({.kind = RequestKind::kWaitDurable, .step = step});
+  }
+  v1::ClientMessage message;
+  message.mutable_wait_durable()->set_step(step);
+  absl::StatusOr<v1::DaemonMessage> answer =
+      Call(id, message, fmt::format("WaitDurable of step {}", step), rpc_timeout());
+  if (!answer.ok()) return answer.status();
+  return answer->step_durable().durable_step();  // checked against the request (OnAnswerLocked)
+}
 
 absl::Status Session::Impl::AbortStep(int64_t step, AbortReason reason) {
   return WaitStep(step, true, reason).status();

@@ -240,6 +240,27 @@ TEST_F(SessionTest, StepErrorComesBackFromEndStep) {
   EXPECT_TRUE((*session)->EndStep(1).ok());  // still usable
 }
 
+// WaitDurable: the daemon's durable step, its refusal unchanged (the session
+// stays usable), and an answer saying less than asked is INTERNAL.
+TEST_F(SessionTest, WaitDurableReturnsTheDurableStepOrTheDaemonsRefusal) {
+  absl::StatusOr<std::unique_ptr<Session>> session = Open();
+  ASSERT_TRUE(session.ok()) << session.status();
+  Session& s = **session;
+  ASSERT_TRUE(s.EndStep(1).ok());
+  ASSERT_TRUE(s.EndStep(2).ok());
+  absl::StatusOr<int64_t> durable = s.WaitDurable(1);
+  ASSERT_TRUE(durable.ok()) << durable.status();
+  EXPECT_EQ(*durable, 2);
+  absl::StatusOr<int64_t> later = s.WaitDurable(3);
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(later.status().message(), "WaitDurable for step 3: not committed (fake)");
+  EXPECT_EQ(s.WaitDurable(2).value_or(-1), 2);  // still usable
+  ASSERT_TRUE(s.EndStep(kLyingDurableStep).ok());
+  absl::StatusOr<int64_t> lie = s.WaitDurable(kLyingDurableStep);
+  EXPECT_EQ(lie.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(Contains(lie.status(), "WaitDurable of step 116")) << lie.status();
+}
+
 TEST_F(SessionTest, WaitWithoutAnswerTimesOut) {
   absl::StatusOr<std::unique_ptr<Session>> session = Open();
   ASSERT_TRUE(session.ok()) << session.status();

@@ -139,6 +139,16 @@ void Session::Impl::OnAnswerLocked(RequestKind kind, PendingRequest* request, co
       if (kind == RequestKind::kEndStep) committed_step_.Advance(step);
       return;
     }
+    case RequestKind::kWaitDurable: {
+      if (!message.has_step_durable()) return;
+      const v1::StepDurable& durable = message.step_durable();
+      if (durable.step() != request->step || durable.durable_step() < request->step) {
+        request->status = absl::InternalError(fmt::format(
+            "fuyoud answered WaitDurable of step {} of {} with step {} durable at step {}", request->step, Who(),
+            durable.step(), durable.durable_step()));
+      }
+      return;
+    }
     default:
       return;  // Attach; the export/import calls check their answers themselves
   }

@@ -11,7 +11,10 @@
 //   chunk 555: GradReady is answered with a StepCommitted (the wrong kind);
 //   EndStep 113: refused with an Error that names the step, not a chunk;
 //   EndStep 114: answered only once the test calls ReleaseLateStep() (the
-//                stream's later messages wait behind it, as in fuyoud).
+//                stream's later messages wait behind it, as in fuyoud);
+//   WaitDurable: a step after the last EndStep is refused with
+//                FAILED_PRECONDITION; others are durable at the last EndStep's
+//                step, but step 116, answered as durable at step 0 (a lie).
 // And knobs that break the protocol on purpose: answers without ids (an older
 // daemon), ids that were never sent, Errors that name no chunk and no step.
 // "Updated" weights are deterministic: new[i] = grad[i] * 2 + step (float32).
@@ -58,6 +61,7 @@ constexpr uint32_t kRefusedChunk = 999;
 constexpr uint32_t kSilentChunk = 777;
 constexpr uint32_t kWrongKindChunk = 555;
 constexpr int64_t kRefusedStep = 113;
+constexpr int64_t kLyingDurableStep = 116;  // WaitDurable answered with a durable step below it
 constexpr int64_t kLateStep = 114;  // EndStep answered only after ReleaseLateStep()
 
 class FakeOffload final : public v1::Offload::Service {
@@ -263,6 +267,16 @@ class FakeOffload final : public v1::Offload::Service {
           committed_ = step;
           out.mutable_step_committed()->set_step(step);
           out.mutable_step_committed()->set_chunks_updated(updated_in_step[step]);
+        }
+      } else if (in.has_wait_durable()) {
+        const int64_t step = in.wait_durable().step();
+        if (step > committed_) {
+          out.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+          out.mutable_error()->set_message(fmt::format("WaitDurable for step {}: not committed (fake)", step));
+          out.mutable_error()->set_step(step);
+        } else {
+          out.mutable_step_durable()->set_step(step);
+          out.mutable_step_durable()->set_durable_step(step == kLyingDurableStep ? int64_t{0} : committed_.load());
         }
       } else if (in.has_abort_step()) {
         {

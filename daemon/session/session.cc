@@ -219,7 +219,10 @@ Future<void> Session::Handle(const v1::ClientMessage& message, AnswerSink sink) 
     sink(named(result), /*deferred=*/true);
     return absl::OkStatus();
   });
-  activation_answers_.Add(answered);
+  // A WaitDurable's answer comes when the store's background commit ends,
+  // which every request that needs the commit, and Close, waits for anyway:
+  // EndStep and AbortStep wait for the transfers' answers only.
+  if (!message.has_wait_durable()) activation_answers_.Add(answered);
   return answered;
 }
 
@@ -251,6 +254,7 @@ Future<v1::DaemonMessage> Session::Dispatch(const v1::ClientMessage& message) {
     case v1::ClientMessage::kSpillActivation: return OnSpillActivation(message.spill_activation());
     case v1::ClientMessage::kRecallActivation: return OnRecallActivation(message.recall_activation());
     case v1::ClientMessage::kDropActivations: return now(OnDropActivations());
+    case v1::ClientMessage::kWaitDurable: return OnWaitDurable(message.wait_durable());
     case v1::ClientMessage::kAttach:
       return now(
           ErrorReply(absl::FailedPreconditionError("the stream is already attached; Attach is sent once"), {}, {}));
@@ -452,6 +456,26 @@ v1::DaemonMessage Session::OnAbortStep(const v1::AbortStep& request) {
   v1::DaemonMessage reply;
   reply.mutable_step_aborted()->set_step(step);
   return reply;
+}
+
+Future<v1::DaemonMessage> Session::OnWaitDurable(const v1::WaitDurable& request) {
+  const int64_t step = request.step();
+  if (absl::Status bad = CheckWaitDurable(step); !bad.ok()) {
+    return MakeReadyFuture<v1::DaemonMessage>(ErrorReply(bad, {}, step));
+  }
+  Future<int64_t> durable = held_.store->WhenDurable(step);
+  // A commit made here (an acknowledged step made durable) that ABORTED breaks
+  // the session as any commit does; a background commit's failure is noted by
+  // the next request (NoteCommitFailure).
+  if (durable.ready() && !durable.result().ok()) NoteCommitResult(durable.result().status());
+  // Runs on the commit's thread when it ends (or here): builds the answer only.
+  return durable.Then([step](const absl::StatusOr<int64_t>& reached) -> absl::StatusOr<v1::DaemonMessage> {
+    if (!reached.ok()) return ErrorReply(reached.status(), {}, step);
+    v1::DaemonMessage reply;
+    reply.mutable_step_durable()->set_step(step);
+    reply.mutable_step_durable()->set_durable_step(*reached);
+    return reply;
+  });
 }
 
 v1::SessionInfo Session::Info() const {

@@ -16,8 +16,11 @@
 // roll it back. Between steps, ReadState/WriteState/SetUpdateCount/CommitImport
 // export and import states (session_import.cc). At any time, a step in flight
 // included, FetchWeights copies a chunk's committed working weights (a chunk
-// registered with store_weights) into a slot (session_weights.cc). The checks
-// of every request are in session_checks.cc.
+// registered with store_weights) into a slot (session_weights.cc). WaitDurable
+// is answered once a committed step is durable: when the store's background
+// commit ends, on the commit's thread, without the session's lock (the
+// session's other messages, other sessions and the admin API's Info go on
+// meanwhile). The checks of every request are in session_checks.cc.
 //
 // Thread-safe: the stream handler, RegisterChunks and CloseSession may call in
 // from different threads; calls are serialised. I/O completions never take the
@@ -145,8 +148,9 @@ class Session {
   // SpillActivation and RecallActivation, which are answered when their
   // transfer completes (issue 23: the session's other messages do not wait
   // for a spill's SSD write), so possibly after later messages; EndStep,
-  // AbortStep, DropActivations and Close wait for those answers first. The
-  // Future is ready once the answer was given to `sink`.
+  // AbortStep, DropActivations and Close wait for those answers first; and
+  // WaitDurable, answered when its step's background commit ends (Close waits
+  // for that commit). The Future is ready once the answer was given to `sink`.
   Future<void> Handle(const v1::ClientMessage& message, AnswerSink sink);
 
   // Ends the session: waits for its I/O, rolls back an uncommitted step, frees the
@@ -181,6 +185,9 @@ class Session {
   // OK when `step` is the job's next step; else FAILED_PRECONDITION "<request>
   // for step <step> is out of order: ..." naming the committed and next steps.
   absl::Status CheckStepInOrder(std::string_view request, int64_t step) const;
+  // OK when `step` may be waited for (WaitDurable): 0 .. the committed step;
+  // INVALID_ARGUMENT when negative, FAILED_PRECONDITION when later.
+  absl::Status CheckWaitDurable(int64_t step) const;
   // OK when a GradReady may be applied now: in order, a registered chunk in an
   // existing slot, valid hyperparameters, not yet updated in this step (or, for
   // a redo, updated in it), no import pending, the step not failed, the chunk
@@ -218,6 +225,10 @@ class Session {
   absl::StatusOr<JournalAccess> PrepareJournal(const v1::GradReady& request, v1::ParamsReady& ready);
   v1::DaemonMessage OnEndStep(const v1::EndStep& request);
   v1::DaemonMessage OnAbortStep(const v1::AbortStep& request);
+  // StepDurable once the step is durable (ChunkStore::WhenDurable): ready at
+  // once, or when the background commit ends (its continuation builds the
+  // answer and touches nothing of the session).
+  Future<v1::DaemonMessage> OnWaitDurable(const v1::WaitDurable& request);
   // Import and export (session_import.cc).
   v1::DaemonMessage OnReadState(const v1::ReadState& request);
   v1::DaemonMessage OnWriteState(const v1::WriteState& request);

@@ -76,6 +76,15 @@ absl::Status Session::CheckStepInOrder(std::string_view request, int64_t step) c
                   step, identity_.job_name, step_.current - 1, step_.current));
 }
 
+absl::Status Session::CheckWaitDurable(int64_t step) const {
+  if (step < 0) return absl::InvalidArgumentError(fmt::format("WaitDurable for step {}: a step is >= 0", step));
+  if (step <= step_.current - 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fmt::format("WaitDurable for step {}: job '{}' is at committed step {}; only a step committed in this session "
+                  "(EndStep answered) or before it can be waited for",
+                  step, identity_.job_name, step_.current - 1));
+}
+
 absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest& request) const {
   const SegmentLayout& layout = identity_.layout;
   if (request.chunks().empty()) return absl::InvalidArgumentError("RegisterChunks names no chunk");

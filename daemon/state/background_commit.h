@@ -59,6 +59,12 @@ class BackgroundCommit {
   bool done() const { return pending() && result_.ready(); }
   // True when done() with an error (Finish would return it at once).
   bool failed() const { return done() && !result_.result().ok(); }
+  // The commit's result, set on its thread when its work is over, before
+  // Finish adopts its manifest: what Finish returns. Meaningful while
+  // pending(); the Future stays valid after Finish. A continuation (Then) runs
+  // on the commit's thread, or at once when the commit is over: it must not
+  // wait, nor take a lock that is held while Finish waits (WaitDurable's answer).
+  Future<void> result() const { return result_; }
   // OK when nothing is pending. Otherwise waits for the commit and returns its
   // result: OK (adopted), ABORTED (renamed, the directory not synced: adopted,
   // not known durable) or the error before the rename (not adopted: the job's

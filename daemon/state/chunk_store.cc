@@ -41,6 +41,24 @@ absl::Status ChunkStore::MakeDurable() {
   return step_.CommitDurable(context_.acknowledged);
 }
 
+Future<int64_t> ChunkStore::WhenDurable(int64_t step) {
+  if (absl::Status failed = step_.PollCommit(); !failed.ok()) return MakeReadyFuture<int64_t>(failed);
+  if (durable_step() >= step) return MakeReadyFuture<int64_t>(durable_step());
+  if (step_.commit_pending() && step_.commit_step() >= step) {
+    return step_.commit_result().Then(
+        [job = context_.job.name(), step, committing = step_.commit_step()](
+            const absl::Status& status) -> absl::StatusOr<int64_t> {
+          if (status.ok()) return committing;
+          return absl::Status(status.code(), fmt::format("job '{}': step {} is not durable: the durable commit of "
+                                                         "step {} failed: {}",
+                                                         job, step, committing, status.message()));
+        });
+  }
+  // Acknowledged only (the durability interval): durable now.
+  if (absl::Status made = MakeDurable(); !made.ok()) return MakeReadyFuture<int64_t>(made);
+  return MakeReadyFuture<int64_t>(durable_step());
+}
+
 absl::StatusOr<std::vector<ChunkStore::Registered>> ChunkStore::Register(std::span<const Registration> chunks,
                                                                          uint64_t job_quota_bytes,
                                                                          StorageBudget* budget) {

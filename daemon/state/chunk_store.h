@@ -85,6 +85,16 @@ class ChunkStore {
   // Without waiting: that error once the commit is known to have failed, else OK.
   absl::Status PollCommit() { return step_.PollCommit(); }
   bool commit_pending() const { return step_.commit_pending(); }
+  // The durable step once step `step` (<= committed_step(), checked by the
+  // caller) is durable, without waiting here: ready at once when
+  // durable_step() >= step; the running background commit's step when that
+  // commit makes `step` durable (set on the commit's thread when it ends,
+  // before WaitForCommit adopts it; its error, naming the job and `step`,
+  // when it failed: ABORTED too, as the step is then not known durable); a
+  // step acknowledged only (DurabilityPolicy) is made durable now
+  // (MakeDurable, synchronously: its error, FAILED_PRECONDITION while a chunk
+  // is staged). The store's error when a commit failed before.
+  Future<int64_t> WhenDurable(int64_t step);
   // Chunks the job has on storage (registered in any session).
   uint32_t chunk_count() const { return static_cast<uint32_t>(context_.job.manifest().chunks_size()); }
   // The record of `chunk_id` as of committed_step() (sizes, dtypes, update

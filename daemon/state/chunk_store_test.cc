@@ -41,7 +41,8 @@ absl::Status StageUpdate(ChunkStore& store, uint32_t chunk_id, Update update,
 // every data sync (Sync and SyncAsync) while `fail_syncs` is, and holds every
 // write's completion between HoldWrites and ReleaseWrites (on the engine's
 // completion thread, so the completions behind it wait too): a write-back
-// stays in flight for as long as a test needs, without timing.
+// stays in flight for as long as a test needs, without timing. HoldSyncs and
+// ReleaseSyncs do the same for data syncs (a background commit waits for them).
 class WriteFailures final : public storage::FaultInjector {
  public:
   int64_t Adjust(Op op, const fs::path& /*file*/, uint64_t /*offset*/, uint64_t /*length*/,
@@ -50,6 +51,10 @@ class WriteFailures final : public storage::FaultInjector {
     if (op == Op::kWrite) {
       std::unique_lock lock(mutex_);
       released_.wait(lock, [this] { return !hold_writes_; });
+    }
+    if (op == Op::kSync) {
+      std::unique_lock lock(mutex_);
+      released_.wait(lock, [this] { return !hold_syncs_; });
     }
     return op == Op::kWrite && fail_writes.load() ? -EIO : result;
   }
@@ -62,6 +67,15 @@ class WriteFailures final : public storage::FaultInjector {
     hold_writes_ = false;
     released_.notify_all();
   }
+  void HoldSyncs() {
+    std::lock_guard lock(mutex_);
+    hold_syncs_ = true;
+  }
+  void ReleaseSyncs() {
+    std::lock_guard lock(mutex_);
+    hold_syncs_ = false;
+    released_.notify_all();
+  }
   std::atomic<bool> fail_writes{false};
   std::atomic<bool> fail_syncs{false};
 
@@ -69,6 +83,7 @@ class WriteFailures final : public storage::FaultInjector {
   std::mutex mutex_;
   std::condition_variable released_;
   bool hold_writes_ = false;
+  bool hold_syncs_ = false;
 };
 
 class ChunkStoreTest : public ::testing::Test {
@@ -88,6 +103,7 @@ class ChunkStoreTest : public ::testing::Test {
   }
   void TearDown() override {
     faults_.ReleaseWrites();  // a test that failed while holding them
+    faults_.ReleaseSyncs();
     store_.reset();
     cache_.reset();
     job_.reset();
@@ -601,7 +617,76 @@ TEST_F(ChunkStoreTest, AFailedBackgroundCommitIsTheStoresErrorAndTheJobKeepsTheS
   EXPECT_EQ(CommittedOnStorage(0, ChunkState::kExpAvg), std::vector<float>(kElements, 0.5f));
 }
 
+// WhenDurable (WaitDurable, issue 24): ready at once for a durable step; for
+// the applied step, not before its background commit ends, then its step,
+// before WaitForCommit adopted it. One chunk: its write-back completes before
+// its data sync is held (the completion thread waits in the held sync).
+TEST_F(ChunkStoreTest, WhenDurableIsReadyWhenTheBackgroundCommitEnds) {
+  Register(1);
+  Future<int64_t> durable = store_->WhenDurable(0);
+  ASSERT_TRUE(durable.ready());
+  EXPECT_EQ(durable.result().value_or(-1), 0);
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  faults_.HoldSyncs();
+  ASSERT_TRUE(store_->ApplyStep(1).ok());
+  durable = store_->WhenDurable(1);
+  EXPECT_FALSE(durable.ready()) << "ready while the commit's syncs are held";
+  EXPECT_EQ(store_->durable_step(), 0);
+  faults_.ReleaseSyncs();
+  EXPECT_EQ(durable.Wait().value_or(-1), 1);
+  EXPECT_TRUE(store_->commit_pending()) << "answered without WaitForCommit";
+  ASSERT_TRUE(store_->WaitForCommit().ok());
+  durable = store_->WhenDurable(1);
+  ASSERT_TRUE(durable.ready());
+  EXPECT_EQ(durable.result().value_or(-1), 1);
+}
+
+// A background commit that fails answers WhenDurable with its error naming the
+// step; afterwards every WhenDurable gets the store's error at once.
+TEST_F(ChunkStoreTest, WhenDurableOfAFailedCommitIsItsError) {
+  Register(1);
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->ApplyStep(1).ok());
+  ASSERT_TRUE(store_->WaitForCommit().ok());
+  faults_.fail_syncs = true;
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->ApplyStep(2).ok());
+  Future<int64_t> waited = store_->WhenDurable(2);
+  const absl::StatusOr<int64_t>& failed = waited.Wait();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss) << failed.status();
+  EXPECT_NE(failed.status().message().find("step 2 is not durable"), std::string::npos) << failed.status();
+  const absl::Status store_error = store_->WaitForCommit();
+  Future<int64_t> after = store_->WhenDurable(1);
+  ASSERT_TRUE(after.ready());
+  EXPECT_EQ(after.result().status(), store_error);
+  faults_.fail_syncs = false;
+}
+
 // ---- The durability interval (commit_every_steps > 1).
+
+// A step acknowledged only is made durable by WhenDurable (between steps);
+// with a chunk staged it is refused and nothing is written.
+TEST_F(ChunkStoreTest, WithAnIntervalWhenDurableMakesTheAcknowledgedStepsDurable) {
+  Register(1);
+  store_ = MakeStore(*cache_, 2, {.every_steps = 10});
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(1).ok());
+  ASSERT_EQ(store_->durable_step(), 0);
+  Future<int64_t> durable = store_->WhenDurable(1);
+  ASSERT_TRUE(durable.ready());
+  EXPECT_EQ(durable.result().value_or(-1), 1);
+  EXPECT_EQ(job_->manifest().committed_step(), 1);
+  EXPECT_EQ(CommittedOnStorage(0, ChunkState::kMaster), std::vector<float>(kElements, 2.0f));
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());
+  ASSERT_TRUE(store_->CommitStep(2).ok());
+  ASSERT_TRUE(StageUpdate(*store_, 0, AddToMaster(1.0f)).ok());  // step 3 staged
+  durable = store_->WhenDurable(2);
+  ASSERT_TRUE(durable.ready());
+  EXPECT_EQ(durable.result().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(job_->manifest().committed_step(), 1);
+  store_->RollBackStep();
+}
 
 TEST_F(ChunkStoreTest, WithAnIntervalOnlyEveryNthStepWritesAndCommits) {
   Register(2);

@@ -123,6 +123,10 @@ class StepTransaction {
   absl::Status PollCommit();
   // True while a background commit runs or waits to be collected.
   bool commit_pending() const { return commit_.pending(); }
+  // The background commit's step and result (BackgroundCommit::step, result);
+  // precondition: commit_pending().
+  int64_t commit_step() const { return commit_.step(); }
+  Future<void> commit_result() const { return commit_.result(); }
   // Drops every staged update and the step's error (waits for the write-backs).
   void RollBack();
 

@@ -1,12 +1,14 @@
 """The ranks' agreement before a data-parallel step commits (issue 24).
 
 Each rank commits its own job (EndStep of its session). A step is committed
-by a rank only once every rank has all of its updates of the step answered by
-its daemon (``agree_to_commit``, after the last ParamsReady and before
-EndStep): a rank that fails or dies before that point (in backward, in the
-gradients' reduction, while its chunks are updated) makes every other rank
-raise there, so none commits the step and the job resumes at the step before
-on every rank. A killed peer is noticed at once (gloo: its connection
+by a rank only once every rank has handed all of its updates of the step to
+its daemon (``agree_to_commit``, after the last GradReady was sent and before
+the ParamsReady answers are waited for and EndStep): a rank that fails or dies
+before that point (in backward, in the gradients' reduction, while its chunks
+are sent) makes every other rank raise there, so none commits the step and
+the job resumes at the step before on every rank. An update its daemon fails
+after the agreement fails that rank's EndStep: as a death after the
+agreement below. A killed peer is noticed at once (gloo: its connection
 closes); a peer that hangs is waited for up to the process group's timeout
 (``init_process_group(timeout=)``).
 
@@ -20,12 +22,13 @@ shadows step N + 1's updates write, and no rank sends one before every rank
 is past step N's collectives (the weights' broadcast), which the dead rank
 never reaches.
 
-Not covered: a node's fuyoud that crashes after answering EndStep N but
-before N was durable, while the other nodes' ranks go on into step N + 1 and
-write their shadows: those ranks' step N - 1 states are then overwritten,
-and going back fails with DATA_LOSS at the first read (never silently wrong
-states). Closing it needs each rank to wait for its step N to be durable
-before its first update of step N + 1 (a message fuyoud does not have yet).
+A node's fuyoud that crashes after answering EndStep N but before N was
+durable (its commit runs on in the background) leaves that rank's job at
+N - 1 too: the other ranks must not have written since N (their step N + 1
+updates go to the extents holding N - 1). _dp_durable.py's ``DurableGate``
+makes sure of it: after a commit, before its next write, each rank waits for
+its step N to be durable (fuyoud's WaitDurable) and agrees with every rank
+that theirs is.
 """
 
 from __future__ import annotations

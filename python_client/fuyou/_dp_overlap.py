@@ -143,6 +143,7 @@ class ChunkReductions:
         self.passes = PassCounter(1)
         self.counts = ReductionCounts()
         self.ddp_averages = False  # learned: the loop's gradients arrive averaged (DDP)
+        self.gate = None  # a DurableGate (_dp_durable.py): passed before any reduction starts
         self._own_group = dp.group is None or dp.group is dist.group.WORLD
         # every rank of the default group makes it, in the same order (optimizers alike)
         # with the default group's timeout (new_group's own default is 30 min: a
@@ -220,7 +221,11 @@ class ChunkReductions:
     # ------------------------------------------------------------ starting
     def _start(self, c: Chunk, when: str) -> None:
         """Starts chunk `c`'s all-reduce (the next of the round, or a second one:
-        `when` "again")."""
+        `when` "again"). First, after a commit, the durable gate's agreement
+        starts (a no-op but after a commit; finished before the step's first
+        send)."""
+        if self.gate is not None:
+            self.gate.start(self.group)  # finished before the first send
         dev = self.dp._device(c.segments[0].param)
         dtype = c.dtype if dev.type == "cuda" else torch.float32  # gloo: sums in fp32
         n, k = c.num_elements, len(c.segments)

@@ -57,6 +57,8 @@ def finish_reduced_step(pipeline, reductions, scaler,
     when another rank is not ready), ``before_commit(False)`` when they
     failed here. Returns whether committed."""
     own = pipeline.plan.chunks
+    if reductions.gate is not None:
+        reductions.gate.finish()  # every rank's last step durable before a send
     reductions.wait_all()
     pipeline.wait_sent()  # the sends of backward, and the sender's inf/nan check
     clipping = max_grad_norm is not None

@@ -25,6 +25,10 @@ class LoopStats:
     (offload_params: every chunk sent during backward, and each undeclared
     accumulation pass into one). replayed: chunk updates redone from the
     journal (also counted in redone_changed / redone_clipped).
+    durable_gates: data-parallel steps after which this rank waited for its
+    last step to be durable and agreed with every rank that theirs were
+    (_dp_durable.py) before writing again; durable_wait_seconds: the time it
+    spent there (its own wait and the agreement's all-reduce).
     """
 
     steps: int = 0
@@ -37,3 +41,5 @@ class LoopStats:
     fingerprint_seconds: float = 0.0
     journaled_bytes: int = 0
     replayed: int = 0
+    durable_gates: int = 0
+    durable_wait_seconds: float = 0.0

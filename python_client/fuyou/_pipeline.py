@@ -177,6 +177,11 @@ class ChunkPipeline:
         applied step, or the one before while its commit runs on in the daemon."""
         return self._link.durable
 
+    def wait_durable(self) -> None:
+        """Waits until the last applied step is durable (fuyoud's WaitDurable; at
+        once when it was reported durable): durable_step is committed_step after."""
+        self._link.wait_durable()
+
     def close(self) -> None:
         """Abandons a step in progress (unless the pipeline failed) and closes the
         session. Errors closing the session are raised only when nothing failed

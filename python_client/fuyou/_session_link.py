@@ -2,7 +2,8 @@
 daemon last answered them (applied, durable).
 
 The pipeline attaches a session, asks the link which step is next, and ends
-or abandons that step through it; nothing else changes the two counts."""
+or abandons that step through it, or waits for the applied step to be durable;
+nothing else changes the two counts."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ class SessionLink:
         committed, _chunks, durable = self.session.end_step(self.next_step)
         self.committed = int(committed)
         self.durable = int(durable)
+
+    def wait_durable(self) -> None:
+        """Waits until the last applied step is durable (WaitDurable) and takes
+        the daemon's durable step; sends nothing when it was reported durable."""
+        if self.durable >= self.committed:
+            return
+        self.durable = int(self.session.wait_durable(self.committed))
 
     def abort_step(self, **reason) -> None:
         """AbortStep of the step in progress (`reason=`: fuyou.v1.AbortReason)."""

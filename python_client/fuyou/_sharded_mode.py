@@ -43,6 +43,7 @@ import torch
 
 from ._dp_overlap import ChunkReductions
 from ._dp_commit import agree_to_commit
+from ._dp_durable import DurableGate
 from ._dp_step import finish_reduced_step
 from ._pass_end import PassEnd
 from ._reshard import reshard
@@ -69,6 +70,8 @@ class ShardedResidentMode(ResidentMode):
             reshard(self.dp, pipeline, opt._connection)
             opt.resumed = True
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
+        self.durable_gate = DurableGate(self.dp, pipeline)
+        self.reductions.gate = self.durable_gate  # before the first reduction of a round
         self.dp.broadcast_weights()
 
     # ------------------------------------------------------------ hooks
@@ -94,6 +97,8 @@ class ShardedResidentMode(ResidentMode):
             arrived = self.reductions.accumulated(index, may_start=grad_scale is not None)
             if grad_scale is None:
                 return
+            if arrived:
+                self.durable_gate.finish()  # every rank's last step durable before a send
             for c in arrived:  # (those not sent now go at step())
                 if pipeline.send(c, grad_scale, speculative=True,
                                  packed=self.reductions.averaged(c)):
@@ -112,6 +117,8 @@ class ShardedResidentMode(ResidentMode):
             try:
                 ready = self.reductions.pass_ended()
                 grad_scale = pipeline.hook_grad_scale()
+                if ready and grad_scale is not None:
+                    self.durable_gate.finish()  # every rank's last step durable before a send
                 for c in ready if grad_scale is not None else ():
                     if c.chunk_id not in pipeline.step.sent and pipeline.send(
                             c, grad_scale, speculative=True,
@@ -171,8 +178,10 @@ class ShardedResidentMode(ResidentMode):
 
     def _send_unsent(self, grad_scale: float) -> None:
         """Sends this rank's unsent chunks (the step from ``.grad``), then the
-        agreement."""
+        agreement. First (DDP averaged: no reduction ran) every rank's last
+        step is durable (the gate; a no-op once a reduction passed it)."""
         try:
+            self.durable_gate.before_writes()
             super()._send_unsent(grad_scale)
         except BaseException:
             self._agree_to_commit(False)

@@ -48,7 +48,12 @@ The step, on every rank alike:
    job commits, and every gradient goes (``.grad`` is None after step());
 3. the owners' new masters reach every rank's copies (``refresh_copies``)
    and the weight cache is dropped, so the next forward fetches the new
-   weights everywhere.
+   weights everywhere. Its imports are the first writes of the rank's job
+   after the commit (to the extents that hold the step before, and a new
+   manifest): first every rank waits for its step to be durable and agrees
+   that all are (``DurableGate``, _dp_durable.py), so that a node's fuyoud
+   that crashes before its step was durable leaves every rank able to go back
+   to the step before.
 
 After every module is registered (``stream_parameters`` or the last
 ``materialize``, on every rank) the ranks check that they are all new or all
@@ -84,6 +89,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from ._dp_durable import DurableGate
 from ._dp_pass_reductions import PassReductions, assign_grad
 from ._errors import FailedPrecondition
 from ._fingerprints import changed_chunks, fingerprint
@@ -102,6 +108,7 @@ class ShardedStreamedMode(StreamedMode):
         self._opt = weakref.ref(opt)
         self._accumulated: Dict[int, set] = {}  # id(block) -> its members with a gradient
         self.reductions: Optional[PassReductions] = None  # once every module is registered
+        self.durable_gate: Optional[DurableGate] = None  # likewise
         self._pass_open = False
         self._sent_in_pass: List = []  # own chunks sent from this pass's averages
         self._changed: set = set()  # chunk ids sent in backward and changed since (step())
@@ -278,6 +285,7 @@ class ShardedStreamedMode(StreamedMode):
         on new or resumed, then the copies are made the owners'; the chunks of
         the whole plan are known to the reductions."""
         self.dp.check_resumed_together(self._opt().resumed, self.pipeline.committed_step)
+        self.durable_gate = DurableGate(self.dp, self.pipeline)
         self.refresh_copies()
         self.reductions = PassReductions(self.dp, self.pipeline)
 
@@ -285,8 +293,11 @@ class ShardedStreamedMode(StreamedMode):
         """Each chunk's fp32 master, broadcast from its owner, replaces the
         other ranks' copy of it (one import per rank: the daemon recomputes the
         copies' working weights); the weight cache is dropped. A collective,
-        between steps."""
+        between steps. After a commit, every rank's step is durable before any
+        rank imports (the durable gate: the imports write the extents of the
+        step before and commit a manifest)."""
         dp, pipeline = self.dp, self.pipeline
+        self.durable_gate.before_writes()
         self.offload.weights.drop_cache()  # no fetch in flight while states move
         wrote = False
         for c in dp.all_chunks:

@@ -568,6 +568,17 @@ PYBIND11_MODULE(_fuyou, m) {
           "Applies the step (its durable commit runs on in the daemon); returns (step, chunks_updated, "
           "durable_step): durable_step is the last step a crash keeps, step - 1 while this one's commit runs.")
       .def(
+          "wait_durable",
+          [](PySession& s, int64_t step) {
+            Session& session = s.get();
+            return Blocking<int64_t>([&] { return session.WaitDurable(step); });
+          },
+          py::arg("step"),
+          "Waits (the GIL released) until `step` (0 .. committed_step) is durable, what a crash of "
+          "fuyoud or the machine keeps; returns the job's durable step (>= step). Usually at once: "
+          "a step's durable commit ends during the next step's forward. FailedPrecondition for a "
+          "step not committed; the commit's own error when it failed.")
+      .def(
           "abort_step",
           [](PySession& s, int64_t step, int reason) {
             if (reason < 0 || reason > static_cast<int>(AbortReason::kOverflow)) {

@@ -180,6 +180,9 @@ def stream_message(session_ids, step):
         fetches.append(message(pb.FetchWeights, dict(chunk_id=st.integers(0, 4), slot=st.integers(0, 3)),
                                dict(chunk_id=wild_u32(), slot=wild_u32())).map(
                                    lambda m: pb.ClientMessage(fetch_weights=m)))
+    if "wait_durable" in pb.ClientMessage.DESCRIPTOR.fields_by_name:
+        fetches.append(message(pb.WaitDurable, *step_only, max_wild=1).map(
+            lambda m: pb.ClientMessage(wait_durable=m)))
     return st.one_of(
         *fetches,
         st.builds(lambda s: pb.ClientMessage(attach=pb.Attach(session_id=s)), ids),

@@ -1,7 +1,8 @@
 // Durability of the storage tier against a real fuyoud: a full disk and I/O
 // errors injected through the storage seam (FUYOU_TEST_FAULTS, test-only, see
 // daemon/storage/fault_spec.h), a flipped bit in a committed extent, the capacity
-// check and per-job quota at registration, and no leaks across jobs.
+// check and per-job quota at registration, WaitDurable while a step's durable
+// commit is held, and no leaks across jobs.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -347,6 +349,49 @@ TEST_F(DurabilityTest, AFailedBackgroundCommitFailsTheNextRequestAndTheJobResume
     }
     EXPECT_LE(worst, 1e-6) << "chunk " << c << " against the reference at step " << resumed;
   }
+}
+
+// WaitDurable (issue 24) while step 2's durable commit is held (its data syncs
+// wait for a file, FUYOU_TEST_FAULTS sync:HOLD): not answered, while the same
+// stream's later messages, another WaitDurable among them, and the admin API
+// (which reads the session) are; answered with the step once the commit ends.
+TEST_F(DurabilityTest, WaitDurableIsAnsweredWhenTheHeldCommitEndsAndNothingElseWaits) {
+  const fs::path release = dir_.path() / "release-syncs";
+  std::ofstream(release).put('x');
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=sync:HOLD:until={}:job=held", release.string())});
+  std::unique_ptr<Session> session = Open("held");
+  ASSERT_NE(session, nullptr);
+  std::vector<Chunk> chunks;
+  chunks.emplace_back(0, 1000);
+  ASSERT_TRUE(RegisterAll(*session, chunks, false).ok());
+  ASSERT_TRUE(TrainStep(*session, chunks, 1).ok());
+  EXPECT_EQ(session->WaitDurable(1).value_or(-1), 1);
+  ExpectError(session->WaitDurable(2).status(), absl::StatusCode::kFailedPrecondition,
+              {"WaitDurable for step 2", "committed step 1"});
+  ExpectError(session->WaitDurable(-1).status(), absl::StatusCode::kInvalidArgument, {"step -1"});
+
+  // One chunk: its write-back completes before a sync is held (the held sync
+  // holds the engine's completion thread), so EndStep answers.
+  fs::remove(release);
+  int64_t durable_at_end = -1;
+  ASSERT_TRUE(TrainStep(*session, chunks, 2, &durable_at_end).ok());
+  EXPECT_EQ(durable_at_end, 1);
+  std::future<absl::StatusOr<int64_t>> waiting =
+      std::async(std::launch::async, [&] { return session->WaitDurable(2); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "answered while step 2's commit is held";
+  EXPECT_EQ(session->WaitDurable(1).value_or(-1), 1) << "a later message waited for the held commit";
+  auto sessions = Admin().ListSessions();
+  ASSERT_TRUE(sessions.ok()) << Text(sessions.status());
+  ASSERT_EQ(sessions->sessions_size(), 1);
+  EXPECT_EQ(sessions->sessions(0).committed_step(), 2);
+  EXPECT_EQ(Job("held").committed_step(), 1) << "durable before its commit ended";
+  std::ofstream(release).put('x');
+  absl::StatusOr<int64_t> durable = waiting.get();
+  ASSERT_TRUE(durable.ok()) << Text(durable.status());
+  EXPECT_EQ(*durable, 2);
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_EQ(Job("held").committed_step(), 2);
 }
 
 TEST_F(DurabilityTest, AReadErrorFailsTheStepNotTheDaemon) {

@@ -1,7 +1,8 @@
 """One rank of the resume, reshard and failure tests (test_dp_resume.py).
 
 ``dp_resume_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
-[--history W0,W1,...] [--address ADDR] [--die-at RANK:STEP:POINT] [--timeout S]``:
+[--history W0,W1,...] [--address ADDR] [--die-at RANK:STEP:POINT] [--timeout S]
+[--hold-commit-at RANK:STEP:FILE] [--no-durable-gate]``:
 joins a gloo group of WORLD ranks over a FileStore (WORLD 1: a single process,
 no torch.distributed), trains dp_worker.py's MLP with fuyou.AdamW on job "dp"
 from step A to B on this rank's batches and compares every weight after each
@@ -12,7 +13,13 @@ WORLD for every step). ``--die-at RANK:STEP:POINT`` SIGKILLs rank RANK at STEP:
 the sender), ``before-end-step`` (after every rank agreed, before its own
 EndStep), ``after-end-step`` (its step committed), ``reshard`` (after its
 first imported chunk), ``marker`` (rank 0, after the reshard's marker job
-was made, before the old jobs are deleted). OUT.json gets the per-step violations, what the
+was made, before the old jobs are deleted). ``--hold-commit-at RANK:STEP:FILE``
+(rank RANK's embedded fuyoud runs with ``FUYOU_TEST_FAULTS=sync:HOLD:until=FILE``):
+FILE is removed just before STEP's EndStep (a second after the step's last
+update, for its write-backs' syncs), so the step's durable commit is held,
+and that fuyoud is SIGKILLed 5 s after EndStep answered (dp_stream_worker.py's
+``hold_commit``); ``--no-durable-gate``: _dp_durable.py's gate made a no-op
+(the hole it closes). OUT.json gets the per-step violations, what the
 optimizer saw, and an error's text with the seconds from the start of the
 failing step to the error.
 """
@@ -30,7 +37,9 @@ import torch
 import torch.distributed as dist
 
 import fuyou
+import fuyou._dp_durable
 import fuyou._reshard
+from dp_stream_worker import hold_commit
 from dp_worker import BETAS, EPS, LR, WD, batch, loss_of, make_model, violation
 
 
@@ -99,7 +108,12 @@ def main():
     ap.add_argument("--address", default=None)
     ap.add_argument("--die-at", default="")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--hold-commit-at", default="")
+    ap.add_argument("--no-durable-gate", action="store_true")
     args = ap.parse_args()
+    if args.no_durable_gate:
+        for name in ("before_writes", "start", "finish"):
+            setattr(fuyou._dp_durable.DurableGate, name, lambda self, group=None: None)
     history = ([int(w) for w in args.history.split(",")] if args.history
                else [args.world] * args.steps_to)
     die_rank, die_step, die_point = args.die_at.split(":") if args.die_at else (-1, -1, "")
@@ -143,6 +157,10 @@ def main():
                 violation(a, b) for a, b in zip(ref[args.steps_from - 1], model.parameters()))
         if die_point:
             arm(opt, die_point, lambda: step == die_step)
+        if args.hold_commit_at:
+            hold_rank, hold_step, release = args.hold_commit_at.split(":", 2)
+            if int(hold_rank) == args.rank:
+                hold_commit(opt, int(hold_step), release, lambda: step, result)
         worst = []
         for step in range(args.steps_from, args.steps_to):
             started = time.monotonic()
@@ -152,7 +170,9 @@ def main():
             opt.step()
             opt.zero_grad(set_to_none=True)
             worst.append(max(violation(a, b) for a, b in zip(ref[step], model.parameters())))
-        result.update(worst=worst, final_committed=opt.committed_step)
+        result.update(worst=worst, final_committed=opt.committed_step,
+                      durable_gates=opt.loop_stats.durable_gates,
+                      durable_wait_seconds=opt.loop_stats.durable_wait_seconds)
         opt.close()
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"
@@ -161,6 +181,7 @@ def main():
         result["traceback"] = traceback.format_exc()
         if opt is not None:
             result["committed_at_error"] = opt.committed_step
+            result["durable_gates"] = opt.loop_stats.durable_gates
             try:
                 opt.close()
             except Exception:

@@ -3,7 +3,8 @@ fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
 [--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]
-[--clip opt|loop|none] [--halve-at S] [--no-overlap] [--declare-passes K]``:
+[--clip opt|loop|none] [--halve-at S] [--no-overlap] [--declare-passes K]
+[--hold-commit-at R:S:FILE] [--no-durable-gate] [--timeout T]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), on this rank's batches from step A to B. ``--clip``: by
@@ -12,7 +13,13 @@ loop after backward (on the averaged ``.grad``), or not at all; ``--halve-at
 S``: ``p.grad.mul_(0.5)`` on every parameter before step S's clip;
 ``--no-overlap``: ``overlap=False``; ``--declare-passes K``:
 ``accumulation_steps=K`` (more than the loop makes: step() averages the
-first step). The
+first step); ``--hold-commit-at R:S:FILE`` (rank R, whose embedded fuyoud
+runs with ``FUYOU_TEST_FAULTS=sync:HOLD:until=FILE:...``): FILE is removed just
+before step S's EndStep (after a second for the step's write-backs' syncs),
+so the step's durable commit is held, and the embedded fuyoud is SIGKILLed 5
+s later (a node's fuyoud crashing before its step was durable);
+``--no-durable-gate``: the gate of _dp_durable.py made a no-op (the hole it
+closes); ``--timeout``: the process group's, in seconds (default 60). The
 reduction counters (``opt._mode.reductions.counts``) and the pipeline's
 speculative updates and redos go to the result.
 After every step every weight, read with ``model.state_dict()`` (a local call),
@@ -31,14 +38,20 @@ optimizer's state dict (a collective) against torch's, and a
 import argparse
 import copy
 import dataclasses
+import datetime
 import json
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 import torch
 import torch.distributed as dist
 
 import fuyou
+import fuyou._dp_durable
 from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
 
 CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
@@ -70,6 +83,29 @@ def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1,
     return weights, copy.deepcopy(opt.state_dict())
 
 
+def hold_commit(opt, hold_step, release, current_step, res):
+    """At loop step `hold_step`: the step's durable commit is held on this
+    rank's embedded fuyoud (FILE `release` removed before EndStep), which is
+    SIGKILLed 5 s after EndStep answered."""
+    link = opt._pipeline._link
+    end_step = link.end_step
+    daemon = opt.embedded_daemon
+
+    def held_end_step():
+        if current_step() != hold_step:
+            return end_step()
+        time.sleep(1.0)  # the step's write-backs and their syncs complete
+        os.remove(release)
+        end_step()
+        res["held_step"] = link.committed
+
+        def kill():
+            time.sleep(5.0)  # the other ranks go as far as they can
+            os.kill(daemon.pid, signal.SIGKILL)
+        threading.Thread(target=kill, daemon=True).start()
+    link.end_step = held_end_step
+
+
 def main():
     ap = argparse.ArgumentParser()
     for name in ("rank", "world"):
@@ -86,10 +122,17 @@ def main():
     ap.add_argument("--halve-at", type=int, default=-1)
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("--declare-passes", type=int, default=1)
+    ap.add_argument("--hold-commit-at", default="")
+    ap.add_argument("--no-durable-gate", action="store_true")
+    ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args()
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
-                            rank=args.rank, world_size=args.world)
+                            rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    if args.no_durable_gate:
+        for name in ("before_writes", "start", "finish"):
+            setattr(fuyou._dp_durable.DurableGate, name, lambda self, group=None: None)
     opt = None
     try:
         micro = 2 if args.accumulate else 1
@@ -120,8 +163,13 @@ def main():
                                zip(ref[args.steps_from - 1], model.state_dict().values()))
         if args.load_torch:  # torch.optim.AdamW's moments at the resumed step, imported
             opt.load_state_dict(reference_states(args.steps_from, args.world, micro)[1])
+        if args.hold_commit_at:
+            hold_rank, hold_step, release = args.hold_commit_at.split(":", 2)
+            if int(hold_rank) == args.rank:
+                hold_commit(opt, int(hold_step), release, lambda: step, res)
         worst = []
         for step in range(args.steps_from, args.steps_to):
+            res["step"] = step
             for m in range(micro):
                 loss = loss_of(model, *batch(step, args.rank, m)) / micro
                 if step == args.overflow_at and args.rank == 1:
@@ -155,7 +203,9 @@ def main():
                    counts=dataclasses.asdict(opt._mode.reductions.counts),
                    speculative=opt._pipeline.stats.speculative_updates,
                    redone_changed=opt._pipeline.stats.redone_changed,
-                   redone_clipped=opt._pipeline.stats.redone_clipped)
+                   redone_clipped=opt._pipeline.stats.redone_clipped,
+                   durable_gates=opt.loop_stats.durable_gates,
+                   durable_wait_seconds=opt.loop_stats.durable_wait_seconds)
         dist.barrier()
         if args.rank == 0:  # a local call: no other rank takes part
             alone = list(model.state_dict().values())
@@ -174,10 +224,18 @@ def main():
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()
         if opt is not None:
-            opt.close()
+            res["committed"] = opt.committed_step
+            try:
+                opt.close()
+            except Exception as e:  # its fuyoud killed on purpose (--hold-commit-at)
+                res["close_error"] = f"{type(e).__name__}: {e}"
+        res["durable_gates"] = opt.loop_stats.durable_gates if opt is not None else 0
     with open(args.out, "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
 
 
 if __name__ == "__main__":

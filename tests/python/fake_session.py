@@ -232,6 +232,12 @@ class FakeSession:
         self.journal.clear()
         return step, n, step  # commits at once: the step is durable when answered
 
+    def wait_durable(self, step):
+        self.log.append(("wait_durable", step))
+        if step > self.job["committed"]:
+            raise FailedPrecondition(f"WaitDurable for step {step}: not committed")
+        return self.job["committed"]  # every step is durable when answered
+
     def abort_step(self, step, reason=0):
         self.log.append(("abort_step", step))
         self.aborts.append((step, int(reason)))

@@ -361,3 +361,55 @@ def test_open_session_resume_at_step_goes_back_one_commit_and_no_further(daemon)
     assert listed_jobs(daemon.address)["back-one"] == 1  # on disk
     with pytest.raises(FailedPrecondition, match="is at step 1, its previous manifest at step 1"):
         open_at(0)
+
+
+# ---------------------------------------------------------------- never lose a step
+def _node_b_holds(tmp_path, release=None):
+    """Rank 0 on node b, rank 1 on node a, a fuyoud each (embedded by the
+    node's rank); with `release`, node b's holds the data syncs of rank 0's
+    job while the file `release` is missing (FUYOU_TEST_FAULTS, test-only)."""
+    def env(r):
+        node = "b" if r == 0 else "a"
+        out = {"FUYOU_NODE_ID": f"node-{node}", "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
+        if release is not None and r == 0:
+            out["FUYOU_TEST_FAULTS"] = f"sync:HOLD:until={release}:job=dp.rank0-of2"
+        return out
+    return env
+
+
+def _cut_before_step_3_is_durable_on_node_b(tmp_path, *flags) -> list:
+    """Steps 1-2, then step 3's durable commit held on node b's fuyoud after
+    its EndStep answered, and that fuyoud SIGKILLed 5 s later: both ranks fail."""
+    release = tmp_path / "release-syncs"
+    release.write_text("")
+    cut = run_ranks(tmp_path, 2, "--steps-to", "4", "--hold-commit-at", f"0:2:{release}", "--timeout", "20",
+                    *flags, name="cut", env_of=_node_b_holds(tmp_path, release))
+    assert cut[0]["held_step"] == 3, cut[0]
+    assert all("error" in r for r in cut), cut
+    return cut
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gated", "no-gate"])
+def test_a_fuyoud_killed_before_its_step_was_durable_leaves_every_rank_able_to_resume(
+        tmp_path, gate):
+    """Issue 24, "never lose a step": node b's fuyoud dies after answering
+    EndStep 3 but before step 3 was durable there; rank 1 (node a) has step 3
+    durable. With the durable gate, rank 1 raises before it sends any update of
+    step 4 (whose write-backs go to the extents holding step 2), so the restart
+    resumes both ranks at step 2 and matches torch. Without it (the hole),
+    rank 1's step 4 updates overwrote step 2's states: the resume fails."""
+    cut = _cut_before_step_3_is_durable_on_node_b(tmp_path, *([] if gate else ["--no-durable-gate"]))
+    if gate:  # rank 1 raised before any send of step 4 (the gate's error, or gloo's
+        # when rank 0 left first: which one depends on timing)
+        assert cut[1]["committed_at_error"] == 3, cut[1]
+        assert cut[1]["durable_gates"] == 2, cut[1]  # after steps 1 and 2
+    again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", name="again",
+                      env_of=_node_b_holds(tmp_path))
+    if not gate:
+        print("without the gate:", [r.get("error") for r in again])
+        assert all("error" in r for r in again), again
+        return
+    assert_matches_torch(again, 2)
+    assert all(r["resumed"] and r["committed"] == 2 and r["start_violation"] <= 0.0
+               for r in again), again
+    assert all(r["durable_gates"] == 1 for r in again), again  # after step 3 (4 is the last)

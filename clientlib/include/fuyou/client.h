@@ -290,6 +290,18 @@ class Session {
   // Commits `step` (waits for the daemon's StepCommitted): after this the job
   // resumes after `step` even if the daemon crashes.
   absl::StatusOr<StepResult> EndStep(int64_t step);
+  // Waits until `step` (0 .. committed_step()) is durable: what a crash of
+  // fuyoud or of the machine keeps. EndStep returns once its step is applied;
+  // its durable commit ends during the next step's forward, so this usually
+  // returns at once. Returns the job's durable step (>= step). Thread-safe and
+  // allowed at any time: the daemon answers it when the commit ends, serving
+  // the session's other requests meanwhile. A step fuyoud keeps acknowledged
+  // only ([durability] commit_every_steps > 1) is made durable by this call.
+  // INVALID_ARGUMENT: a negative step; FAILED_PRECONDITION: a step not yet
+  // committed; the durable commit's own error when it failed (the session is
+  // then over: reopen the job, which resumes at its durable step);
+  // DEADLINE_EXCEEDED after the client's rpc_timeout.
+  absl::StatusOr<int64_t> WaitDurable(int64_t step);
   // Abandons `step`: chunks already updated in it return to the last commit.
   // `reason` is counted by the daemon (GetStats).
   absl::Status AbortStep(int64_t step, AbortReason reason = AbortReason::kUnspecified);
