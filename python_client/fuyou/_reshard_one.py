@@ -118,5 +118,6 @@ def refuse_streamed(job: str, plan: Optional[WorldPlan]) -> None:
             f"fuyou.AdamW of job {job!r}: the job was trained with {plan.source_world} "
             f"data-parallel ranks (jobs {job}.rank<r>-of{plan.source_world}, step "
             f"{plan.source_step}); resharding them into one process with offload_params is "
-            "not implemented: resume it once without offload_params (which reshards into "
-            "this job), or under torch.distributed with any number of ranks above 1")
+            f"not implemented: resume it under torch.distributed with its {plan.source_world} "
+            "ranks, or save model.state_dict() and opt.state_dict() there and load both "
+            "into a new job")
