@@ -85,7 +85,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ._chunk_grads import read_grads, write_grads
+from ._chunk_grads import ChunkAverage, read_grads, write_grads
 from ._chunk_plan import ChunkPlan
 from ._chunking import Chunk
 from ._ddp_skip import reduces_nothing
@@ -112,19 +112,14 @@ class ReductionCounts:
     rounds_found_ddp: int = 0  # rounds in which DDP wrote its average into .grad too
 
 
-class _Reduction:
-    """One chunk's reduction this round: its buffer (this rank's gradients as
-    the chunk lays them out, then one presence flag per segment; after the
-    all-reduce their average and how many ranks had each), the work, and
-    ``.grad`` as the pass end wrote it (fingerprint, segments without)."""
+class _Reduction(ChunkAverage):
+    """One chunk's reduction this round (``ChunkAverage``), and ``.grad`` as
+    the pass end wrote it (fingerprint, segments without)."""
 
-    __slots__ = ("flat", "work", "missing", "finished", "written", "written_missing")
+    __slots__ = ("written", "written_missing")
 
-    def __init__(self, flat, work):
-        self.flat = flat
-        self.work = work
-        self.missing: Tuple[int, ...] = ()  # once finished: the segments no rank has
-        self.finished = False  # the average is in `flat`
+    def __init__(self, c: Chunk, dp, group):
+        super().__init__(c, dp, group)
         self.written: Optional[object] = None  # the fingerprint of .grad once written
         self.written_missing: Optional[Tuple[int, ...]] = None  # None: not written yet
 
@@ -226,15 +221,7 @@ class ChunkReductions:
         send)."""
         if self.gate is not None:
             self.gate.start(self.group)  # finished before the first send
-        dev = self.dp._device(c.segments[0].param)
-        dtype = c.dtype if dev.type == "cuda" else torch.float32  # gloo: sums in fp32
-        n, k = c.num_elements, len(c.segments)
-        flat = torch.empty(n + k, dtype=dtype, device=dev)
-        read_grads(c, flat)
-        missing = missing_grads(c)
-        flat[n:] = torch.tensor([0.0 if i in missing else 1.0 for i in range(k)], dtype=dtype)
-        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        self._by_id[c.chunk_id] = _Reduction(flat, work)
+        self._by_id[c.chunk_id] = _Reduction(c, self.dp, self.group)
         self._unfinished.append(c.chunk_id)
         if when == "again":
             self._changed.add(c.chunk_id)
@@ -258,17 +245,7 @@ class ChunkReductions:
     def _finish(self, c: Chunk, r: _Reduction, wait: bool) -> bool:
         """Whether `c`'s reduction is done (waits when `wait`); the sum becomes
         the average."""
-        if r.finished:
-            return True
-        if not wait and not r.work.is_completed():
-            return False
-        r.work.wait()  # raises a failed collective's error
-        r.finished = True
-        n = c.num_elements
-        present = r.flat[n:].tolist()
-        r.missing = tuple(i for i, v in enumerate(present) if v <= 0)
-        r.flat = r.flat[:n].div_(self.dp.world_size)
-        return True
+        return r.finish(c, self.dp.world_size, wait)
 
     def _finished_own(self) -> List[Chunk]:
         """Finishes the reductions done so far, oldest first; this rank's

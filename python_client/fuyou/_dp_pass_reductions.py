@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
+from ._chunk_grads import ChunkAverage
 from ._chunk_plan import ChunkPlan
 from ._chunking import Chunk
 
@@ -64,20 +64,6 @@ class PassReductionCounts:
     sent_at_pass_end: int = 0  # ... at the end of a pass (inside backward())
     passes: int = 0  # backward passes seen
     passes_averaged: int = 0  # of which their end wrote the averages into .grad
-
-
-class _Reduction:
-    """One chunk's all-reduce in this pass: its buffer (this rank's gradients as
-    the chunk lays them out, then a presence flag per segment; once finished,
-    the average), the work, and the segments no rank has a gradient for."""
-
-    __slots__ = ("flat", "work", "missing", "finished")
-
-    def __init__(self, flat: torch.Tensor, work):
-        self.flat = flat
-        self.work = work
-        self.missing: Tuple[int, ...] = ()
-        self.finished = False
 
 
 class PassReductions:
@@ -100,7 +86,7 @@ class PassReductions:
         self._reached: Dict[int, int] = collections.defaultdict(int)  # chunk -> members done
         self._ready: set = set()  # complete in this pass, not started
         self._cursor = 0  # chunks before it started in this pass
-        self._by_id: Dict[int, _Reduction] = {}
+        self._by_id: Dict[int, ChunkAverage] = {}
         self._unfinished: collections.deque = collections.deque()  # chunk ids, start order
 
     def owns(self, c: Chunk) -> bool:
@@ -165,24 +151,7 @@ class PassReductions:
     # ------------------------------------------------------------ internals
     def _start(self, c: Chunk, in_hook: bool) -> None:
         """Starts chunk `c`'s all-reduce (the next of the pass)."""
-        params = self.pipeline.params
-        dev = self.dp._device(params[c.segments[0].param_index])
-        dtype = c.dtype if dev.type == "cuda" else torch.float32  # gloo: sums in fp32
-        n, k = c.num_elements, len(c.segments)
-        flat = torch.empty(n + k, dtype=dtype, device=dev)
-        present = []
-        for seg in c.segments:
-            piece = flat[seg.offset:seg.offset + seg.numel]
-            g = params[seg.param_index].grad
-            if g is None:
-                piece.zero_()
-                present.append(0.0)
-            else:
-                piece.copy_(g.detach().reshape(-1)[seg.start:seg.end])
-                present.append(1.0)
-        flat[n:] = torch.tensor(present, dtype=dtype)
-        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.dp.group, async_op=True)
-        self._by_id[c.chunk_id] = _Reduction(flat, work)
+        self._by_id[c.chunk_id] = ChunkAverage(c, self.dp, self.dp.group)
         self._unfinished.append(c.chunk_id)
         self._cursor += 1
         self._ready.discard(c.chunk_id)
@@ -197,21 +166,15 @@ class PassReductions:
         out = []
         while self._unfinished:
             cid = self._unfinished[0]
-            r = self._by_id[cid]
-            if not wait and not r.work.is_completed():
-                break
-            r.work.wait()  # raises a failed collective's error
-            self._unfinished.popleft()
             c = self.plan.chunk(cid)
-            n = c.num_elements
-            r.missing = tuple(i for i, v in enumerate(r.flat[n:].tolist()) if v <= 0)
-            r.flat = r.flat[:n].div_(self.dp.world_size)
-            r.finished = True
+            if not self._by_id[cid].finish(c, self.dp.world_size, wait):
+                break
+            self._unfinished.popleft()
             if self.owns(c):
                 out.append(c)
         return out
 
-    def _write(self, c: Chunk, r: _Reduction) -> None:
+    def _write(self, c: Chunk, r: ChunkAverage) -> None:
         """Chunk `c`'s average into ``.grad`` (a parameter without a gradient
         here that another rank has gets one)."""
         params, shapes = self.pipeline.params, self.pipeline.param_shapes
