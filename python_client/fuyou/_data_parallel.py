@@ -48,7 +48,7 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._reshard import delete_on_nodes
 from .daemon import resolve_address
 
-__all__ = ["DataParallel", "for_optimizer", "node_identity", "split_by_bytes"]
+__all__ = ["DataParallel", "for_optimizer", "node_identity", "shard_ranges", "split_by_bytes"]
 
 
 def node_identity() -> str:
@@ -99,6 +99,14 @@ def split_by_bytes(sizes: List[int], parts: int) -> List[Tuple[int, int]]:
     return [(bounds[r], bounds[r + 1]) for r in range(parts)]
 
 
+def shard_ranges(chunks: List[Chunk], world: int) -> List[Tuple[int, int]]:
+    """The [start, end) of each rank's run of `chunks` with `world` ranks (one
+    range with one rank), balanced by bytes: how a job trained so split them."""
+    if world == 1:
+        return [(0, len(chunks))]
+    return split_by_bytes([c.nbytes for c in chunks], world)
+
+
 class DataParallel:
     """The rank's place in `group` and the collectives of its optimizer."""
 
@@ -140,10 +148,8 @@ class DataParallel:
 
     def shard_ranges(self, world: int) -> List[Tuple[int, int]]:
         """The [start, end) of each rank's chunks in ``all_chunks`` with `world`
-        ranks (one range with one rank): the split of a job trained so."""
-        if world == 1:
-            return [(0, len(self.all_chunks))]
-        return split_by_bytes([c.nbytes for c in self.all_chunks], world)
+        ranks: the split of a job trained so (``shard_ranges``)."""
+        return shard_ranges(self.all_chunks, world)
 
     def leader_of(self, node: str) -> int:
         """The group rank that leads `node`."""

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ._chunking import Chunk
+from ._data_parallel import shard_ranges
 from ._dp_jobs import WorldPlan, jobs_on_daemon, plan_world
 from ._errors import FailedPrecondition
 from ._reshard import delete_on_nodes, reshard
@@ -80,10 +81,7 @@ class OneProcessWorld:
         self.node_address = {_NODE: address}
 
     def shard_ranges(self, world: int) -> List[Tuple[int, int]]:
-        from ._data_parallel import split_by_bytes
-        if world == 1:
-            return [(0, len(self.all_chunks))]
-        return split_by_bytes([c.nbytes for c in self.all_chunks], world)
+        return shard_ranges(self.all_chunks, world)
 
     def leader_of(self, node: str) -> int:
         return 0
