@@ -5,8 +5,9 @@ into ``.grad``); and ``grad_stamp``, which says whether ``.grad`` was written.
 A hook of the pass ``arm()``s it: autograd's ``queue_callback`` (how DDP
 finishes its buckets) queues a first callback, which queues the function
 itself, so it runs after the callbacks queued later in the pass (DDP queues
-its own once its last bucket is ready). Used by the data-parallel resident
-mode (_dp_overlap.py) to write the ranks' average into ``.grad`` as DDP does.
+its own once its last bucket is ready). Used by the data-parallel modes
+(_sharded_mode.py, _sharded_streamed.py) to write the ranks' average into
+``.grad`` as DDP does.
 
 With reentrant activation checkpointing (``torch.utils.checkpoint`` with
 ``use_reentrant=True``) each checkpointed block's backward is a backward pass

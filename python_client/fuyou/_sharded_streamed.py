@@ -93,6 +93,7 @@ from ._dp_durable import DurableGate
 from ._dp_pass_reductions import PassReductions, assign_grad
 from ._errors import FailedPrecondition
 from ._fingerprints import changed_chunks, fingerprint
+from ._pass_end import PassEnd
 from ._protocol import REDO_CLIPPED, REDO_GRADIENTS_CHANGED, STATE_MASTER
 from ._streamed import StreamedMode
 
@@ -110,6 +111,7 @@ class ShardedStreamedMode(StreamedMode):
         self.reductions: Optional[PassReductions] = None  # once every module is registered
         self.durable_gate: Optional[DurableGate] = None  # likewise
         self._pass_open = False
+        self._pass_end = PassEnd(self, "_backward_ended")  # pass_ended, from autograd
         self._sent_in_pass: List = []  # own chunks sent from this pass's averages
         self._changed: set = set()  # chunk ids sent in backward and changed since (step())
         super().__init__(opt, pipeline, session)
@@ -141,12 +143,16 @@ class ShardedStreamedMode(StreamedMode):
             if not self._pass_open:
                 self._pass_open = True
                 reductions.pass_started()
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    _pass_end_callback(weakref.ref(self), pipeline.lock))
+                self._pass_end.arm()
             self._send_averaged(reductions.accumulated(index), in_hook=True)
         except BaseException as e:
             pipeline.failed = e
             raise
+
+    def _backward_ended(self) -> None:
+        """Autograd's callback at the end of a backward pass (``PassEnd``)."""
+        with self.pipeline.lock:
+            self.pass_ended()
 
     def pass_ended(self) -> None:
         """The end of a backward pass (autograd's callback): the averages go into
@@ -255,6 +261,7 @@ class ShardedStreamedMode(StreamedMode):
 
     def _step_ended(self, committed: bool) -> None:
         super()._step_ended(committed)
+        self._pass_end.disarm()  # a pass whose end never ran (its backward raised)
         self._sent_in_pass = []
         self._changed = set()
         if self.reductions is not None:
@@ -327,16 +334,6 @@ def _all_finite(params) -> bool:
     flags = [torch.isfinite(p.grad.detach()).all() for p in params
              if p.grad is not None and torch.is_tensor(p.grad)]
     return not flags or bool(torch.stack(flags).all())
-
-
-def _pass_end_callback(mode_ref, lock):
-    """What autograd runs at the end of a backward pass (the mode held weakly)."""
-    def ended():
-        mode = mode_ref()
-        if mode is not None:
-            with lock:
-                mode.pass_ended()
-    return ended
 
 
 def _refuse_reshard(dp) -> None:
