@@ -70,3 +70,17 @@ def assert_matches_torch(results: list, steps: int) -> None:
         assert "error" not in res, res.get("traceback")
         assert len(res["worst"]) == steps
         assert max(res["worst"]) <= 0.0, f"rank {res['rank']}: {res['worst']}"
+
+
+def node_b_holding_syncs(tmp: Path, job: str, release=None):
+    """``env_of`` for two nodes, a fuyoud each (the node's rank embeds it):
+    rank 0 on node b, rank 1 on node a; with `release`, node b's fuyoud holds
+    the data syncs of rank 0's job `job` while the file `release` is missing
+    (FUYOU_TEST_FAULTS, test-only)."""
+    def env(r):
+        node = "b" if r == 0 else "a"
+        out = {"FUYOU_NODE_ID": f"node-{node}", "FUYOU_DATA_DIR": str(tmp / f"data-{node}")}
+        if release is not None and r == 0:
+            out["FUYOU_TEST_FAULTS"] = f"sync:HOLD:until={release}:job={job}"
+        return out
+    return env

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import start_daemon
-from dp_ranks import assert_matches_torch, run_worker
+from dp_ranks import assert_matches_torch, node_b_holding_syncs, run_worker
 from fuyou._dp_jobs import JobRecord, plan_world
 
 RANK_TIMEOUT_S = 300  # generous: a loaded 2-core machine
@@ -364,26 +364,14 @@ def test_open_session_resume_at_step_goes_back_one_commit_and_no_further(daemon)
 
 
 # ---------------------------------------------------------------- never lose a step
-def _node_b_holds(tmp_path, release=None):
-    """Rank 0 on node b, rank 1 on node a, a fuyoud each (embedded by the
-    node's rank); with `release`, node b's holds the data syncs of rank 0's
-    job while the file `release` is missing (FUYOU_TEST_FAULTS, test-only)."""
-    def env(r):
-        node = "b" if r == 0 else "a"
-        out = {"FUYOU_NODE_ID": f"node-{node}", "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
-        if release is not None and r == 0:
-            out["FUYOU_TEST_FAULTS"] = f"sync:HOLD:until={release}:job=dp.rank0-of2"
-        return out
-    return env
-
-
 def _cut_before_step_3_is_durable_on_node_b(tmp_path, *flags) -> list:
     """Steps 1-2, then step 3's durable commit held on node b's fuyoud after
     its EndStep answered, and that fuyoud SIGKILLed 5 s later: both ranks fail."""
     release = tmp_path / "release-syncs"
     release.write_text("")
     cut = run_ranks(tmp_path, 2, "--steps-to", "4", "--hold-commit-at", f"0:2:{release}", "--timeout", "20",
-                    *flags, name="cut", env_of=_node_b_holds(tmp_path, release))
+                    *flags, name="cut",
+                    env_of=node_b_holding_syncs(tmp_path, "dp.rank0-of2", release))
     assert cut[0]["held_step"] == 3, cut[0]
     assert all("error" in r for r in cut), cut
     return cut
@@ -404,7 +392,7 @@ def test_a_fuyoud_killed_before_its_step_was_durable_leaves_every_rank_able_to_r
         assert cut[1]["committed_at_error"] == 3, cut[1]
         assert cut[1]["durable_gates"] == 2, cut[1]  # after steps 1 and 2
     again = run_ranks(tmp_path, 2, "--steps-from", "2", "--steps-to", "4", name="again",
-                      env_of=_node_b_holds(tmp_path))
+                      env_of=node_b_holding_syncs(tmp_path, "dp.rank0-of2"))
     if not gate:
         print("without the gate:", [r.get("error") for r in again])
         assert all("error" in r for r in again), again

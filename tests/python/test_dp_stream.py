@@ -10,7 +10,7 @@ average to its daemon before backward() returns (the counters say where);
 
 from __future__ import annotations
 
-from dp_ranks import assert_matches_torch, run_worker
+from dp_ranks import assert_matches_torch, node_b_holding_syncs, run_worker
 
 
 def assert_overlapped(res: dict, steps: int) -> None:
@@ -122,19 +122,6 @@ def test_overlap_off_and_a_first_step_averaged_at_step(tmp_path):
 
 
 # ---------------------------------------------------------------- never lose a step
-def _two_nodes(tmp_path, release=None):
-    """Rank 0 on node b, rank 1 on node a, a fuyoud each (the node's rank
-    embeds it); with `release`, node b's holds the data syncs of rank 0's job
-    while the file `release` is missing (FUYOU_TEST_FAULTS, test-only)."""
-    def env(r):
-        node = "b" if r == 0 else "a"
-        out = {"FUYOU_NODE_ID": f"node-{node}", "FUYOU_DATA_DIR": str(tmp_path / f"data-{node}")}
-        if release is not None and r == 0:
-            out["FUYOU_TEST_FAULTS"] = f"sync:HOLD:until={release}:job=s.rank0-of2"
-        return out
-    return env
-
-
 def _cut_while_step_3_is_not_durable_on_node_b(tmp_path, *flags):
     """Trains steps 1-2, then holds step 3's durable commit on node b's fuyoud
     (after its EndStep answered) and SIGKILLs that fuyoud 5 s later: the ranks'
@@ -143,7 +130,8 @@ def _cut_while_step_3_is_not_durable_on_node_b(tmp_path, *flags):
     release.write_text("")
     cut = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-to", "4",
                      "--hold-commit-at", f"0:2:{release}", *flags, name="cut",
-                     env_of=_two_nodes(tmp_path, release), errors_allowed=True)
+                     env_of=node_b_holding_syncs(tmp_path, "s.rank0-of2", release),
+                     errors_allowed=True)
     assert cut[0]["held_step"] == 3, cut[0]
     assert all("error" in r for r in cut), cut
     return cut
@@ -160,7 +148,8 @@ def test_a_fuyoud_killed_before_its_step_was_durable_leaves_every_rank_able_to_r
     assert "another rank's step 3 is not durable" in cut[1]["error"], cut[1]
     assert cut[1]["committed"] == 3 and cut[1]["durable_gates"] == 2, cut[1]
     resumed = run_worker("dp_stream_worker.py", tmp_path, 2, "--steps-from", "2",
-                         "--steps-to", "4", name="resumed", env_of=_two_nodes(tmp_path))
+                         "--steps-to", "4", name="resumed",
+                         env_of=node_b_holding_syncs(tmp_path, "s.rank0-of2"))
     for res in resumed:
         assert res["resumed"] and res["start"] <= 0.0, res
         assert len(res["worst"]) == 2 and max(res["worst"]) <= 0.0, res["worst"]
