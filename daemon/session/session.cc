@@ -468,8 +468,22 @@ Future<v1::DaemonMessage> Session::OnWaitDurable(const v1::WaitDurable& request)
   // the session as any commit does; a background commit's failure is noted by
   // the next request (NoteCommitFailure).
   if (durable.ready() && !durable.result().ok()) NoteCommitResult(durable.result().status());
+  std::shared_ptr<std::atomic<int>> waits;  // counts this request while it waits
+  if (!durable.ready()) {
+    if (durable_waits_->fetch_add(1) >= kMaxDurableWaits) {
+      durable_waits_->fetch_sub(1);
+      return MakeReadyFuture<v1::DaemonMessage>(ErrorReply(
+          absl::ResourceExhaustedError(fmt::format(
+              "WaitDurable for step {}: {} WaitDurable requests of this session already wait for job '{}''s "
+              "durable commit; wait for their answers first",
+              step, kMaxDurableWaits, identity_.job_name)),
+          {}, step));
+    }
+    waits = durable_waits_;
+  }
   // Runs on the commit's thread when it ends (or here): builds the answer only.
-  return durable.Then([step](const absl::StatusOr<int64_t>& reached) -> absl::StatusOr<v1::DaemonMessage> {
+  return durable.Then([step, waits](const absl::StatusOr<int64_t>& reached) -> absl::StatusOr<v1::DaemonMessage> {
+    if (waits != nullptr) waits->fetch_sub(1);
     if (!reached.ok()) return ErrorReply(reached.status(), {}, step);
     v1::DaemonMessage reply;
     reply.mutable_step_durable()->set_step(step);

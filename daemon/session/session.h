@@ -312,6 +312,12 @@ class Session {
   // Handle's answers of activation transfers not yet given to their sink (not
   // guarded by mutex_: thread-safe, and added to after the lock is released).
   InFlight activation_answers_;
+  // WaitDurable requests waiting for a background commit (OnWaitDurable): at
+  // most kMaxDurableWaits, so a client cannot pile up answers that no reader
+  // bounds (a commit's answers are sent without waiting for room). Shared with
+  // the continuations, which may end after the session.
+  static constexpr int kMaxDurableWaits = 16;
+  std::shared_ptr<std::atomic<int>> durable_waits_ = std::make_shared<std::atomic<int>>(0);
 };
 
 }  // namespace fuyou

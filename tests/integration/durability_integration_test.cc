@@ -14,6 +14,7 @@
 #include <future>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "adamw_reference.h"
@@ -386,10 +387,19 @@ TEST_F(DurabilityTest, WaitDurableIsAnsweredWhenTheHeldCommitEndsAndNothingElseW
   ASSERT_EQ(sessions->sessions_size(), 1);
   EXPECT_EQ(sessions->sessions(0).committed_step(), 2);
   EXPECT_EQ(Job("held").committed_step(), 1) << "durable before its commit ended";
+  // At most 16 wait at once (Session::kMaxDurableWaits): the 17th is refused,
+  // so a client cannot pile up answers while a commit is held.
+  std::vector<std::future<absl::StatusOr<int64_t>>> more;
+  for (int i = 1; i < 16; ++i) more.push_back(std::async(std::launch::async, [&] { return session->WaitDurable(2); }));
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // the 15 are read by the daemon first
+  ExpectError(session->WaitDurable(2).status(), absl::StatusCode::kResourceExhausted,
+              {"WaitDurable for step 2", "16 WaitDurable requests"});
   std::ofstream(release).put('x');
   absl::StatusOr<int64_t> durable = waiting.get();
   ASSERT_TRUE(durable.ok()) << Text(durable.status());
   EXPECT_EQ(*durable, 2);
+  for (auto& f : more) EXPECT_EQ(f.get().value_or(-1), 2);
+  EXPECT_EQ(session->WaitDurable(2).value_or(-1), 2) << "the waits were not given back";
   ASSERT_TRUE(session->Close().ok());
   EXPECT_EQ(Job("held").committed_step(), 2);
 }
