@@ -156,7 +156,7 @@ absl::Status Session::SetUpdateCount(uint32_t chunk_id, int64_t update_count,
                                      std::span<const int64_t> segment_update_counts) {
   return impl_->SetUpdateCount(chunk_id, update_count, segment_update_counts);
 }
-absl::StatusOr<uint32_t> Session::CommitImport() { return impl_->CommitImport(); }
+absl::StatusOr<uint32_t> Session::CommitImport(int64_t resume_step) { return impl_->CommitImport(resume_step); }
 absl::Status Session::Close() { return impl_->Close(); }
 
 }  // namespace fuyou

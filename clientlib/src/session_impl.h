@@ -99,7 +99,7 @@ class Session::Impl {
   absl::StatusOr<int64_t> ReadState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<float> out);
   absl::Status WriteState(uint32_t chunk_id, StateKind which, uint64_t first, std::span<const float> values);
   absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count, std::span<const int64_t> segment_update_counts);
-  absl::StatusOr<uint32_t> CommitImport();
+  absl::StatusOr<uint32_t> CommitImport(int64_t resume_step);
   absl::Status Close();
 
  private:

@@ -147,16 +147,17 @@ absl::Status Session::Impl::SetUpdateCount(uint32_t chunk_id, int64_t update_cou
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> Session::Impl::CommitImport() {
+absl::StatusOr<uint32_t> Session::Impl::CommitImport(int64_t resume_step) {
   std::lock_guard control(control_mu_);
   v1::ClientMessage message;
-  message.mutable_commit_import();
+  message.mutable_commit_import()->set_resume_step(resume_step);
   absl::StatusOr<v1::DaemonMessage> reply = Control(RequestKind::kCommitImport, 0, message, "CommitImport");
   if (!reply.ok()) return reply.status();
   if (!reply->has_import_committed()) {
     return absl::InternalError(
         fmt::format("CommitImport of {}: fuyoud answered with a message for another request", Who()));
   }
+  committed_step_.Advance(reply->import_committed().committed_step());
   return reply->import_committed().chunks_changed();
 }
 

@@ -249,7 +249,7 @@ Future<v1::DaemonMessage> Session::Dispatch(const v1::ClientMessage& message) {
     case v1::ClientMessage::kReadState: return now(OnReadState(message.read_state()));
     case v1::ClientMessage::kWriteState: return now(OnWriteState(message.write_state()));
     case v1::ClientMessage::kSetUpdateCount: return now(OnSetUpdateCount(message.set_update_count()));
-    case v1::ClientMessage::kCommitImport: return now(OnCommitImport());
+    case v1::ClientMessage::kCommitImport: return now(OnCommitImport(message.commit_import()));
     case v1::ClientMessage::kFetchWeights: return now(OnFetchWeights(message.fetch_weights()));
     case v1::ClientMessage::kSpillActivation: return OnSpillActivation(message.spill_activation());
     case v1::ClientMessage::kRecallActivation: return OnRecallActivation(message.recall_activation());

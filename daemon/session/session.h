@@ -233,7 +233,7 @@ class Session {
   v1::DaemonMessage OnReadState(const v1::ReadState& request);
   v1::DaemonMessage OnWriteState(const v1::WriteState& request);
   v1::DaemonMessage OnSetUpdateCount(const v1::SetUpdateCount& request);
-  v1::DaemonMessage OnCommitImport();
+  v1::DaemonMessage OnCommitImport(const v1::CommitImport& request);
   // Streaming weights (session_weights.cc).
   v1::DaemonMessage OnFetchWeights(const v1::FetchWeights& request);
   // Activation offload's storage tier (session_activations.cc).

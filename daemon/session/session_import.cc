@@ -6,9 +6,11 @@
 // shadow extent at once (synchronously: an import is rare), so the cache may
 // evict them before CommitImport without losing anything. CommitImport points
 // the manifest at the shadow extents and sets the update counts in one atomic
-// commit that keeps the committed step; until then the committed extents are
-// untouched and the end of the session drops the import (ChunkStore's import).
+// commit that keeps the committed step (or sets a new job's: resume_step);
+// until then the committed extents are untouched and the end of the session
+// drops the import (ChunkStore's import).
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "common/status_util.h"
@@ -135,13 +137,28 @@ v1::DaemonMessage Session::OnSetUpdateCount(const v1::SetUpdateCount& request) {
   return reply;
 }
 
-v1::DaemonMessage Session::OnCommitImport() {
+v1::DaemonMessage Session::OnCommitImport(const v1::CommitImport& request) {
   if (held_.store->staged_count() != 0) {
     return ErrorReply(absl::FailedPreconditionError(
         fmt::format("CommitImport: step {} of job '{}' has chunk updates in flight; end or abort the step first",
                     step_.current, identity_.job_name)));
   }
-  auto changed = held_.store->CommitImport();
+  std::optional<int64_t> resume_step;
+  if (request.resume_step() != 0) {
+    if (request.resume_step() < 0 || request.resume_step() > kMaxUpdateCount) {
+      return ErrorReply(absl::InvalidArgumentError(fmt::format(
+          "CommitImport: resume_step {} is outside 1..{}; send 0 to keep the committed step", request.resume_step(),
+          kMaxUpdateCount)));
+    }
+    if (step_.current != 1) {
+      return ErrorReply(absl::FailedPreconditionError(fmt::format(
+          "CommitImport: job '{}' has committed step {}; resume_step {} sets the step of a job that committed none "
+          "yet (send 0 to keep it)",
+          identity_.job_name, step_.current - 1, request.resume_step())));
+    }
+    resume_step = request.resume_step();
+  }
+  auto changed = held_.store->CommitImport(resume_step);
   if (!changed.ok()) {
     const absl::Status status = NoteCommitResult(changed.status());
     return ErrorReply(absl::Status(
@@ -149,6 +166,7 @@ v1::DaemonMessage Session::OnCommitImport() {
                                    identity_.job_name, status.message())));
   }
   v1::DaemonMessage reply;
+  step_.current = held_.store->committed_step() + 1;
   reply.mutable_import_committed()->set_chunks_changed(*changed);
   reply.mutable_import_committed()->set_committed_step(step_.current - 1);
   return reply;

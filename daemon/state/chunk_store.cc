@@ -137,13 +137,13 @@ absl::Status ChunkStore::ImportState(uint32_t chunk_id, ChunkState which, uint64
   return import_.Import(chunk_id, which, first, values);
 }
 
-absl::StatusOr<uint32_t> ChunkStore::CommitImport() {
-  if (import_.pending() == 0) return 0u;
+absl::StatusOr<uint32_t> ChunkStore::CommitImport(std::optional<int64_t> resume_step) {
+  if (import_.pending() == 0 && !resume_step) return 0u;
   if (absl::Status durable = MakeDurable(); !durable.ok()) {
     import_.Drop();
     return durable;
   }
-  return import_.Commit();
+  return import_.Commit(resume_step);
 }
 
 void ChunkStore::Close() {

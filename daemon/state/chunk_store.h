@@ -172,10 +172,11 @@ class ChunkStore {
   }
   bool HasPendingImport(uint32_t chunk_id) const { return import_.HasPending(chunk_id); }
   size_t pending_imports() const { return import_.pending(); }
-  // One manifest commit keeping the committed step; the number of chunks
-  // changed (0, and nothing written, when none is pending). On an error the
-  // import is dropped.
-  absl::StatusOr<uint32_t> CommitImport();
+  // One manifest commit keeping the committed step, or setting it to
+  // `resume_step` (the caller checked that no step was committed yet); the
+  // number of chunks changed (0, and nothing written, when none is pending and
+  // no step is set). On an error the import is dropped.
+  absl::StatusOr<uint32_t> CommitImport(std::optional<int64_t> resume_step = std::nullopt);
   void DropImport() { import_.Drop(); }
 
   // ---- Working weights (chunks registered with store_weights): the weights

@@ -93,10 +93,11 @@ void StateImport::ImportUpdateCount(uint32_t chunk_id, int64_t update_count,
   imported.segment_update_counts = std::move(segment_update_counts);
 }
 
-absl::StatusOr<uint32_t> StateImport::Commit() {
+absl::StatusOr<uint32_t> StateImport::Commit(std::optional<int64_t> resume_step) {
   const auto changed = static_cast<uint32_t>(imported_.size());
-  if (imported_.empty()) return changed;
+  if (imported_.empty() && !resume_step) return changed;
   JobEdit edit(context_.job);
+  if (resume_step) edit.SetCommittedStep(*resume_step);
   for (const auto& [chunk_id, imported] : imported_) {
     if (imported.states_written) edit.ShadowWritten(chunk_id, imported.checksums);
     if (!imported.update_count) continue;

@@ -38,8 +38,9 @@ class StateImport {
   void ImportUpdateCount(uint32_t chunk_id, int64_t update_count, std::vector<int64_t> segment_update_counts);
   bool HasPending(uint32_t chunk_id) const { return imported_.count(chunk_id) != 0; }
   size_t pending() const { return imported_.size(); }
-  // Commits the pending import (see ChunkStore::CommitImport); drops it on an error.
-  absl::StatusOr<uint32_t> Commit();
+  // Commits the pending import (see ChunkStore::CommitImport), with the job's
+  // committed step set to `resume_step` when given; drops it on an error.
+  absl::StatusOr<uint32_t> Commit(std::optional<int64_t> resume_step = std::nullopt);
   // Forgets the pending import: the committed states were never touched.
   void Drop();
 

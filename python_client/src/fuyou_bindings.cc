@@ -623,11 +623,13 @@ PYBIND11_MODULE(_fuyou, m) {
           "segment_update_counts (one per segment, the largest equal to update_count) each segment's own.")
       .def(
           "commit_import",
-          [](PySession& s) {
+          [](PySession& s, int64_t resume_step) {
             Session& session = s.get();
-            return Blocking<uint32_t>([&] { return session.CommitImport(); });
+            return Blocking<uint32_t>([&] { return session.CommitImport(resume_step); });
           },
-          "Commits the pending import atomically; returns the number of chunks changed.")
+          py::arg("resume_step") = 0,
+          "Commits the pending import atomically; returns the number of chunks changed. resume_step > 0: "
+          "a job that committed no step yet is at that step after the commit (a reshard).")
       .def("close", &PySession::Close, "Ends the session (idempotent).");
 
   py::class_<AdminClient, std::shared_ptr<AdminClient>>(m, "AdminClient")

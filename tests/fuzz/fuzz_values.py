@@ -194,7 +194,8 @@ def stream_message(session_ids, step):
         message(pb.SetUpdateCount, dict(chunk_id=st.integers(0, 4), update_count=st.integers(0, 10)),
                 dict(chunk_id=wild_u32(), update_count=wild_i64())).map(
                     lambda m: pb.ClientMessage(set_update_count=m)),
-        st.just(pb.ClientMessage(commit_import=pb.CommitImport())),
+        message(pb.CommitImport, dict(resume_step=st.integers(0, 10)), dict(resume_step=wild_i64()),
+                max_wild=1).map(lambda m: pb.ClientMessage(commit_import=m)),
         st.just(pb.ClientMessage()),  # no kind set
     )
 

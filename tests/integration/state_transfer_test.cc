@@ -107,6 +107,56 @@ TEST_F(StateTransferTest, WrittenStatesReadBackAfterCommitAndResume) {
   EXPECT_EQ(Read(*session, 7, StateKind::kExpAvg, kN), m);
 }
 
+// A job rebuilt from other jobs' states (a data-parallel reshard) goes on from
+// their step: CommitImport's resume_step sets a new job's committed step, with
+// or without states pending, durably; a job that committed a step refuses it.
+TEST_F(StateTransferTest, ResumeStepSetsANewJobsStepAndIsRefusedOnceItTrained) {
+  const std::vector<float> master = Values(1, kN);
+  std::vector<std::byte> weights = Encode(Values(9, kN), kSpec.param_dtype);
+  {
+    auto session = Open("rebuilt", kSpec.param_bytes());
+    ASSERT_NE(session, nullptr);
+    ASSERT_TRUE(session->RegisterChunk(kSpec, weights).ok());
+    ASSERT_TRUE(session->WriteState(7, StateKind::kMaster, 0, master).ok());
+    auto hostile = session->CommitImport(-1);
+    EXPECT_TRUE(absl::IsInvalidArgument(hostile.status())) << hostile.status();
+    EXPECT_NE(Text(hostile.status()).find("resume_step -1"), std::string::npos) << hostile.status();
+    hostile = session->CommitImport(int64_t{1} << 60);
+    EXPECT_TRUE(absl::IsInvalidArgument(hostile.status())) << hostile.status();
+    auto committed = session->CommitImport(7);  // the refusals left the import pending
+    ASSERT_TRUE(committed.ok()) << Text(committed.status());
+    EXPECT_EQ(*committed, 1u);
+    EXPECT_EQ(session->committed_step(), 7);
+    EXPECT_EQ(Read(*session, 7, StateKind::kMaster, kN), master);
+    // Set once: now the job has a step, and a second one is refused.
+    auto again = session->CommitImport(9);
+    EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+    EXPECT_NE(Text(again.status()).find("committed step 7"), std::string::npos) << again.status();
+    // The next step is 8.
+    AdamWHyper hyper;
+    ASSERT_TRUE(session->PushGradients(7, 8, hyper, Encode(Values(4, kN), kSpec.grad_dtype)).ok());
+    ASSERT_TRUE(session->PullParams(7, weights).ok());
+    auto ended = session->EndStep(8);
+    ASSERT_TRUE(ended.ok()) << Text(ended.status());
+    ASSERT_TRUE(session->Close().ok());
+  }
+  auto resumed = Open("rebuilt", kSpec.param_bytes());
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->committed_step(), 8);
+  // With nothing else pending, on a job that has chunks but no step yet.
+  auto empty = Open("empty", kSpec.param_bytes());
+  ASSERT_NE(empty, nullptr);
+  ASSERT_TRUE(empty->RegisterChunk(kSpec, weights).ok());
+  auto set = empty->CommitImport(3);
+  ASSERT_TRUE(set.ok()) << Text(set.status());
+  EXPECT_EQ(*set, 0u);
+  EXPECT_EQ(empty->committed_step(), 3);
+  ASSERT_TRUE(empty->Close().ok());
+  empty = Open("empty", kSpec.param_bytes());
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(empty->committed_step(), 3);
+}
+
 TEST_F(StateTransferTest, AdamStatesMatchReferenceAndTrainingContinuesFromImport) {
   const ChunkSpec spec{.chunk_id = 3, .num_elements = 4099};
   const size_t n = spec.num_elements;

@@ -327,8 +327,11 @@ class Session {
   absl::Status SetUpdateCount(uint32_t chunk_id, int64_t update_count,
                               std::span<const int64_t> segment_update_counts = {});
   // Commits the pending import in one atomic manifest commit; the committed step
-  // does not change. Returns the number of chunks the import changed.
-  absl::StatusOr<uint32_t> CommitImport();
+  // does not change, unless `resume_step` > 0: a job that committed no step yet
+  // (FAILED_PRECONDITION otherwise) then is at step `resume_step`, in the same
+  // commit (a reshard continuing the old jobs' count), and committed_step()
+  // says so. Returns the number of chunks the import changed.
+  absl::StatusOr<uint32_t> CommitImport(int64_t resume_step = 0);
 
   // Ends the session: pending work is finished, the segment unmapped. Spans from
   // GradRegion/ParamRegion must not be used after Close.
