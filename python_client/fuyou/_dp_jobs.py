@@ -21,11 +21,17 @@ _dp_commit.py) resume at the lower step (``resume_at_step``): fuyoud keeps
 each job's manifest before its last commit and goes back to it.
 
 Which world is the source: the one named by a marker (a reshard into it
-committed); else the one world with a committed step > 0 (an import never
-advances the step, so a reshard's target stays at step 0 until it trains,
-which it does only once the source is gone); else, when T has no jobs, the
-one other world. Anything else (two trained worlds, a source with ranks
-missing or at different steps) is refused with the jobs named.
+committed); else the one world with a committed step > 0 (the import keeps a
+reshard's target at step 0 until its marker exists); else, when T has no
+jobs, the one other world. Anything else (two trained worlds, a source with
+ranks missing or at different steps) is refused with the jobs named.
+
+The steps go on: the marker job's committed step is the old jobs' step N,
+and only after the marker exists does each new job take N (an empty import
+that sets it, _reshard.py). So a marker's world has jobs at N or still at 0,
+all holding the resharded states: resumed (T's own: ``finish_step``) or
+resharded from (another T), they go on from the marker's N, and the marker is
+deleted only once every rank took N.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class WorldPlan:
     source_world: Optional[int] = None  # None: no reshard
     source_jobs: List[JobRecord] = field(default_factory=list)  # by old rank
     source_step: int = 0
+    # A reshard into this world committed (its marker): the ranks' jobs still
+    # at step 0 go on from this step (N), then the marker is deleted.
+    finish_step: int = 0
     delete_first: List[JobRecord] = field(default_factory=list)
     delete_after: List[JobRecord] = field(default_factory=list)  # then the marker
     marker: Optional[JobRecord] = None  # the marker found: a reshard into its world committed
@@ -66,6 +75,12 @@ class WorldPlan:
     @property
     def reshard(self) -> bool:
         return self.source_world is not None
+
+    @property
+    def finishes_reshard(self) -> bool:
+        """A resume that ends a reshard into its own world (its marker found):
+        the steps (finish_step), then the marker's deletion."""
+        return not self.reshard and self.marker is not None
 
 
 def job_of_rank(base: str, rank: int, world: int) -> str:
@@ -156,14 +171,17 @@ def plan_world(base: str, world: int, jobs: List[JobRecord]) -> WorldPlan:
     plan.delete_first = [j for w in sorted(worlds) if w != source
                          for _r, j in sorted(worlds[w].items())]
     if source == world:  # T's own jobs: resume them, the rest are leftovers
-        if plan.marker is not None:
-            plan.delete_first.append(plan.marker)
         plan.resume_at_step = _common_step(ranks, world)
+        if plan.marker is not None:
+            plan.finish_step = plan.marker.committed_step
         return plan
-    plan.resume_at_step = _common_step(ranks, source)
-    steps = {j.committed_step for j in ranks.values()}
-    if plan.resume_at_step is not None:
-        steps = {plan.resume_at_step}
+    if plan.marker is not None:  # its world's jobs: at the marker's step, or at 0 still
+        steps = {j.committed_step or plan.marker.committed_step for j in ranks.values()}
+    else:
+        plan.resume_at_step = _common_step(ranks, source)
+        steps = {j.committed_step for j in ranks.values()}
+        if plan.resume_at_step is not None:
+            steps = {plan.resume_at_step}
     if len(ranks) != source or len(steps) != 1:
         plan.error = (f"job {base!r} was trained with {source} ranks, to be resharded to "
                       f"{world}, but it has {_describe(source, ranks)}: the rank jobs must all "

@@ -182,6 +182,12 @@ class ChunkPipeline:
         once when it was reported durable): durable_step is committed_step after."""
         self._link.wait_durable()
 
+    def continue_steps_from(self, step: int) -> None:
+        """The job, rebuilt by an import and at committed step 0, goes on from
+        `step` (a reshard keeps the old jobs' count): one CommitImport that
+        sets it. Between steps, with nothing of the import pending."""
+        self._link.commit_import_at(step)
+
     def close(self) -> None:
         """Abandons a step in progress (unless the pipeline failed) and closes the
         session. Errors closing the session are raised only when nothing failed

@@ -15,13 +15,17 @@ them into its pending import (WriteState, SetUpdateCount) and installs the
 master into the model. A failure on either side is remembered, the walk goes
 on without it, and every rank raises at the end (no rank waits for a peer
 that gave up). Then every rank commits its import (one atomic manifest commit
-each); only when all did, rank 0 creates the marker job, the node leaders
-delete the old jobs, and rank 0 deletes the marker.
+each); only when all did, rank 0 creates the marker job, every rank's job
+takes the old step, the node leaders delete the old jobs, and rank 0 deletes
+the marker.
 
 The old jobs are only read: killed anywhere before the marker exists, the
 reshard is simply run again at the next start (the new jobs, still at step 0,
-are deleted first). The new jobs start at committed step 0 (an import never
-advances the step); Adam's counts come from the old jobs, so the updates
+are deleted first). The marker holds the old jobs' committed step N; once it
+exists each new job goes on from N (an empty import that sets a new job's
+step: CommitImport's resume_step), so the steps count on as in an
+uninterrupted run; killed before every rank did, the next start finishes it
+(``finish_reshard``). Adam's counts come from the old jobs, so the updates
 match an uninterrupted run. Traffic: every chunk's states cross the group
 once (12 bytes a parameter).
 """
@@ -42,7 +46,7 @@ from ._dp_jobs import JobRecord, marker_job
 from ._errors import FailedPrecondition
 from ._protocol import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER
 
-__all__ = ["delete_on_nodes", "reshard"]
+__all__ = ["delete_on_nodes", "finish_reshard", "reshard"]
 
 
 def _gather_errors(dp, mine: Optional[str]) -> List[str]:
@@ -175,7 +179,7 @@ def reshard(dp, pipeline, connection) -> int:
             failure = f"committing the import: {type(e).__name__}: {e}"
     _raise_if_any(dp, failure, f"the reshard from {old_world} to {dp.world_size} ranks failed "
                                f"(the jobs of {old_world} ranks are unchanged)")
-    _commit(dp, plan, connection.timeout)
+    _commit(dp, pipeline, plan, connection.timeout)
     return imported
 
 
@@ -205,22 +209,25 @@ def _hand_over(dp, c, got, reader: int, owner: int):
 
 
 def _make_marker(marker: JobRecord, dp, timeout: float) -> None:
-    """Creates the marker job. fuyoud removes a job its creating session left
-    without a chunk, so the marker holds one chunk of one fp32 element."""
+    """Creates the marker job at the old jobs' step (marker.committed_step).
+    fuyoud removes a job its creating session left without a chunk, so the
+    marker holds one chunk of one fp32 element."""
     session = open_session(marker.name, 1, 4096, f"reshard marker of {dp.base_job}",
                            dp.node_address[marker.node], timeout, min(timeout, 5.0))
     try:
         one = torch.zeros(1, dtype=torch.float32)
         session.register_chunk(0, 1, DTYPE_CODES[torch.float32], DTYPE_CODES[torch.float32],
                                one.view(torch.uint8).numpy())
+        if marker.committed_step > 0:
+            session.commit_import(resume_step=marker.committed_step)
     finally:
         session.close()
 
 
-def _commit(dp, plan, timeout: float) -> None:
-    """Every rank committed its import: the marker, then the old jobs (and an
-    older marker) deleted, then the marker."""
-    marker = JobRecord(marker_job(dp.base_job, dp.world_size), dp.nodes[0], 0, 0)
+def _commit(dp, pipeline, plan, timeout: float) -> None:
+    """Every rank committed its import: the marker, holding the old jobs'
+    step; then finish_reshard."""
+    marker = JobRecord(marker_job(dp.base_job, dp.world_size), dp.nodes[0], plan.source_step, 0)
     error = None
     if dp.rank == 0:
         try:
@@ -228,7 +235,24 @@ def _commit(dp, plan, timeout: float) -> None:
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
     _raise_if_any(dp, error, "the reshard's marker job could not be made (the old jobs are kept)")
-    delete_on_nodes(dp, plan.delete_after, timeout,
+    finish_reshard(dp, pipeline, marker, plan.delete_after, timeout)
+
+
+def finish_reshard(dp, pipeline, marker: JobRecord, old_jobs: List[JobRecord],
+                   timeout: float) -> None:
+    """The end of a reshard whose marker exists, a collective: this rank's job,
+    still at step 0, goes on from the marker's step (the old jobs'); once every
+    rank's did, `old_jobs` are deleted, then the marker. Cut anywhere, the next
+    start runs it again (_dp_jobs.py: ``finish_step``)."""
+    error = None
+    if marker.committed_step > 0 and pipeline.committed_step == 0:
+        try:
+            pipeline.continue_steps_from(marker.committed_step)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+    _raise_if_any(dp, error, f"the resharded jobs could not go on from step "
+                             f"{marker.committed_step} (the next start sets it)")
+    delete_on_nodes(dp, old_jobs, timeout,
                     "the old jobs could not all be deleted after the reshard (the next start "
                     "finishes it)")
     delete_on_nodes(dp, [marker], timeout, "the reshard's marker job could not be deleted")

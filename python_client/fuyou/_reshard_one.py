@@ -9,11 +9,13 @@ _dp_jobs.py's ``plan_world`` with a world of 1). When ranks' jobs
 walk as a reshard between worlds (_reshard.py), run by a world of one
 (``OneProcessWorld``) that reads every old rank's chunks itself, with no
 collective. The safety is _reshard.py's: the old jobs are only read, the
-import commits atomically, then the marker ``J.resharded-to-1`` is made, the
-old jobs deleted, the marker deleted; killed anywhere, the next start finishes
-it (an import before the marker is run again: every chunk of ``J`` is
-written anew, so ``J``'s leftovers are overwritten, not deleted; after the
-marker, the deletions are finished).
+import commits atomically, then the marker ``J.resharded-to-1`` is made (at
+the old jobs' step), ``J`` goes on from that step, the old jobs are deleted,
+the marker deleted; killed anywhere, the next start finishes it (an import
+before the marker is run again: every chunk of ``J`` is written anew, so
+``J``'s leftovers are overwritten, not deleted; after the marker, the step and
+the deletions are finished, which is why a trained ``J`` is looked at too when
+its marker is there).
 
 Only the ranks' jobs on the daemon this process reaches can be read: a job
 whose ranks ran on several nodes' daemons is refused (``plan_world`` names the
@@ -29,9 +31,9 @@ import torch
 
 from ._chunking import Chunk
 from ._data_parallel import shard_ranges
-from ._dp_jobs import WorldPlan, jobs_on_daemon, plan_world
+from ._dp_jobs import WorldPlan, jobs_on_daemon, marker_job, plan_world
 from ._errors import FailedPrecondition
-from ._reshard import delete_on_nodes, reshard
+from ._reshard import delete_on_nodes, finish_reshard, reshard
 
 __all__ = ["OneProcessWorld", "plan_one_process", "reshard_into_one_process"]
 
@@ -40,10 +42,11 @@ _NODE = ""  # the one daemon this process reaches (jobs_on_daemon's node)
 
 def plan_one_process(connection, session) -> Optional[WorldPlan]:
     """The plan of a single process whose session on ``connection.job`` found
-    the job new (``plan_world`` for a world of one, without the job itself
-    among the leftovers to delete); None when the daemon's admin API cannot
-    be asked (a fake session). Raises when the job's worlds cannot be
-    decided."""
+    the job new, or trained with a reshard's marker still there (``plan_world``
+    for a world of one, without the job itself among the leftovers to
+    delete); None for a trained job without one, or when the daemon's admin
+    API cannot be asked (a fake session). Raises when the job's worlds cannot
+    be decided."""
     from . import _native
     from ._admin import admin_client
     if not isinstance(session, _native.module().Session):
@@ -53,7 +56,10 @@ def plan_one_process(connection, session) -> Optional[WorldPlan]:
     except Exception:  # the admin API refused: nothing to compare with
         return None
     job = connection.job
-    plan = plan_world(job, 1, jobs_on_daemon(listed, job, _NODE))
+    jobs = jobs_on_daemon(listed, job, _NODE)
+    if int(session.committed_step) != 0 and all(j.name != marker_job(job, 1) for j in jobs):
+        return None  # a trained job resumes as any other (a marker: its reshard's end is due)
+    plan = plan_world(job, 1, jobs)
     if plan.error is not None:
         raise FailedPrecondition(f"fuyou.AdamW of job {job!r}: {plan.error}")
     # The job itself (new, or an interrupted import's leftover) is this
@@ -98,7 +104,9 @@ def reshard_into_one_process(opt, pipeline, connection, plan: WorldPlan) -> int:
     if plan.delete_first:
         delete_on_nodes(world, plan.delete_first, connection.timeout,
                         "the leftovers of an interrupted reshard could not be deleted")
-    if not plan.reshard:  # (a committed reshard's marker is among delete_first)
+    if plan.finishes_reshard:
+        finish_reshard(world, pipeline, plan.marker, [], connection.timeout)
+    if not plan.reshard:
         return 0
     if not pipeline.states.session or not pipeline.plan.chunks:
         raise FailedPrecondition(
@@ -111,6 +119,11 @@ def reshard_into_one_process(opt, pipeline, connection, plan: WorldPlan) -> int:
 
 def refuse_streamed(job: str, plan: Optional[WorldPlan]) -> None:
     """The streamed mode registers at bind: it cannot reshard the ranks' jobs."""
+    if plan is not None and plan.finishes_reshard:
+        raise FailedPrecondition(
+            f"fuyou.AdamW of job {job!r}: a reshard of the job into one process was cut "
+            f"short (its marker job {plan.marker.name!r} is there); start it once without "
+            "offload_params to finish it")
     if plan is not None and plan.reshard:
         raise FailedPrecondition(
             f"fuyou.AdamW of job {job!r}: the job was trained with {plan.source_world} "

@@ -2,8 +2,9 @@
 daemon last answered them (applied, durable).
 
 The pipeline attaches a session, asks the link which step is next, and ends
-or abandons that step through it, or waits for the applied step to be durable;
-nothing else changes the two counts."""
+or abandons that step through it, or waits for the applied step to be durable,
+or sets a new job's step (a reshard's import); nothing else changes the two
+counts."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ class SessionLink:
         if self.durable >= self.committed:
             return
         self.durable = int(self.session.wait_durable(self.committed))
+
+    def commit_import_at(self, step: int) -> None:
+        """CommitImport with ``resume_step=step``: the job, which committed no
+        step yet, is at `step` (durable: an import commits durably)."""
+        self.session.commit_import(resume_step=step)
+        self.committed = self.durable = int(self.session.committed_step)
 
     def abort_step(self, **reason) -> None:
         """AbortStep of the step in progress (`reason=`: fuyou.v1.AbortReason)."""

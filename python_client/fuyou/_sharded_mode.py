@@ -46,7 +46,7 @@ from ._dp_commit import agree_to_commit
 from ._dp_durable import DurableGate
 from ._dp_step import finish_reduced_step
 from ._pass_end import PassEnd
-from ._reshard import reshard
+from ._reshard import finish_reshard, reshard
 from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
@@ -66,9 +66,12 @@ class ShardedResidentMode(ResidentMode):
         self._overlap = True  # the hooks count every pass; whether they start: hook_grad_scale
         self.reductions = ChunkReductions(self.dp, pipeline)
         self._pass_end = PassEnd(self, "_backward_ended")  # the averages into .grad
-        if self.dp.world_plan.reshard:
+        plan = self.dp.world_plan
+        if plan.reshard:
             reshard(self.dp, pipeline, opt._connection)
             opt.resumed = True
+        elif plan.finishes_reshard:
+            finish_reshard(self.dp, pipeline, plan.marker, [], opt._connection.timeout)
         self.dp.check_resumed_together(opt.resumed, pipeline.committed_step)
         self.durable_gate = DurableGate(self.dp, pipeline)
         self.reductions.gate = self.durable_gate  # before the first reduction of a round

@@ -342,6 +342,11 @@ def _refuse_reshard(dp) -> None:
     raises on every rank before anything is registered, so the old jobs stay
     as they are and nothing trains anew beside them."""
     plan = dp.world_plan
+    if plan.finishes_reshard:
+        raise FailedPrecondition(
+            f"fuyou.AdamW of job {dp.base_job!r} (rank {dp.rank} of {dp.world_size}): a "
+            f"reshard of the job into {dp.world_size} ranks was cut short (its marker job "
+            f"{plan.marker.name!r} is there); start it once without offload_params to finish it")
     if not plan.reshard:
         return
     old = (f"the single-process job {dp.base_job!r}" if plan.source_world == 1 else

@@ -428,8 +428,9 @@ class AdamW(torch.optim.Optimizer):
 
     def _reshard_into_one_process(self, pipeline, session, offload_params: bool) -> None:
         """A single process on a new job whose name has data-parallel ranks' jobs
-        on the daemon: their states are imported into it (_reshard_one.py)."""
-        if self._data_parallel is not None or int(session.committed_step) != 0:
+        on the daemon: their states are imported into it (_reshard_one.py); on
+        a job such an import left unfinished, it is finished."""
+        if self._data_parallel is not None:
             return
         plan = _reshard_one.plan_one_process(self._connection, session)
         self._reshard_plan = plan

@@ -63,15 +63,26 @@ def test_plan_world_reshards_the_trained_world_and_deletes_untrained_leftovers_f
 
 
 def test_plan_world_trusts_the_marker_of_a_committed_reshard():
-    # the reshard into 3 committed (marker), its deletion of the old jobs was cut short
-    jobs = [rec("dp.rank1-of2"), rec("dp.rank0-of3", 0), rec("dp.rank1-of3", 0),
-            rec("dp.rank2-of3", 0), rec("dp.resharded-to-3", 0, chunks=0)]
+    # the reshard into 3 committed (marker, at the old step 3); rank 1 took the
+    # step, the others not yet, and the deletion of the old jobs was cut short
+    jobs = [rec("dp.rank1-of2"), rec("dp.rank0-of3", 0), rec("dp.rank1-of3", 3),
+            rec("dp.rank2-of3", 0), rec("dp.resharded-to-3", 3, chunks=1)]
     plan = plan_world("dp", 3, jobs)
-    assert not plan.reshard and plan.error is None
-    assert [j.name for j in plan.delete_first] == ["dp.rank1-of2", "dp.resharded-to-3"]
+    assert not plan.reshard and plan.error is None and plan.finishes_reshard
+    assert plan.finish_step == 3 and plan.resume_at_step is None
+    # the marker goes last, once every rank took its step (finish_reshard)
+    assert [j.name for j in plan.delete_first] == ["dp.rank1-of2"]
+    assert plan.marker.name == "dp.resharded-to-3" and not plan.delete_after
     again = plan_world("dp", 4, jobs)  # from the committed target, never the old one
-    assert again.source_world == 3
+    assert again.source_world == 3 and again.source_step == 3 and again.error is None
     assert [j.name for j in again.delete_after][-1] == "dp.resharded-to-3"
+    # a marker of an older fuyou (step 0) leaves the steps as they are
+    old = plan_world("dp", 3, jobs[:-1] + [rec("dp.resharded-to-3", 0, chunks=1)])
+    assert old.finishes_reshard and old.finish_step == 0
+    # nothing left but the marker (the old jobs gone): only its deletion is due
+    done = plan_world("dp", 3, [rec("dp.rank0-of3"), rec("dp.rank1-of3"), rec("dp.rank2-of3"),
+                                rec("dp.resharded-to-3", 3, chunks=1)])
+    assert done.finishes_reshard and not done.delete_first
 
 
 def test_plan_world_resumes_rank_jobs_one_step_apart_at_the_lower_step():
@@ -109,10 +120,13 @@ def test_two_ranks_resharded_to_three_and_back_to_two_match_torch(tmp_path):
         assert res["resharded_from"] == 2 and res["resumed"]
         assert res["start_violation"] <= 0.0  # step 1's weights, on every rank
         assert res["job"] == f"dp.rank{res['rank']}-of3"
+        # the steps count on from the old jobs' (CommitImport's resume_step)
+        assert res["committed"] == 2 and res["final_committed"] == 4
     back = run_ranks(tmp_path, 2, "--steps-from", "4", "--steps-to", "5", "--history", history,
                      name="back")
     assert_matches_torch(back, 1)
     assert [r["resharded_from"] for r in back] == [3, 3]
+    assert [(r["committed"], r["final_committed"]) for r in back] == [(4, 5), (4, 5)]
 
 
 def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
@@ -124,6 +138,7 @@ def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
                     name="two")
     assert_matches_torch(two, 2)
     assert [r["resharded_from"] for r in two] == [1, 1]
+    assert [r["committed"] for r in two] == [2, 2]
 
 
 def test_two_ranks_resharded_back_to_one_process_match_torch(tmp_path):
@@ -145,14 +160,16 @@ def test_two_ranks_resharded_back_to_one_process_match_torch(tmp_path):
                         history, *address, name="one")
         assert_matches_torch(one, 2)
         assert one[0]["resharded_from"] == 2 and one[0]["start_violation"] <= 0.0
+        assert one[0]["committed"] == 2
         jobs = listed_jobs(d.address)
         assert sorted(n for n in jobs if n.startswith("dp")) == ["dp"]  # ranks' jobs gone
+        assert jobs["dp"] == 4
         # and the single-process job resumes as any other
         again = run_ranks(tmp_path, 1, "--steps-from", "4", "--steps-to", "5", "--history",
                           history, *address, name="again")
         assert_matches_torch(again, 1)
         assert again[0]["resharded_from"] is None and again[0]["resumed"]
-        assert again[0]["committed"] == 2 and again[0]["start_violation"] <= 0.0
+        assert again[0]["committed"] == 4 and again[0]["start_violation"] <= 0.0
     finally:
         d.stop()
 
@@ -170,16 +187,18 @@ def test_a_reshard_into_one_process_killed_is_run_again_or_finished(tmp_path):
         jobs = listed_jobs(d.address)
         assert jobs["dp.rank0-of2"] == 2 and jobs["dp.rank1-of2"] == 2
         assert "dp.resharded-to-1" not in jobs
-        # killed after the marker: the next start finishes the deletions
+        # killed after the marker: the next start finishes the step and the deletions
         run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history", history,
                   "--die-at", "0:0:marker", *address, name="cut2", expect_killed=(0,))
-        assert "dp.resharded-to-1" in listed_jobs(d.address)
+        jobs = listed_jobs(d.address)
+        assert jobs["dp.resharded-to-1"] == 2 and jobs["dp"] == 0  # the old step kept there
         one = run_ranks(tmp_path, 1, "--steps-from", "2", "--steps-to", "4", "--history",
                         history, *address, name="one")
         assert_matches_torch(one, 2)
-        assert one[0]["start_violation"] <= 0.0
+        assert one[0]["start_violation"] <= 0.0 and one[0]["committed"] == 2
         jobs = listed_jobs(d.address)
         assert sorted(n for n in jobs if n.startswith("dp")) == ["dp"]
+        assert jobs["dp"] == 4
     finally:
         d.stop()
 
@@ -224,12 +243,16 @@ def test_a_reshard_killed_after_its_marker_is_finished_by_the_next_start(tmp_pat
                   "--die-at", "0:0:marker", *address, name="cut", expect_killed=(0,))
         jobs = listed_jobs(d.address)
         assert "dp.resharded-to-3" in jobs and "dp.rank0-of2" in jobs  # committed, not cleaned
+        assert jobs["dp.resharded-to-3"] == 2 and jobs["dp.rank0-of3"] == 0  # rank 0 died first
         three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "4", "--history",
                           history, *address, name="three")
         assert_matches_torch(three, 2)
         assert all(r["resharded_from"] is None and r["resumed"] for r in three)  # its own jobs
-        assert sorted(n for n in listed_jobs(d.address) if n.startswith("dp.")) == [
+        assert [r["committed"] for r in three] == [2, 2, 2]  # the marker's step, on every rank
+        jobs = listed_jobs(d.address)
+        assert sorted(n for n in jobs if n.startswith("dp.")) == [
             "dp.rank0-of3", "dp.rank1-of3", "dp.rank2-of3"]
+        assert {jobs[f"dp.rank{r}-of3"] for r in range(3)} == {4}
     finally:
         d.stop()
 
