@@ -23,7 +23,7 @@ from .optimizer import AdamW
 from ._stream import ParameterStream, stream_parameters
 from ._activations import ActivationOffload, offload_activations
 from ._sizes import parse_size
-from . import _sharded
+from . import _dp_export, _sharded
 from ._ddp_skip import skip_ddp_allreduce
 
 __all__ = [
@@ -64,7 +64,10 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
     fp32 weights by ``model``'s state_dict names, plus ``optimizer.bin.index.json``
     and shards of the moments; see fuyou/_sharded.py), read from the daemon one
     chunk at a time and written shard by shard, so the model is never whole in
-    memory. It works for an ``offload_params`` optimizer too. Load it back with
+    memory. It works for an ``offload_params`` optimizer too, and in a
+    data-parallel group: there it is a collective, call it on every rank; rank
+    0 writes the whole job's checkpoint, each chunk read by its owner
+    (fuyou/_dp_export.py). Load it back with
     ``fuyou.materialize(model, opt, checkpoint=path)`` (weights, and the
     optimizer states into a new job) or ``fuyou.AdamW(..., init_from=path)``.
     Returns a summary (files, peak bytes held)."""
@@ -77,7 +80,8 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
         if optimizer.pipeline.step.in_step:
             raise FailedPrecondition(f"export_checkpoint of job {optimizer.job!r} during a step: "
                                      "call it after step()")
-        optimizer._mode.check_sharded_export()
         optimizer._mode.quiesce()  # states are read only with no fetch in flight
+        if optimizer._data_parallel is not None:  # every rank's chunks, written by rank 0
+            return _dp_export.export_sharded_together(optimizer, path, model, int(shard_bytes))
         return _sharded.export_sharded(optimizer, optimizer.pipeline, path, model,
                                        int(shard_bytes))

@@ -106,10 +106,6 @@ class StepMode:
     def check_import(self, job: str) -> None:
         """Raises when load_state_dict cannot import moments now."""
 
-    def check_sharded_export(self) -> None:
-        """Raises when ``fuyou.export_checkpoint(shard_bytes=)`` cannot export
-        this optimizer's job."""
-
     def check_fork(self, source: str, job: str) -> None:
         """Raises when load_state_dict cannot fork job `source` into this one."""
 

@@ -148,10 +148,14 @@ def _groups_json(opt, index: Dict[int, int]) -> list:
     return groups
 
 
-def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_bytes: int) -> dict:
+def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_bytes: int,
+                   job: Optional[dict] = None) -> dict:
     """Writes the sharded checkpoint of `opt`'s job at its last commit into the
     directory `path` (see the module doc). `model`: names from its state_dict;
-    None: parameters named by their index (as strings). Returns the two indexes."""
+    None: parameters named by their index (as strings). `pipeline`: what is
+    read (its params, plan and states: a data-parallel job's whole plan, read
+    from every rank, _dp_export.py); `job`: the indexes' "fuyou" entry (by
+    default opt's job and committed step). Returns the two indexes."""
     if shard_bytes < 1:
         raise InvalidArgument(f"shard_bytes must be positive, got {shard_bytes}")
     directory = Path(path)
@@ -186,6 +190,11 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     for c in pipeline.plan.chunks:
         for seg in c.segments:
             chunks_of[seg.param_index].append((c, seg))
+    unheld = [i for i, held in enumerate(chunks_of) if not held]
+    if unheld:  # never written from memory no chunk filled
+        raise FailedPrecondition(
+            f"export_checkpoint of job {opt.job!r}: {len(unheld)} trained parameters (first: "
+            f"index {index[id(params[unheld[0]])]}) are in no chunk this export reads")
     steps: List[int] = [0] * len(params)
     for c in pipeline.plan.chunks:
         for seg, t in zip(c.segments, pipeline.states.update_counts(c)):
@@ -240,7 +249,7 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
             moments.add(f"state.{i}.exp_avg_sq", v)
         del per, master, m, v
 
-    job = {"job": opt.job, "committed_step": opt.committed_step}
+    job = job or {"job": opt.job, "committed_step": opt.committed_step}
     weights.write_index(WEIGHTS_INDEX, {"format": "pt", "fuyou": dict(
         job, version=FORMAT, shapes=shapes, dtypes=dtypes)})
     names = {}

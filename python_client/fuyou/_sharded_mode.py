@@ -32,7 +32,8 @@ _data_parallel.py for the job names, the node's daemon and the shard).
   reductions above replace its all-reduce.
 - Between steps: state_dict, load_state_dict and export_checkpoint are
   collectives over the ranks' jobs, ``opt.state[p]`` is this rank's
-  (_sharded_states.py); the sharded export (``shard_bytes=``) raises.
+  (_sharded_states.py); so is the sharded export (``shard_bytes=``,
+  _dp_export.py), written by rank 0.
 """
 
 from __future__ import annotations
@@ -50,12 +51,6 @@ from ._reshard import finish_reshard, reshard
 from ._resident import ResidentMode
 
 __all__ = ["ShardedResidentMode"]
-
-_SHARDED_EXPORT = ("fuyou.export_checkpoint(..., shard_bytes=) of data-parallel job {job!r} "
-                   "is not implemented: its states are split over the ranks' jobs "
-                   "({job}.rank<r>-of<w>); call opt.export_checkpoint(path) on every rank "
-                   "(one file, written by rank 0)")
-
 
 class ShardedResidentMode(ResidentMode):
     """The resident mode of one rank (see the module doc)."""
@@ -212,9 +207,6 @@ class ShardedResidentMode(ResidentMode):
         finally:
             self.reductions.close()
             self.dp.barrier()
-
-    def check_sharded_export(self) -> None:
-        raise NotImplementedError(_SHARDED_EXPORT.format(job=self.dp.base_job))
 
 
 def _all_finite(params: List[torch.Tensor]) -> bool:

@@ -14,7 +14,7 @@ Each rank's job ``<job>.rank<r>-of<w>`` holds only its own chunks' states
   continues from it exactly. It is a **collective**: call it on every rank
   (``sd = opt.state_dict(); if rank == 0: torch.save(sd, path)``), as with
   FSDP; called on one rank alone it raises FailedPrecondition after the
-  optimizer's ``timeout`` (``_all_ranks_arrive``: a count of the calls in the
+  optimizer's ``timeout`` (``all_ranks_arrive``: a count of the calls in the
   group's store, so that it never waits in a collective no other rank
   entered). Each rank reads
   its chunks' moments from its daemon and the ranks all-gather them
@@ -64,7 +64,7 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._optimizer_state import assemble_state_dict
 
 __all__ = ["build_state_dict", "load_daemon_states", "export_state", "state_owner_error",
-           "local_param"]
+           "local_param", "all_ranks_arrive", "run_together"]
 
 
 # --------------------------------------------------------------------- collectives
@@ -84,7 +84,7 @@ def _group_store(group):
         return None
 
 
-def _all_ranks_arrive(opt, what: str) -> None:
+def all_ranks_arrive(opt, what: str) -> None:
     """Waits until every rank of the group has called `what` (state_dict,
     load_state_dict, export_checkpoint) as often as this one, at most the
     optimizer's ``timeout``: a counter per call in the group's store. A call
@@ -114,7 +114,7 @@ def _all_ranks_arrive(opt, what: str) -> None:
     gate[1] += 1
 
 
-def _together(dp, work: Callable[[], object], what: str) -> List[object]:
+def run_together(dp, work: Callable[[], object], what: str) -> List[object]:
     """Runs `work` on this rank and all-gathers the results; when any rank's
     raised, every rank raises (a rank whose own work failed raises its own
     error). A collective."""
@@ -178,7 +178,7 @@ def _gather_whole_job(opt, with_masters: bool, what: str) -> _WholeJob:
         return own
 
     per_chunk: Dict[int, tuple] = {}
-    for own in _together(dp, read_own, what):
+    for own in run_together(dp, read_own, what):
         per_chunk.update(own)
     return _WholeJob(pipeline, dp.all_chunks, per_chunk)
 
@@ -194,7 +194,7 @@ def build_state_dict(opt) -> dict:
     """The full state dict of a data-parallel `opt` on every rank (see the
     module doc). A collective."""
     opt._check_usable()
-    _all_ranks_arrive(opt, "opt.state_dict()")
+    all_ranks_arrive(opt, "opt.state_dict()")
     dp, pipeline = opt._data_parallel, opt.pipeline
     size = _checkpoint.moment_bytes(pipeline)  # every parameter's: the whole model
     limit = opt.state_dict_max_bytes
@@ -292,7 +292,7 @@ def _load_action(opt, state_dict: dict, extra: Optional[dict]) -> str:
 def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
     """Checks `state_dict` on every rank, then imports each rank's share of it
     (see the module doc). A collective."""
-    _all_ranks_arrive(opt, "opt.load_state_dict()")
+    all_ranks_arrive(opt, "opt.load_state_dict()")
     dp, pipeline = opt._data_parallel, opt.pipeline
     local: dict = {}  # this rank's action and import plan
 
@@ -303,7 +303,7 @@ def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
                                                     masters_from_model=opt.offload is None)
         return local["action"], _digest(state_dict)
 
-    views = _together(dp, check, "load_state_dict")
+    views = run_together(dp, check, "load_state_dict")
     if len(set(views)) > 1:
         said = ", ".join(f"rank {r}: {a} ({d[:8]})" for r, (a, d) in enumerate(views))
         raise InvalidArgument(
@@ -317,7 +317,7 @@ def load_daemon_states(opt, state_dict: dict, extra: Optional[dict]) -> None:
             "state_dict_max_bytes); hyper-parameters and loss scale were loaded")
     if local["action"] != "import":
         return
-    _together(dp, lambda: _checkpoint.apply_load(pipeline, local["plan"]),
+    run_together(dp, lambda: _checkpoint.apply_load(pipeline, local["plan"]),
               "load_state_dict (the ranks that did not fail imported their chunks: load it "
               "again on every rank)")
     if opt.offload is not None:
@@ -329,7 +329,7 @@ def export_state(opt, model: Optional[torch.nn.Module]) -> dict:
     """The single-process checkpoint dict of the whole data-parallel job on
     every rank (_checkpoint.export_state over every rank's chunks). A
     collective; between steps."""
-    _all_ranks_arrive(opt, "opt.export_checkpoint()")
+    all_ranks_arrive(opt, "opt.export_checkpoint()")
     dp = opt._data_parallel
     whole = _gather_whole_job(opt, with_masters=True, what="export_checkpoint")
     checkpoint = _checkpoint.export_state(opt, whole, model)
@@ -367,6 +367,6 @@ def import_together(opt, pipeline, plan) -> None:
     share of the checkpoint into its new job (_checkpoint.apply_import), then
     every chunk's weights are broadcast from its owner. A collective: an
     import that fails on one rank raises on every rank."""
-    _together(opt._data_parallel, lambda: _checkpoint.apply_import(opt, pipeline, plan),
+    run_together(opt._data_parallel, lambda: _checkpoint.apply_import(opt, pipeline, plan),
               "init_from")
     opt._data_parallel.broadcast_weights()

@@ -7,17 +7,19 @@ FileStore (the output's folder holds the files it saves), and on this rank's
 batches (dp_worker.py's model, data and tolerance; clipping on):
 
 - job "a": trains steps 0-2, then ``state_dict()`` on every rank, ``opt.state``,
-  ``export_checkpoint`` with and without the model; rank 0 saves the state dict;
+  ``export_checkpoint`` with and without the model, the sharded export
+  (``shard_bytes=``) of the whole job; rank 0 saves the state dict;
 - torch.optim.AdamW loads that state dict and trains on to step 5 (the way back);
 - job "b": a fresh job loads torch.optim.AdamW's own state dict of step 2;
 - job "c": a fresh job loads the saved fuyou state dict;
 - job "d": a fresh job starts from the export with ``init_from``;
 - job "a" again: resumes at step 2 and loads its own state dict (no import);
 - job "f": ``state_dict()`` on rank 0 alone, then on both; the ranks load
-  different state dicts; the sharded export;
+  different state dicts;
 - job "g": a fresh job starts with ``init_from`` a sharded checkpoint, which
   rank 0 exported from a single-process job "single" trained on the global
-  batch to step 2 before the group was formed.
+  batch to step 2 before the group was formed;
+- job "h": a fresh job starts with ``init_from`` job "a"'s sharded export.
 
 Each continuation trains to step 5 and is compared after every step with
 torch.optim.AdamW run here on the averaged gradients from step 0. Writes the
@@ -34,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 import fuyou
-from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
+from dp_worker import (BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model,
+                       sharded_violations, violation)
 
 SAVED, END = 2, 5
 CHUNK_BYTES = 2048
@@ -137,6 +140,13 @@ def phase_a(rank, world, here: Path, ref_weights, ref_sds, res):
                                   zip(ref_weights[SAVED - 1], model.named_parameters()))
     res["a_export_fuyou"] = ck["fuyou"]
     res["a_export_by_index"] = sorted(by_index["model"]) == list(range(len(ref_weights[0])))
+    # the sharded export: a collective, rank 0 writes the whole job's shards
+    summary = fuyou.export_checkpoint(opt, here / "dp_sharded", model, shard_bytes=1024)
+    res["a_sharded_summary"] = {k: summary[k] for k in ("fuyou", "peak_bytes")}
+    res["a_sharded_files"] = len(set(summary["weights"].values()))
+    if rank == 0:
+        res["a_sharded"] = sharded_violations(here / "dp_sharded", [n for n, _ in model.named_parameters()],
+                                              ref_weights[SAVED - 1], ref_sds[SAVED]["state"])
     if rank == 0:
         torch.save(sd, here / "fuyou_sd.pt")
     weights = copy.deepcopy(model.state_dict())
@@ -196,8 +206,6 @@ def phase_f(rank, weights, here: Path, res):
     if rank == 0:  # wrong on rank 0 only: rank 1 hears of it
         bad["state"][max(bad["state"])]["exp_avg"] = torch.zeros(3)
     res["f_bad_shape"] = error_of(lambda: opt.load_state_dict(bad))
-    res["f_sharded_export"] = error_of(
-        lambda: fuyou.export_checkpoint(opt, here / f"sharded{rank}", shard_bytes=1 << 20))
     res["f_state_untouched"] = len(opt.state) == 0  # nothing was imported
     opt.close()
 
@@ -238,6 +246,8 @@ def main():
         phase_f(rank, weights, here, res)
         res["g"] = continued(rank, "g", None, ref_weights, ref_sds,
                              init_from=str(here / "sharded"))
+        res["h"] = continued(rank, "h", None, ref_weights, ref_sds,
+                             init_from=str(here / "dp_sharded"))
     except Exception as e:
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()

@@ -30,7 +30,8 @@ two backward passes a step; ``--overflow-at S``: dynamic loss scaling, and an
 inf in rank 1's loss at step S, which every rank skips; ``--load-torch``: torch.optim.AdamW's state dict at
 step A loaded into the resumed job (each rank imports its chunks' moments; the
 daemons keep the weights). At the end: the
-optimizer's state dict (a collective) against torch's, and a
+optimizer's state dict (a collective), its export and its sharded export
+(``shard_bytes=``, rank 0's directory) against torch's, and a
 ``model.state_dict()`` on rank 0 alone; then (not resumed) a
 ``model.load_state_dict`` on rank 0 alone, which the next step() refuses.
 """
@@ -52,7 +53,8 @@ import torch.distributed as dist
 
 import fuyou
 import fuyou._dp_durable
-from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
+from dp_worker import (BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model,
+                       sharded_violations, violation)
 
 CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
 
@@ -197,6 +199,12 @@ def main():
         ck = opt.export_checkpoint(None, model)  # a collective: the whole job's masters
         export = max(violation(a, ck["model"][name]) for a, (name, _) in
                      zip(ref[args.steps_to - 1], model.named_parameters()))
+        # the sharded export, a collective: rank 0 writes every rank's chunks
+        sharded_dir = os.path.join(os.path.dirname(args.out), f"sharded-{args.steps_to}")
+        fuyou.export_checkpoint(opt, sharded_dir, model, shard_bytes=1024)
+        if args.rank == 0:
+            res["sharded"] = sharded_violations(sharded_dir, [n for n, _ in model.named_parameters()],
+                                                ref[args.steps_to - 1], ref_sd["state"])
         res.update(worst=worst, states=states, committed=opt.committed_step,
                    skipped=opt.skipped_steps, loss_scale=opt.loss_scale,
                    fetches=handle.fetches, export=export,

@@ -73,6 +73,28 @@ def violation(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs() - (1e-6 + 1e-5 * a.abs())).max())
 
 
+def sharded_violations(directory, names, ref_weights, ref_state) -> tuple:
+    """A sharded checkpoint in `directory` against torch: the largest violation
+    of its weights (`names`: the model's parameter names, in the order of
+    `ref_weights`) and of its moments (`ref_state`: torch.optim.AdamW's
+    state_dict()["state"]); inf for a tensor or a step count missing."""
+    from fuyou._sharded import ShardReader
+    reader = ShardReader(directory)
+    try:
+        weights = max(violation(ref, reader.tensor(name)) if reader.has(name) else float("inf")
+                      for name, ref in zip(names, ref_weights))
+        steps = reader.optimizer_meta["steps"]
+        states = -1.0
+        for i, ref in ref_state.items():
+            if int(steps.get(str(i), 0)) != int(ref["step"]):
+                return weights, float("inf")
+            for key in ("exp_avg", "exp_avg_sq"):
+                states = max(states, violation(ref[key], reader.moments.get(f"state.{i}.{key}")))
+        return weights, states
+    finally:
+        reader.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("rank", type=int)

@@ -37,6 +37,8 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
         assert len(res["worst"]) == 5 and max(res["worst"]) <= 0.0, res["worst"]
         assert res["states"] <= 0.0, res  # opt.state_dict(): torch's moments
         assert res["export"] <= 0.0, res  # export_checkpoint: every chunk's master
+        if res["rank"] == 0:  # the sharded export: every rank's weights and moments
+            assert max(res["sharded"]) <= 0.0, res["sharded"]
         assert res["committed"] == 5 and res["fetches"] > 0
         assert_overlapped(res, 5)
         # max_grad_norm: every speculative update is redone once the global norm clips
