@@ -45,7 +45,7 @@ std::vector<v1::SessionInfo> StatsReport::Sessions(std::optional<uid_t> only, bo
   std::vector<v1::SessionInfo> infos;
   for (const auto& session : sessions_.List()) {
     if (only && session->uid() != *only) continue;
-    // The name first (no lock): Info() waits for a session's request in flight.
+    // The name first: only the ranks' sessions are read.
     if (ranks_only && !ParseDataParallelName(session->job_name())) continue;
     MarkDataParallel(infos.emplace_back(session->Info()));
   }

@@ -50,6 +50,7 @@ Session::Session(SessionServices services, std::string id, std::shared_ptr<Job> 
   held_.store = std::make_unique<ChunkStore>(*held_.job, services.cache, counters_, services.prefetch_window,
                                              services.durability);
   step_.current = held_.store->committed_step() + 1;
+  PublishProgressLocked();  // (no other thread has the session yet)
   // Both scratches are admitted by the storage budget as registrations are
   // (the per-user storage limit, the free space kept for commits). Their
   // transfers and the job's are one owner's in the I/O queues (the job hold's,
@@ -198,6 +199,7 @@ absl::StatusOr<v1::RegisterChunksResponse> Session::RegisterChunks(const v1::Reg
     registered_[chunk.chunk_id] =
         RegisteredChunk{chunk.num_elements, chunk.param_dtype, chunk.grad_dtype, chunk.store_weights};
   }
+  PublishProgressLocked();
   return response;
 }
 
@@ -237,6 +239,7 @@ Future<v1::DaemonMessage> Session::Answer(const v1::ClientMessage& message) {
   if (!held_.segment) return now(ErrorReply(NoSegmentError(), {}, {}));  // streams attach only with a segment
   Future<v1::DaemonMessage> reply = Dispatch(message);
   NoteCommitFailure();
+  PublishProgressLocked();
   return reply;
 }
 
@@ -492,24 +495,31 @@ Future<v1::DaemonMessage> Session::OnWaitDurable(const v1::WaitDurable& request)
   });
 }
 
+void Session::PublishProgressLocked() {
+  progress_.Publish({.chunks = static_cast<uint32_t>(registered_.size()),
+                     .committed_step = step_.current - 1,
+                     .activity = activity_});
+}
+
 v1::SessionInfo Session::Info() const {
-  std::lock_guard lock(mutex_);
+  const SessionProgress::Snapshot progress = progress_.Read();
+  const SessionActivity& activity = progress.activity;
   v1::SessionInfo info;
   info.set_session_id(identity_.id);
   info.set_job(identity_.job_name);
   info.set_uid(identity_.client.uid);
   info.set_pid(identity_.client.pid);
   info.set_client_info(identity_.client_info);
-  info.set_chunks(static_cast<uint32_t>(registered_.size()));
-  info.set_committed_step(step_.current - 1);
+  info.set_chunks(progress.chunks);
+  info.set_committed_step(progress.committed_step);
   info.set_segment_bytes(identity_.layout.TotalBytes());
   info.set_age_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - identity_.opened).count());
-  info.set_chunk_updates(activity_.chunk_updates);
-  info.set_update_seconds(activity_.update_seconds);
-  info.set_state_wait_seconds(activity_.state_wait_seconds);
-  info.set_chunks_speculative(activity_.chunks_speculative);
-  info.set_chunks_redone(activity_.chunks_redone);
-  info.set_chunks_rolled_back(activity_.chunks_rolled_back);
+  info.set_chunk_updates(activity.chunk_updates);
+  info.set_update_seconds(activity.update_seconds);
+  info.set_state_wait_seconds(activity.state_wait_seconds);
+  info.set_chunks_speculative(activity.chunks_speculative);
+  info.set_chunks_redone(activity.chunks_redone);
+  info.set_chunks_rolled_back(activity.chunks_rolled_back);
   return info;
 }
 

@@ -48,6 +48,7 @@
 #include "jobs/job.h"
 #include "journal/activation_spill.h"
 #include "journal/grad_journal.h"
+#include "session/session_progress.h"
 #include "session/session_segment.h"
 #include "state/chunk_store.h"
 #include "state/state_cache.h"
@@ -158,6 +159,7 @@ class Session {
   int64_t Close();
   bool closed() const;
 
+  // The session as of its last finished request; never waits for one in flight.
   v1::SessionInfo Info() const;
 
  private:
@@ -289,15 +291,8 @@ class Session {
     absl::Status failed_redo;
     std::optional<std::chrono::steady_clock::time_point> last_commit;  // for DaemonStats::step_seconds
   };
-  // What this session did (SessionInfo fields 10-15).
-  struct Activity {
-    uint64_t chunk_updates = 0;
-    double update_seconds = 0;      // in the AdamW kernel
-    double state_wait_seconds = 0;  // the rest of each GradReady: states read, write-back submitted
-    uint64_t chunks_speculative = 0;
-    uint64_t chunks_redone = 0;
-    uint64_t chunks_rolled_back = 0;  // by AbortStep of a skipped step
-  };
+  // Publishes what Info reports (progress_) as the members below are now.
+  void PublishProgressLocked();
 
   SessionServices services_;
   const Identity identity_;
@@ -308,7 +303,9 @@ class Session {
   Lifecycle lifecycle_;
   std::map<uint32_t, RegisteredChunk> registered_;
   StepState step_;
-  Activity activity_;
+  SessionActivity activity_;
+  // What Info reads without mutex_ (not guarded by it: thread-safe).
+  SessionProgress progress_;
   // Handle's answers of activation transfers not yet given to their sink (not
   // guarded by mutex_: thread-safe, and added to after the lock is released).
   InFlight activation_answers_;

@@ -404,6 +404,42 @@ TEST_F(DurabilityTest, WaitDurableIsAnsweredWhenTheHeldCommitEndsAndNothingElseW
   EXPECT_EQ(Job("held").committed_step(), 2);
 }
 
+// The admin API reads a session without its lock (SessionProgress): while the
+// session's EndStep waits for a write-back held by FUYOU_TEST_FAULTS (write:HOLD),
+// ListSessions answers with the session as of its last finished request.
+TEST_F(DurabilityTest, TheAdminAPIAnswersWhileASessionsRequestWaitsForItsWrites) {
+  const fs::path release = dir_.path() / "release-writes";
+  std::ofstream(release).put('x');
+  StartDaemon({}, {fmt::format("FUYOU_TEST_FAULTS=write:HOLD:until={}:job=busy", release.string())});
+  std::unique_ptr<Session> session = Open("busy");
+  ASSERT_NE(session, nullptr);
+  std::vector<Chunk> chunks;
+  chunks.emplace_back(0, 1000);
+  ASSERT_TRUE(RegisterAll(*session, chunks, false).ok());
+  ASSERT_TRUE(TrainStep(*session, chunks, 1).ok());
+  AdminClient& admin = Admin();
+  fs::remove(release);
+  std::future<absl::Status> step = std::async(std::launch::async, [&] { return TrainStep(*session, chunks, 2); });
+  const bool step_waited = step.wait_for(std::chrono::milliseconds(500)) == std::future_status::timeout;
+  std::future<absl::StatusOr<v1::ListSessionsResponse>> listed =
+      std::async(std::launch::async, [&] { return admin.ListSessions(); });
+  const bool answered = listed.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  std::ofstream(release).put('x');  // before any assertion: nothing is left waiting
+  EXPECT_TRUE(step_waited) << "step 2's EndStep did not wait for its held write-back";
+  ASSERT_TRUE(answered) << "ListSessions waited for the session's EndStep";
+  absl::StatusOr<v1::ListSessionsResponse> sessions = listed.get();
+  ASSERT_TRUE(sessions.ok()) << Text(sessions.status());
+  ASSERT_EQ(sessions->sessions_size(), 1);
+  EXPECT_EQ(sessions->sessions(0).committed_step(), 1);
+  EXPECT_EQ(sessions->sessions(0).chunks(), 1u);
+  EXPECT_EQ(sessions->sessions(0).chunk_updates(), 2u) << "step 2's update finished before its EndStep";
+  ASSERT_TRUE(step.get().ok());
+  sessions = admin.ListSessions();
+  ASSERT_TRUE(sessions.ok()) << Text(sessions.status());
+  EXPECT_EQ(sessions->sessions(0).committed_step(), 2);
+  ASSERT_TRUE(session->Close().ok());
+}
+
 TEST_F(DurabilityTest, AReadErrorFailsTheStepNotTheDaemon) {
   // The cold read of a resumed job fails with EIO: registration says so, and a
   // healthy job on the same daemon is unaffected.
