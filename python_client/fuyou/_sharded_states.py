@@ -277,8 +277,9 @@ def _load_action(opt, state_dict: dict, extra: Optional[dict]) -> str:
             f"load_state_dict into data-parallel job {dp.base_job!r} of a state dict of job "
             f"{extra.get('job')!r} without its moments (saved over state_dict_max_bytes): a "
             "data-parallel job imports the moments the state dict holds; save it with a "
-            "larger state_dict_max_bytes, or export_checkpoint and start a new job with "
-            "init_from")
+            "larger state_dict_max_bytes, or export that job with "
+            "fuyou.export_checkpoint(opt, directory, model, shard_bytes=...) (a sharded "
+            "checkpoint, read one chunk at a time) and start this one with init_from=directory")
     if extra is None and not state_dict.get("state") and opt.committed_step == 0 \
             and not opt.resumed:
         return "none"

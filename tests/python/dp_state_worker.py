@@ -206,6 +206,11 @@ def phase_f(rank, weights, here: Path, res):
     if rank == 0:  # wrong on rank 0 only: rank 1 hears of it
         bad["state"][max(bad["state"])]["exp_avg"] = torch.zeros(3)
     res["f_bad_shape"] = error_of(lambda: opt.load_state_dict(bad))
+    # job "a"'s state dict as saved over state_dict_max_bytes: no moments to import
+    momentless = torch.load(here / "fuyou_sd.pt")
+    momentless["state"] = {}
+    momentless["fuyou"]["state_included"] = False
+    res["f_momentless"] = error_of(lambda: opt.load_state_dict(momentless))
     res["f_state_untouched"] = len(opt.state) == 0  # nothing was imported
     opt.close()
 

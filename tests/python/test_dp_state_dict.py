@@ -57,6 +57,9 @@ def test_state_dict_export_load_and_init_from_round_trip_with_two_ranks(tmp_path
         assert ("InvalidArgument" if r == 0 else "another rank failed: rank 0: "
                 "InvalidArgument") in res["f_bad_shape"], res["f_bad_shape"]
         assert res["f_state_untouched"]
+        # another job's state dict without moments: says how to move them instead
+        assert "NotImplementedError" in res["f_momentless"], res["f_momentless"]
+        assert "shard_bytes=" in res["f_momentless"] and "init_from" in res["f_momentless"]
     # opt.state is each rank's own: disjoint, covering the parameters not split
     # between the ranks; another rank's parameter raises, naming its owner
     locals_ = [set(res["a_local"]) for res in results]
