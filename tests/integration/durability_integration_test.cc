@@ -417,6 +417,7 @@ TEST_F(DurabilityTest, TheAdminAPIAnswersWhileASessionsRequestWaitsForItsWrites)
   chunks.emplace_back(0, 1000);
   ASSERT_TRUE(RegisterAll(*session, chunks, false).ok());
   ASSERT_TRUE(TrainStep(*session, chunks, 1).ok());
+  ASSERT_EQ(session->WaitDurable(1).value_or(-1), 1);  // step 1's commit wrote all it writes
   AdminClient& admin = Admin();
   fs::remove(release);
   std::future<absl::Status> step = std::async(std::launch::async, [&] { return TrainStep(*session, chunks, 2); });
