@@ -27,9 +27,8 @@ import torch
 import torch.distributed as dist
 
 from . import _sharded
-from ._chunk_plan import ChunkPlan
 from ._errors import FailedPrecondition
-from ._sharded_states import all_ranks_arrive, run_together
+from ._sharded_states import WholeJob, all_ranks_arrive, run_together
 
 __all__ = ["export_sharded_together"]
 
@@ -51,7 +50,7 @@ def export_sharded_together(opt, path, model: Optional[torch.nn.Module], shard_b
     if dp.rank == 0:
         job = {"job": dp.base_job, "committed_step": opt.committed_step,
                "data_parallel": {"world_size": dp.world_size}}
-        whole = _WholeJob(pipeline, dp.all_chunks, _OwnersStates(link, counts))
+        whole = WholeJob(pipeline, dp.all_chunks, _OwnersStates(link, counts))
 
         def work():
             try:
@@ -136,14 +135,3 @@ class _OwnersStates:
 
     def update_counts(self, c) -> List[int]:
         return list(self._counts[c.chunk_id])
-
-
-class _WholeJob:
-    """What export_sharded reads of a pipeline (params, their shapes, the plan,
-    the states), over every rank's chunks."""
-
-    def __init__(self, pipeline, all_chunks, states: _OwnersStates):
-        self.params = pipeline.params
-        self.param_shapes = getattr(pipeline, "param_shapes", None)
-        self.plan = ChunkPlan(all_chunks, len(pipeline.params))
-        self.states = states

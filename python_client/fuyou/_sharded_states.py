@@ -64,7 +64,7 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._optimizer_state import assemble_state_dict
 
 __all__ = ["build_state_dict", "load_daemon_states", "export_state", "state_owner_error",
-           "local_param", "all_ranks_arrive", "run_together"]
+           "local_param", "all_ranks_arrive", "run_together", "WholeJob"]
 
 
 # --------------------------------------------------------------------- collectives
@@ -152,18 +152,20 @@ class _GatheredStates:
         return list(self._per_chunk[c.chunk_id][1])
 
 
-class _WholeJob:
-    """What _checkpoint's committed_states / torch_state / export_state read
-    of a pipeline, over the whole chunk plan of every rank."""
+class WholeJob:
+    """What _checkpoint's committed_states / torch_state / export_state and
+    _sharded.export_sharded read of a pipeline (its params and their shapes,
+    its plan, its states), over the whole chunk plan of every rank: `states`
+    reads any chunk (read, update_counts), wherever it is."""
 
-    def __init__(self, pipeline, all_chunks, per_chunk: Dict[int, tuple]):
+    def __init__(self, pipeline, all_chunks, states):
         self.params = pipeline.params
         self.param_shapes = pipeline.param_shapes
         self.plan = ChunkPlan(all_chunks, len(pipeline.params))
-        self.states = _GatheredStates(per_chunk)
+        self.states = states
 
 
-def _gather_whole_job(opt, with_masters: bool, what: str) -> _WholeJob:
+def _gather_whole_job(opt, with_masters: bool, what: str) -> WholeJob:
     """Every rank's chunks' committed states (masters too when `with_masters`)
     on every rank. A collective; between steps."""
     dp, pipeline = opt._data_parallel, opt.pipeline
@@ -180,7 +182,7 @@ def _gather_whole_job(opt, with_masters: bool, what: str) -> _WholeJob:
     per_chunk: Dict[int, tuple] = {}
     for own in run_together(dp, read_own, what):
         per_chunk.update(own)
-    return _WholeJob(pipeline, dp.all_chunks, per_chunk)
+    return WholeJob(pipeline, dp.all_chunks, _GatheredStates(per_chunk))
 
 
 def _any_rank(dp, flag: bool) -> bool:
