@@ -29,7 +29,7 @@ ranks missing or at different steps) is refused with the jobs named.
 The steps go on: the marker job's committed step is the old jobs' step N,
 and only after the marker exists does each new job take N (an empty import
 that sets it, _reshard.py). So a marker's world has jobs at N or still at 0,
-all holding the resharded states: resumed (T's own: ``finish_step``) or
+all holding the resharded states: resumed (T's own: ``finishes_reshard``) or
 resharded from (another T), they go on from the marker's N, and the marker is
 deleted only once every rank took N.
 """
@@ -60,9 +60,6 @@ class WorldPlan:
     source_world: Optional[int] = None  # None: no reshard
     source_jobs: List[JobRecord] = field(default_factory=list)  # by old rank
     source_step: int = 0
-    # A reshard into this world committed (its marker): the ranks' jobs still
-    # at step 0 go on from this step (N), then the marker is deleted.
-    finish_step: int = 0
     delete_first: List[JobRecord] = field(default_factory=list)
     delete_after: List[JobRecord] = field(default_factory=list)  # then the marker
     marker: Optional[JobRecord] = None  # the marker found: a reshard into its world committed
@@ -79,7 +76,8 @@ class WorldPlan:
     @property
     def finishes_reshard(self) -> bool:
         """A resume that ends a reshard into its own world (its marker found):
-        the steps (finish_step), then the marker's deletion."""
+        the ranks' jobs still at step 0 go on from the marker's step, then the
+        marker is deleted (_reshard.finish_reshard)."""
         return not self.reshard and self.marker is not None
 
 
@@ -172,8 +170,6 @@ def plan_world(base: str, world: int, jobs: List[JobRecord]) -> WorldPlan:
                          for _r, j in sorted(worlds[w].items())]
     if source == world:  # T's own jobs: resume them, the rest are leftovers
         plan.resume_at_step = _common_step(ranks, world)
-        if plan.marker is not None:
-            plan.finish_step = plan.marker.committed_step
         return plan
     if plan.marker is not None:  # its world's jobs: at the marker's step, or at 0 still
         steps = {j.committed_step or plan.marker.committed_step for j in ranks.values()}

@@ -243,7 +243,7 @@ def finish_reshard(dp, pipeline, marker: JobRecord, old_jobs: List[JobRecord],
     """The end of a reshard whose marker exists, a collective: this rank's job,
     still at step 0, goes on from the marker's step (the old jobs'); once every
     rank's did, `old_jobs` are deleted, then the marker. Cut anywhere, the next
-    start runs it again (_dp_jobs.py: ``finish_step``)."""
+    start runs it again (_dp_jobs.py: ``finishes_reshard``)."""
     error = None
     if marker.committed_step > 0 and pipeline.committed_step == 0:
         try:

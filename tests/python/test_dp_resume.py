@@ -69,7 +69,7 @@ def test_plan_world_trusts_the_marker_of_a_committed_reshard():
             rec("dp.rank2-of3", 0), rec("dp.resharded-to-3", 3, chunks=1)]
     plan = plan_world("dp", 3, jobs)
     assert not plan.reshard and plan.error is None and plan.finishes_reshard
-    assert plan.finish_step == 3 and plan.resume_at_step is None
+    assert plan.marker.committed_step == 3 and plan.resume_at_step is None
     # the marker goes last, once every rank took its step (finish_reshard)
     assert [j.name for j in plan.delete_first] == ["dp.rank1-of2"]
     assert plan.marker.name == "dp.resharded-to-3" and not plan.delete_after
@@ -78,7 +78,7 @@ def test_plan_world_trusts_the_marker_of_a_committed_reshard():
     assert [j.name for j in again.delete_after][-1] == "dp.resharded-to-3"
     # a marker of an older fuyou (step 0) leaves the steps as they are
     old = plan_world("dp", 3, jobs[:-1] + [rec("dp.resharded-to-3", 0, chunks=1)])
-    assert old.finishes_reshard and old.finish_step == 0
+    assert old.finishes_reshard and old.marker.committed_step == 0
     # nothing left but the marker (the old jobs gone): only its deletion is due
     done = plan_world("dp", 3, [rec("dp.rank0-of3"), rec("dp.rank1-of3"), rec("dp.rank2-of3"),
                                 rec("dp.resharded-to-3", 3, chunks=1)])
