@@ -1,18 +1,20 @@
-#!/usr/bin/python3
-"""fuyou's CPU AdamW kernel against torch.optim.AdamW(foreach=True) and against an
-Adam-shaped memory-bandwidth probe, on the same element count, in one run.
+#!/usr/bin/env python3
+"""fuyou's CPU AdamW kernel against torch 2's CPU AdamW implementations
+(foreach=True and fused=True, the fastest) and against an Adam-shaped
+memory-bandwidth probe, on the same element count, in one run.
 
-    /usr/bin/python3 benchmarks/adamw_vs_torch.py BUILD/benchmarks/adamw_bench \
+    .venv/bin/python benchmarks/adamw_vs_torch.py BUILD/benchmarks/adamw_bench \
         [--n 67108864] [--tensors 16] [--threads 1,2] [--reps 5] [--rounds 4] [--json out.json]
 
 torch (fp32 params split into --tensors tensors, torch.set_num_threads(t)) and
 adamw_bench (same n and thread counts) run interleaved: --rounds rounds, each
 timing --reps steps of torch and --reps rounds of adamw_bench, the order
 alternating (torch first, then ours first, ...), so neither side gets the
-machine's quiet or noisy minutes to itself. The table gives the best of all
-rounds and the ratio of medians; "paired" is the median over rounds of each
-round's ours/torch ratio, the figure least exposed to drift.
-Run it with Debian's Python (/usr/bin/python3), which has torch.
+machine's quiet or noisy minutes to itself. Every torch implementation of
+--impls runs in each torch turn. The table gives the best of all rounds;
+ours/torch and "paired" (the median over rounds of each round's ratio, the
+figure least exposed to drift) are against the fastest torch implementation.
+Run it with the project's venv (deploy/install-deps.sh), which has torch 2.
 """
 import argparse
 import gc
@@ -26,7 +28,7 @@ import time
 import torch
 
 
-def make_torch(n, tensors):
+def make_torch(n, tensors, flags):
     torch.manual_seed(0)
     per = n // tensors
     sizes = [per] * tensors
@@ -34,7 +36,7 @@ def make_torch(n, tensors):
     params = [torch.nn.Parameter(torch.rand(s) * 2 - 1) for s in sizes]
     for p in params:
         p.grad = (torch.rand_like(p) * 2 - 1) * 0.01
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=True)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, **flags)
     opt.step()  # warm-up: allocates the states
     return opt
 
@@ -73,36 +75,46 @@ def main():
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--reps", type=int, default=5, help="timed steps / rounds per round")
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds of torch and ours")
+    ap.add_argument("--impls", default="foreach,fused",
+                    help="torch.optim.AdamW implementations: foreach, fused, for_loop")
     ap.add_argument("--json", help="write the combined results here")
     args = ap.parse_args()
+    impl_flags = {"foreach": dict(foreach=True), "fused": dict(fused=True),
+                  "for_loop": dict(foreach=False)}
+    impls = args.impls.split(",")
     thread_counts = [int(t) for t in args.threads.split(",")]
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"adamw_vs_torch: {args.bench} is not an executable adamw_bench")
 
-    print(f"torch {torch.__version__}: AdamW(foreach=True), n={args.n} in {args.tensors} tensors;"
-          f" {args.rounds} interleaved rounds of {args.reps}", flush=True)
-    opt = make_torch(args.n, args.tensors)
-    torch_secs = {t: [] for t in thread_counts}      # every torch step
-    torch_round = {t: [] for t in thread_counts}     # each round's torch median
+    print(f"torch {torch.__version__}: AdamW({', '.join(impls)}), n={args.n} in {args.tensors}"
+          f" tensors; {args.rounds} interleaved rounds of {args.reps}", flush=True)
+    opts = {impl: make_torch(args.n, args.tensors, impl_flags[impl]) for impl in impls}
+    torch_secs = {(i, t): [] for i in impls for t in thread_counts}   # every torch step
+    torch_round = {(i, t): [] for i in impls for t in thread_counts}  # each round's median
     ours_rounds = []                                 # each round's adamw_bench JSON
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = ["torch", "ours"] if r % 2 == 0 else ["ours", "torch"]
             for who in order:
                 if who == "torch":
-                    for t in thread_counts:
-                        secs = time_torch(opt, t, args.reps)
-                        torch_secs[t] += secs
-                        torch_round[t].append(median(secs))
+                    for impl, opt in opts.items():
+                        for t in thread_counts:
+                            secs = time_torch(opt, t, args.reps)
+                            torch_secs[impl, t] += secs
+                            torch_round[impl, t].append(median(secs))
                 else:
                     ours_rounds.append(run_bench(args.bench, args.n, args.threads, args.reps, tmp, r))
             print(f"  round {r + 1}/{args.rounds} ({' then '.join(order)}): torch "
-                  + ", ".join(f"t={t} {torch_round[t][-1] * 1e3:.1f} ms" for t in thread_counts),
-                  flush=True)
-    del opt
+                  + ", ".join(f"{i} t={t} {torch_round[i, t][-1] * 1e3:.1f} ms"
+                              for i in impls for t in thread_counts), flush=True)
+    del opts
     gc.collect()
-    torch_rows = {t: {"best_seconds": min(torch_secs[t]), "median_seconds": median(torch_secs[t])}
-                  for t in thread_counts}
+    all_rows = {key: {"best_seconds": min(secs), "median_seconds": median(secs)}
+                for key, secs in torch_secs.items()}
+    # Per thread count, the fastest torch implementation (by median) is the peer.
+    fastest = {t: min(impls, key=lambda i: all_rows[i, t]["median_seconds"])
+               for t in thread_counts}
+    torch_rows = {t: all_rows[fastest[t], t] for t in thread_counts}
     # Ours: best of the rounds' bests, median of the rounds' medians; per-round ratios.
     bench = {"isa": ours_rounds[0]["isa"], "probe_isa": ours_rounds[0]["probe_isa"], "rows": []}
     paired = {}
@@ -115,15 +127,16 @@ def main():
         merged["gb_per_s"] = max(x["gb_per_s"] for x in same)
         merged["ratio_vs_probe_median"] = median([x["ratio_vs_probe_median"] for x in same])
         bench["rows"].append(merged)
-        if row["threads"] in torch_round:
-            paired[key] = median([torch_round[row["threads"]][i] / same[i]["median_seconds"]
-                                  for i in range(len(same))])
+        t = row["threads"]
+        if t in fastest:
+            peer = torch_round[fastest[t], t]
+            paired[key] = median([peer[i] / same[i]["median_seconds"] for i in range(len(same))])
 
     rows = []
     header = (f"{'threads':>7} {'impl':<14} {'best ms':>9} {'Gelem/s':>8} {'GB/s':>7} "
               f"{'ours/torch':>10} {'paired':>7} {'ours/probe':>10}")
     print("\nbest of each (median in the JSON); GB/s counts 28 B/elem (32 for fp32+out;"
-          " torch: 28)")
+          " torch: 28); ours/torch and paired against the fastest torch (*)")
     print(header)
     print("-" * len(header))
     for t in thread_counts:
@@ -133,12 +146,18 @@ def main():
         by_variant = {r["variant"]: r for r in bench["rows"] if r["threads"] == t}
         probe = by_variant["probe"]
         probe_eps = args.n / probe["best_seconds"]
-        print(f"{t:>7} {'torch foreach':<14} {tr['best_seconds'] * 1e3:>9.1f} "
-              f"{torch_eps / 1e9:>8.3f} {torch_eps * 28 / 1e9:>7.2f} {'':>10} {'':>7} "
-              f"{torch_eps / probe_eps:>10.3f}")
-        rows.append({"threads": t, "impl": "torch_foreach", **tr,
-                     "elems_per_s": torch_eps, "ratio_vs_probe": torch_eps / probe_eps,
-                     "ratio_vs_probe_median": torch_eps_med * probe["median_seconds"] / args.n})
+        for impl in impls:
+            row = all_rows[impl, t]
+            eps = args.n / row["best_seconds"]
+            mark = "*" if impl == fastest[t] else ""
+            print(f"{t:>7} {'torch ' + impl + mark:<14} {row['best_seconds'] * 1e3:>9.1f} "
+                  f"{eps / 1e9:>8.3f} {eps * 28 / 1e9:>7.2f} {'':>10} {'':>7} "
+                  f"{eps / probe_eps:>10.3f}")
+            rows.append({"threads": t, "impl": f"torch_{impl}", **row, "elems_per_s": eps,
+                         "fastest_torch": impl == fastest[t],
+                         "ratio_vs_probe": eps / probe_eps,
+                         "ratio_vs_probe_median": (args.n / row["median_seconds"])
+                         * probe["median_seconds"] / args.n})
         for name in ["probe", "fp32", "fp32+out", "bf16", "fp16"]:
             r = by_variant[name]
             eps = args.n / r["best_seconds"]

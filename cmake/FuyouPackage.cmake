@@ -2,13 +2,13 @@
 # (or `cmake --build build --target package`) writes fuyou_<version>_amd64.deb.
 #
 # It installs, under /usr: fuyoud and fuyouctl (bin/), the systemd unit
-# (lib/systemd/system/fuyoud.service, ExecStart=/usr/bin/fuyoud), the Python
-# package `fuyou` with its compiled binding _fuyou for Debian's /usr/bin/python3
-# (lib/python3/dist-packages/fuyou), the README; and /etc/fuyou/fuyoud.toml, a
-# conffile (dpkg keeps a changed one on upgrade and on remove). The maintainer
+# (lib/systemd/system/fuyoud.service, ExecStart=/usr/bin/fuyoud), the README; and
+# /etc/fuyou/fuyoud.toml, a conffile (dpkg keeps a changed one on upgrade and on remove). The maintainer
 # scripts (deploy/debian/) create the system group and user `fuyou` and
 # /var/lib/fuyou, which no upgrade, remove or purge deletes (job states).
-# Runtime dependencies come from dpkg-shlibdeps on the binaries.
+# Runtime dependencies come from dpkg-shlibdeps on the binaries. The Python client
+# is not in the package: it is the wheel (`pip install .` into the user's own venv,
+# with torch 2 from PyPI), which finds this fuyoud on PATH or at its system socket.
 #
 # The package-only files are the install component `deb`, left out of a plain
 # `cmake --install` (deploy/install.sh installs under /usr/local with its own
@@ -26,11 +26,6 @@ file(WRITE ${FUYOU_DEB_STAGE}/fuyoud.service "${fuyou_unit}")
 install(FILES ${FUYOU_DEB_STAGE}/fuyoud.service DESTINATION lib/systemd/system COMPONENT deb EXCLUDE_FROM_ALL)
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/fuyoud.toml DESTINATION /etc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION share/doc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
-if(TARGET _fuyou)
-  file(GLOB fuyou_python_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python_client/fuyou/*.py)
-  install(FILES ${fuyou_python_sources} DESTINATION lib/python3/dist-packages/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
-  install(TARGETS _fuyou LIBRARY DESTINATION lib/python3/dist-packages/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
-endif()
 
 # Maintainer scripts (executable) and the conffile list.
 foreach(script postinst prerm postrm)
@@ -44,7 +39,7 @@ set(CPACK_PACKAGE_NAME fuyou)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "fuyou maintainers <fuyou@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "AdamW optimizer states on NVMe SSDs, updated on the CPU (fuyoud daemon)")
-set(CPACK_PACKAGE_DESCRIPTION "fuyoud keeps a PyTorch job's AdamW optimizer states on NVMe SSDs and runs the optimizer on the CPU; jobs talk to it over a Unix socket and shared memory. Includes fuyouctl and the Python package fuyou.")
+set(CPACK_PACKAGE_DESCRIPTION "fuyoud keeps a PyTorch job's AdamW optimizer states on NVMe SSDs and runs the optimizer on the CPU; jobs talk to it over a Unix socket and shared memory. Includes fuyouctl; the Python client is the wheel (pip install).")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_GROUPING ALL_COMPONENTS_IN_ONE)
@@ -55,9 +50,8 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # Stripped binaries (the build tree keeps the debug info): about 6x smaller.
 set(CPACK_STRIP_FILES ON)
-# The binding is built for Debian bookworm's Python (3.11); adduser-like tools come from passwd.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3 (>= 3.11), python3 (<< 3.12), passwd")
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-torch")
+# adduser-like tools come from passwd.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "passwd")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${FUYOU_DEB_STAGE}/control/postinst ${FUYOU_DEB_STAGE}/control/prerm ${FUYOU_DEB_STAGE}/control/postrm
     ${FUYOU_DEB_STAGE}/control/conffiles)

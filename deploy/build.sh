@@ -21,7 +21,7 @@ fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DPython3_EXECUTABLE=/usr/bin/python3 \
+  -DPython3_EXECUTABLE="$PWD/${FUYOU_VENV:-.venv}/bin/python" \
   "${launcher[@]}" \
   "$@"
 cmake --build "$BUILD_DIR" -j"$(nproc)"

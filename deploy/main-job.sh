@@ -51,22 +51,20 @@ export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 # Data parallel (--ddp): N ranks under torch's own launcher (torchrun), gloo on
 # the CPU, nccl on CUDA; each rank trains the job <job>.rank<r>-of<N>; local rank
 # 0 starts the embedded fuyoud and the other ranks of the node find it.
-# --redirects/--tee 9:1: torch 1.13's torchrun on Python 3.11 cannot parse its
-# own defaults ("0"); a mapping for a local rank 9 (none in a job of fewer than
-# 10 ranks) avoids that and redirects nothing.
-launch=(/usr/bin/python3)
+python=$ROOT/${FUYOU_VENV:-.venv}/bin/python  # deploy/install-deps.sh's venv
+launch=("$python")
 args=()
 nproc=2
 while (($#)); do
   case $1 in
     --nproc) nproc=$2; shift ;;
-    --ddp) launch=(/usr/bin/python3 -m torch.distributed.run --standalone); args+=("$1") ;;
+    --ddp) launch=("$python" -m torch.distributed.run --standalone); args+=("$1") ;;
     *) args+=("$1") ;;
   esac
   shift
 done
 if [[ ${launch[*]} == *torch.distributed.run* ]]; then
-  launch+=(--nproc_per_node="$nproc" --redirects 9:1 --tee 9:1)
+  launch+=(--nproc_per_node="$nproc")
 fi
 
 start=$(date +%s)

@@ -24,7 +24,7 @@ add_custom_command(
 add_custom_target(fuyou_fuzz_pb2 ALL DEPENDS ${FUYOU_FUZZ_PB2})
 
 add_test(NAME rpc_fuzz
-  COMMAND /usr/bin/python3 ${FUYOU_FUZZ_DIR}/rpc_fuzz.py
+  COMMAND ${Python3_EXECUTABLE} ${FUYOU_FUZZ_DIR}/rpc_fuzz.py
     --daemon $<TARGET_FILE:fuyoud> --legit-job $<TARGET_FILE:legit_job> --pb2-dir ${FUYOU_FUZZ_PB2_DIR})
 set_tests_properties(rpc_fuzz PROPERTIES
   LABELS "fuzz;integration"

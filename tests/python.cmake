@@ -16,14 +16,14 @@ if(TARGET _fuyou AND TARGET fuyoud)
     list(APPEND FUYOU_NOT_DP --ignore=${dp_test})
   endforeach()
   add_test(NAME python_tests
-    COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider ${FUYOU_NOT_DP} ${CMAKE_SOURCE_DIR}/tests/python
+    COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${FUYOU_NOT_DP} ${CMAKE_SOURCE_DIR}/tests/python
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(python_tests PROPERTIES
     ENVIRONMENT "${FUYOU_PYTHON_ENV}"
     LABELS "python;integration"
     TIMEOUT 900)
   add_test(NAME python_data_parallel_tests
-    COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider ${FUYOU_DP_TESTS}
+    COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${FUYOU_DP_TESTS}
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(python_data_parallel_tests PROPERTIES
     ENVIRONMENT "${FUYOU_PYTHON_ENV}"
@@ -32,7 +32,7 @@ if(TARGET _fuyou AND TARGET fuyoud)
     TIMEOUT 1500)
   # The GPU tests of the chunk pipeline (issue 11): they skip without a CUDA device.
   add_test(NAME python_gpu_tests
-    COMMAND /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider
+    COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs -p no:cacheprovider
             ${CMAKE_SOURCE_DIR}/tests/gpu/test_cuda_pipeline.py
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(python_gpu_tests PROPERTIES
@@ -41,7 +41,7 @@ if(TARGET _fuyou AND TARGET fuyoud)
     TIMEOUT 300)
   # The client's layout (issue 21): no import cycle, no file over 500 lines.
   add_test(NAME python_layout
-    COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/python_client/tools/check_layout.py
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/python_client/tools/check_layout.py
     WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(python_layout PROPERTIES LABELS "python;unit" TIMEOUT 60)
 else()

@@ -73,16 +73,6 @@ def _storage_ptrs(model) -> set:
 
 
 def _parameter_stream_of(model):
-    """The fuyou.stream_parameters handle whose root pre-hook is on `model`."""
-    from ._stream import ParameterStream
-    for hook in list(model._forward_pre_hooks.values()):
-        for cell in getattr(hook, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                continue
-            if isinstance(value, weakref.ref):
-                value = value()
-            if isinstance(value, ParameterStream) and not value._closed:
-                return value
-    return None
+    """The open fuyou.stream_parameters handle of `model`, or None."""
+    from ._stream import stream_of
+    return stream_of(model)

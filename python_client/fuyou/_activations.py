@@ -332,8 +332,13 @@ class ActivationOffload:
                 return recorder.run_layer(index, original, args, kwargs)
             if recompute and torch.is_grad_enabled() and self.probe.on_top():
                 held = hold_inputs(args)
-                return torch.utils.checkpoint.checkpoint(original, *held, use_reentrant=False,
-                                                         **kwargs)
+                # Without early stop (torch 2's default stops the recomputation at
+                # its last needed save): the whole layer runs again, so that every
+                # module's stream_parameters hooks run in pairs; with it, the
+                # streamed weights after a recomputed layer differed from torch's.
+                with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                    return torch.utils.checkpoint.checkpoint(original, *held,
+                                                             use_reentrant=False, **kwargs)
             return original(*args, **kwargs)
         finally:
             position.stack.pop()

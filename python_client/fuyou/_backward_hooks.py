@@ -3,7 +3,8 @@ resident or the streamed one, see _resident.py and _streamed.py) about each
 gradient of a backward pass.
 
 Before a parameter's gradient accumulates (a tensor hook) ``mode.grad_arriving(index)``
-runs; after (a hook on its AccumulateGrad node) ``mode.grad_accumulated(index)``.
+runs; after (torch 2.1's ``register_post_accumulate_grad_hook``)
+``mode.grad_accumulated(index)``.
 Both run with ``lock`` held. The mode is held weakly: hooks of a closed or
 collected optimizer do nothing."""
 
@@ -25,17 +26,13 @@ class BackwardHooks:
         self._params = params
         self._lock = lock
         self._mode = weakref.ref(mode)
-        self._nodes: list = []
         self._handles: list = []
 
     def install(self, indices: Iterable[int]) -> None:
-        """Hooks parameters `indices`. Each must have its full shape, dtype and
-        device now: its AccumulateGrad node takes them."""
+        """Hooks parameters `indices`."""
         mode_ref, lock = self._mode, self._lock
         for index in indices:
             p = self._params[index]
-            node = p.expand_as(p).grad_fn.next_functions[0][0]  # AccumulateGrad
-            self._nodes.append(node)  # the node must outlive the hook
 
             def before(grad, index=index):
                 mode = mode_ref()
@@ -44,14 +41,14 @@ class BackwardHooks:
                         mode.grad_arriving(index)
                 return None
 
-            def after(grad_inputs, grad_outputs, index=index):
+            def after(param, index=index):
                 mode = mode_ref()
                 if mode is not None:
                     with lock:
                         mode.grad_accumulated(index)
 
             self._handles.append(p.register_hook(before))
-            self._handles.append(node.register_hook(after))
+            self._handles.append(p.register_post_accumulate_grad_hook(after))
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -60,4 +57,3 @@ class BackwardHooks:
             except Exception:
                 pass
         self._handles = []
-        self._nodes = []

@@ -24,6 +24,7 @@ import torch
 
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
+from ._groups import unsupported_setting
 from . import _sharded
 from ._chunk_weights import install
 from ._pipeline import ChunkPipeline
@@ -190,10 +191,9 @@ def plan_import(opt, pipeline: ChunkPipeline, init_from, masters_from_model: boo
         if len(sg["params"]) != len(g["params"]):
             raise InvalidArgument(f"checkpoint group {gi} has {len(sg['params'])} parameters, "
                                   f"the optimizer's {len(g['params'])}")
-        for key in ("amsgrad",):
-            if sg.get(key):
-                raise InvalidArgument(f"checkpoint group {gi} has {key}=True, which fuyou.AdamW "
-                                      "does not implement")
+        why = unsupported_setting(sg)
+        if why is not None:
+            raise InvalidArgument(f"checkpoint group {gi}: {why}")
         for i, p in zip(sg["params"], g["params"]):
             saved_index.setdefault(id(p), i)
     masters_by_index = model if model and all(isinstance(k, int) for k in model) else None

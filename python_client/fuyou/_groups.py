@@ -69,24 +69,40 @@ def check_groups(param_groups, job: Optional[str], offload_params: bool) -> str:
             "hold no values; fuyou.materialize(model) them first, or open the optimizer with "
             "offload_params=True and call fuyou.materialize(model, optimizer)")
     for i, group in enumerate(param_groups):
-        if group["amsgrad"]:
-            raise NotImplementedError(
-                f"fuyou.AdamW does not implement amsgrad=True (parameter group {i}): the "
-                "daemon keeps three states per chunk (master weights, exp_avg, exp_avg_sq), "
-                "not AMSGrad's running maximum of exp_avg_sq; use amsgrad=False or "
-                "torch.optim.AdamW")
+        why = unsupported_setting(group)
+        if why is not None:
+            raise NotImplementedError(f"fuyou.AdamW, parameter group {i}: {why}")
     return job
+
+
+def unsupported_setting(group: dict) -> Optional[str]:
+    """Why the daemon cannot run torch's update for `group` (a constructor's, an
+    edited or a loaded one), or None. Only settings that change the result are
+    here; foreach, fused and capturable choose torch's implementation of the same
+    update and are ignored."""
+    if group.get("amsgrad"):
+        return ("amsgrad=True is not implemented: the daemon keeps three states per "
+                "chunk (master weights, exp_avg, exp_avg_sq), not AMSGrad's running maximum "
+                "of exp_avg_sq; use amsgrad=False or torch.optim.AdamW")
+    if group.get("differentiable"):
+        return ("differentiable=True is not implemented: the update runs in the daemon, "
+                "outside autograd, so no gradient can flow through it; use "
+                "torch.optim.AdamW for a differentiable step")
+    if group.get("decoupled_weight_decay") is False and float(group.get("weight_decay", 0)):
+        return ("decoupled_weight_decay=False (torch.optim.Adam's L2 penalty in the "
+                "gradient) is not AdamW's update; fuyou.AdamW decays the weights "
+                "(decoupled_weight_decay=True), or set weight_decay=0")
+    return None
 
 
 def edited_group_error(i: int, group: dict) -> Optional[Exception]:
     """What is wrong with parameter group `i` as the loop left it (amsgrad set,
     a hyper-parameter out of the constructor's ranges): an exception for step()
     to raise, or None."""
-    if group.get("amsgrad"):
-        return NotImplementedError(
-            f"fuyou.AdamW: parameter group {i} has amsgrad=True (set after "
-            "construction); the daemon keeps no running maximum of exp_avg_sq: set it "
-            "back to False or use torch.optim.AdamW")
+    why = unsupported_setting(group)
+    if why is not None:
+        return NotImplementedError(f"fuyou.AdamW: parameter group {i} (as set after "
+                                   f"construction): {why}")
     try:
         lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])

@@ -220,12 +220,8 @@ class OffloadedParams:
                 if m.param.is_meta:  # set_data cannot leave meta: a new Parameter object
                     self._replace_param(m.param, torch.nn.Parameter(
                         placeholder(m.dtype, block.device), requires_grad=m.param.requires_grad))
-                p = m.param
-                # The AccumulateGrad node takes its shape, dtype and device from the
-                # parameter: made while it looks like itself, kept across set_data.
-                p.data = torch.empty(1, dtype=m.dtype, device=block.device).expand(m.shape)
-                self._hooks.install([m.index])
-                p.data = placeholder(m.dtype, block.device)
+                self._hooks.install([m.index])  # on the tensor: they outlive set_data
+                m.param.data = placeholder(m.dtype, block.device)
             block.registered = True
             if resumed_any:
                 self.resumed = True

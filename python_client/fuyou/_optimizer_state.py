@@ -20,7 +20,7 @@ from typing import Optional
 
 from . import _checkpoint, _fork
 from ._errors import FailedPrecondition, InvalidArgument
-from ._torch_format import torch_indices
+from ._torch_format import torch_indices, torch_param_groups
 
 __all__ = ["STATE_VERSION", "build_state_dict", "load_daemon_states"]
 
@@ -62,10 +62,7 @@ def assemble_state_dict(opt, state: dict, included: bool, job: str, chunks,
     ``param_groups`` (parameters as torch's indices), and the ``"fuyou"`` entry
     naming `job`, its step, settings and `chunks`' layout, with `more_fuyou`
     beside them (a data-parallel job's world size)."""
-    index = torch_indices(opt.param_groups)
-    groups = [dict({k: v for k, v in g.items() if k != "params"},
-                   params=[index[id(p)] for p in g["params"]])
-              for g in opt.param_groups]
+    groups = torch_param_groups(opt, torch_indices(opt.param_groups))
     return {"state": state, "param_groups": groups, "fuyou": {
         "version": STATE_VERSION,
         "job": job,

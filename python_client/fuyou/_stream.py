@@ -38,7 +38,17 @@ from ._sizes import parse_size
 from ._stream_state_dict import StreamedStateDict, default_state_dict_limit
 from ._tensor_tree import pass_through
 
-__all__ = ["stream_parameters", "ParameterStream"]
+__all__ = ["stream_parameters", "ParameterStream", "stream_of"]
+
+# The open ParameterStream of each model (held weakly on both sides).
+_OPEN_STREAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def stream_of(model: torch.nn.Module) -> Optional["ParameterStream"]:
+    """The open fuyou.stream_parameters handle of `model`, or None."""
+    ref = _OPEN_STREAMS.get(model)
+    stream = ref() if ref is not None else None
+    return stream if stream is not None and not stream._closed else None
 
 
 def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[int, str] = "64MiB",
@@ -215,6 +225,11 @@ class ParameterStream:
                 return stream._module_post(module, output)
             return None
 
+        # Under torch.compile the hooks run eagerly (a graph break at each): they
+        # swap weights in and out and hand out weak references, which dynamo must
+        # not trace into the graph.
+        root_pre, root_post, pre, post = (torch.compiler.disable(hook)
+                                          for hook in (root_pre, root_post, pre, post))
         self._handles.append(model.register_forward_pre_hook(root_pre))
         for _name, module in model.named_modules():
             if offload.uses(module):
@@ -222,6 +237,8 @@ class ParameterStream:
                 self._handles.append(module.register_forward_hook(post))
         self._handles.append(model.register_forward_hook(root_post))
         offload._streams.append(self)
+        self._model_ref = weakref.ref(model)
+        _OPEN_STREAMS[model] = ref
 
     # ------------------------------------------------------------ public
     @property
@@ -294,6 +311,9 @@ class ParameterStream:
                 pass  # the session may be gone already
             if self in offload._streams:
                 offload._streams.remove(self)
+            model = self._model_ref()
+            if model is not None and stream_of(model) is None:
+                _OPEN_STREAMS.pop(model, None)
 
     # ------------------------------------------------------------ forward
     def _root_pre(self) -> None:

@@ -178,12 +178,18 @@ def socket_accepts(path: str, timeout: float = 1.0) -> bool:
 
 
 def find_daemon_binary() -> str:
-    """``$FUYOU_DAEMON``; else ``fuyoud`` on PATH; else ``<repo>/build/daemon/fuyoud``."""
+    """The fuyoud an embedded daemon runs: ``$FUYOU_DAEMON``; else the wheel's own
+    (``fuyou/bin/fuyoud``, built from the same sources as this binding, so it speaks
+    its protocol); else ``fuyoud`` on PATH (the .deb's); else
+    ``<repo>/build/daemon/fuyoud`` (a build tree)."""
     env = os.environ.get("FUYOU_DAEMON")
     if env:
         if not os.access(env, os.X_OK):
             raise DaemonUnavailable(f"FUYOU_DAEMON={env} is not an executable file")
         return env
+    in_wheel = Path(__file__).resolve().parent / "bin" / "fuyoud"
+    if os.access(in_wheel, os.X_OK):
+        return str(in_wheel)
     on_path = shutil.which("fuyoud")
     if on_path:
         return on_path

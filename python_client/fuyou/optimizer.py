@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import inspect
 import threading
@@ -14,7 +16,8 @@ from . import (_checkpoint, _data_parallel, _lifetime, _optimizer_state, _reshar
 from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
-from ._groups import check_arguments, check_groups, edited_group_error, moments_dtype_code
+from ._groups import (check_arguments, check_groups, edited_group_error, moments_dtype_code,
+                      unsupported_setting)
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
@@ -52,6 +55,21 @@ def _mode_class(offload_params: bool, data_parallel) -> type:
     if data_parallel is not None:
         return ShardedStreamedMode if offload_params else ShardedResidentMode
     return StreamedMode if offload_params else ResidentMode
+
+
+@contextlib.contextmanager
+def _torch_load_hooks_held_back(opt):
+    """torch.optim.Optimizer.load_state_dict without its load hooks (torch 2.x):
+    AdamW.load_state_dict runs them itself, on the whole state dict, not on the
+    groups-only dict it hands torch."""
+    names = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+    held = {name: opt.__dict__[name] for name in names if name in opt.__dict__}
+    for name in held:
+        opt.__dict__[name] = collections.OrderedDict()
+    try:
+        yield
+    finally:
+        opt.__dict__.update(held)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -364,22 +382,36 @@ class AdamW(torch.optim.Optimizer):
         and step counts are imported; the model must be registered
         (``fuyou.stream_parameters``) first. In a data-parallel group: on every
         rank, each importing its chunks' share, a collective (_sharded_states.py)."""
+        # torch 2.x's register_load_state_dict_pre_hook: on the whole dict, before
+        # anything is read (torch's own load below runs with its hooks held back).
+        for hook in list(getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values()):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         if not isinstance(state_dict, dict) or "param_groups" not in state_dict:
             raise InvalidArgument("load_state_dict takes an optimizer state dict "
                                   "(param_groups, state)")
+        for i, group in enumerate(state_dict["param_groups"]):
+            why = unsupported_setting(group)
+            if why is not None:
+                raise NotImplementedError(f"fuyou.AdamW of job {self.job!r}: the state dict's "
+                                          f"parameter group {i}: {why}; nothing was loaded")
         extra = state_dict.get("fuyou")
         with self._lock:
             self._check_usable()
             (_optimizer_state if self._data_parallel is None
              else _sharded_states).load_daemon_states(self, state_dict, extra)
             stateless = {"state": {}, "param_groups": state_dict["param_groups"]}
-            super().load_state_dict(stateless)
+            with _torch_load_hooks_held_back(self):
+                super().load_state_dict(stateless)
             for group in self.param_groups:  # a torch state dict lacks fuyou's group keys
                 for key, value in self.defaults.items():
                     group.setdefault(key, value)
             if extra is not None:
                 self._scaler.load_state_dict(extra.get("loss_scaler", {}))
                 self.skipped_steps = int(extra.get("skipped_steps", self.skipped_steps))
+        for hook in list(getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values()):
+            hook(self)  # torch 2.x's register_load_state_dict_post_hook
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)  # torch's load_state_dict ends here with a new dict

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,8 @@ def test_main_job_ddp_runs_two_ranks_on_one_daemon(tmp_path):
 
 
 def test_torchrun_with_a_plain_model_reduces_during_backward(tmp_path):
-    out = run(["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", "--redirects", "9:1", "--tee", "9:1",
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2",
                "python_client/examples/finetune_gpt.py", "--ddp", "--ddp-model", "plain",
                "--daemon", "embedded", *TINY, "--out-dir", str(tmp_path / "out")], tmp_path)
     metrics = check_two_ranks_one_daemon(out, tmp_path / "out")
@@ -75,7 +76,7 @@ def test_ddp_outside_torchrun_says_how_to_launch(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python_client"))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run(["/usr/bin/python3", "python_client/examples/finetune_gpt.py",
+    proc = subprocess.run([sys.executable, "python_client/examples/finetune_gpt.py",
                            "--ddp", *TINY, "--out-dir", str(tmp_path / "out")], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     assert proc.returncode != 0

@@ -78,7 +78,10 @@ def test_job_from_torch_state_dict_continues_like_torch(daemon, tmp_path):
     for i, st in ref_opt.state_dict()["state"].items():
         got = ckpt["optimizer"]["state"][i]
         assert got["step"].item() == st["step"].item() == N + M
-        torch.testing.assert_close(got["exp_avg"], st["exp_avg"], rtol=1e-4, atol=1e-9)
+        # atol 1e-8: the two models' weights agree to float rounding, so their
+        # gradients do too, and an exp_avg element near zero (1.6e-6 here, with torch
+        # 2.15's CPU kernels) differs by 1.2e-9 from torch's
+        torch.testing.assert_close(got["exp_avg"], st["exp_avg"], rtol=1e-4, atol=1e-8)
         torch.testing.assert_close(got["exp_avg_sq"], st["exp_avg_sq"], rtol=1e-4, atol=1e-12)
     opt.close()
 
