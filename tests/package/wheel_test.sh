@@ -36,7 +36,7 @@ if command -v ccache >/dev/null; then
 fi
 start=$SECONDS
 "$python" -m pip wheel --no-build-isolation --no-deps -q -w "$tmp/dist" \
-  -C build-dir="$build-wheel" "$repo" || fail "pip wheel failed"
+  --config-settings=build-dir="$build-wheel" "$repo" || fail "pip wheel failed"
 wheel=$(ls "$tmp"/dist/fuyou-*.whl)
 echo "wheel_test: built $(basename "$wheel") ($(stat -c %s "$wheel") bytes) in $((SECONDS - start)) s"
 
