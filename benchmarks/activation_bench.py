@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Activation offload (issue 23): peak saved-activation bytes on the device and
 step time of a small GPT (python_client/examples/gpt.py) for four plans.
 
-    /usr/bin/python3 benchmarks/activation_bench.py [--layers 4] [--embd 128] \\
+    .venv/bin/python benchmarks/activation_bench.py [--layers 4] [--embd 128] \\
         [--heads 4] [--batch 8] [--seq 128] [--steps 5] [--budget-frac 0.5] \\
         [--gpu] [--json out.json]
 

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Data-parallel scaling of fuyou.AdamW (issue 24): the example GPT trained by
 1, 2 (and 3) gloo ranks on one node, the same global batch split between them,
 each rank on its own fixed thread budget, one fuyoud for the node.
 
-    /usr/bin/python3 benchmarks/dp_bench.py --fuyoud BUILD/daemon/fuyoud \\
+    .venv/bin/python benchmarks/dp_bench.py --fuyoud BUILD/daemon/fuyoud \\
         [--ranks 1,2,3] [--threads-per-rank 1] [--daemon-threads 1] \\
         [--model tiny] [--global-batch 12] [--seq-len 64] [--steps 6] [--warmup 2] \\
         [--chunk-bytes 1048576] [--ddp | --offload-params] [--json [PATH]]

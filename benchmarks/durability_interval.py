@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """SSD bytes written per step with the durability interval ([durability]
 commit_every_steps N), for a job whose optimizer states fit in fuyoud's DRAM
 budget: a private fuyoud per N, one fuyou.AdamW job (an MLP, by default 4.2M
@@ -6,7 +6,7 @@ parameters: 50 MB of states, DRAM budget 1 GiB), steps counted after the first
 (which registers the chunks and writes their initial states), GetStats
 bytes_written before and after, then the close (which makes the last step durable).
 
-    /usr/bin/python3 benchmarks/durability_interval.py --fuyoud build/daemon/fuyoud \\
+    .venv/bin/python benchmarks/durability_interval.py --fuyoud build/daemon/fuyoud \\
         [--intervals 1 10] [--steps 20] [--width 1024] [--layers 4]
 """
 import argparse

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A real PyTorch GPT on the CPU, trained through fuyou.AdamW (optimizer states in a
 fuyoud whose DRAM budget is smaller than them, so they stream from the SSD every
 step) against torch.optim.AdamW(foreach=True), in one run, steps interleaved.
 
-    /usr/bin/python3 benchmarks/gpt_cpu_bench.py --fuyoud BUILD/daemon/fuyoud \\
+    .venv/bin/python benchmarks/gpt_cpu_bench.py --fuyoud BUILD/daemon/fuyoud \\
         [--layers 8] [--embd 512] [--heads 8] [--batch 4] [--seq 128] [--steps 5] \\
         [--dram-budget 128MiB] [--chunk-mib 4] [--json out.json]
 
@@ -15,7 +15,7 @@ Three copies of one model, one optimizer each, a step of each in turn:
 Reports step times, tokens/s, overlapped / max(forward+backward alone, optimizer+I/O
 alone) and serial / overlapped. On a CPU-only machine backward and the daemon's
 updates share the cores: the table shows how much slower forward+backward runs while
-the daemon works (overlapped fwd+bwd / torch fwd+bwd). Run with /usr/bin/python3.
+the daemon works (overlapped fwd+bwd / torch fwd+bwd). Run with the project's venv (.venv/bin/python).
 """
 import argparse
 import copy

@@ -49,6 +49,9 @@
 #ifndef FUYOU_BENCH_SOURCE_DIR
 #define FUYOU_BENCH_SOURCE_DIR "benchmarks"
 #endif
+#ifndef FUYOU_BENCH_PYTHON
+#define FUYOU_BENCH_PYTHON "python3"
+#endif
 
 namespace fuyou::bench {
 namespace {
@@ -458,7 +461,7 @@ int Main(int argc, char** argv) {
   }
   if (!c.png.empty()) {
     const std::string command =
-        fmt::format("/usr/bin/python3 {}/plot_timeline.py '{}' '{}'", FUYOU_BENCH_SOURCE_DIR, timeline, c.png);
+        fmt::format("{} {}/plot_timeline.py '{}' '{}'", FUYOU_BENCH_PYTHON, FUYOU_BENCH_SOURCE_DIR, timeline, c.png);
     if (std::system(command.c_str()) != 0) fmt::print(stderr, "overlap_bench: plotting failed: {}\n", command);
     else fmt::print("timeline picture: {}\n", c.png);
   }

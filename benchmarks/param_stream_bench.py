@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Parameter streaming (issue 12): a GPT whose working weights live in fuyoud and
 stream into the model module by module, against the same GPT fully resident.
 
-    /usr/bin/python3 benchmarks/param_stream_bench.py --fuyoud BUILD/daemon/fuyoud \\
+    .venv/bin/python benchmarks/param_stream_bench.py --fuyoud BUILD/daemon/fuyoud \\
         [--layers 8] [--embd 512] [--heads 8] [--batch 4] [--seq 128] [--steps 4] \\
         [--dram-budget 64MiB] [--device-budget BYTES|SIZE] [--prefetch 2] \\
         [--chunk-mib 4] [--gpu [--gpu-cap 1GiB]] [--no-resident] [--clip MAX_NORM]
@@ -30,7 +30,7 @@ spent on redos (loop_stats).
 --gpu: the model runs on CUDA, with device memory capped at --gpu-cap by
 torch.cuda.set_per_process_memory_fraction; the resident variant runs only when
 its weights, gradients and activations fit under the cap (else "does not fit").
-Host figures (DRAM budget, SSD) are the daemon's. Run with /usr/bin/python3.
+Host figures (DRAM budget, SSD) are the daemon's. Run with the project's venv (.venv/bin/python).
 """
 import argparse
 import json

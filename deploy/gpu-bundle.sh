@@ -24,7 +24,8 @@ if [[ -z "$PY312" || ! -x "$PY312" ]]; then
   echo "gpu-bundle: no Python 3.12 found (set PY312=/path/to/python3.12)" >&2
   exit 2
 fi
-PYBIND11_DIR=$(/usr/bin/python3 -c "import pybind11; print(pybind11.get_cmake_dir())")
+# pybind11's CMake files from the project's venv (deploy/install-deps.sh)
+PYBIND11_DIR=$(.venv/bin/python -c "import pybind11; print(pybind11.get_cmake_dir())")
 LAUNCH=()
 if command -v ccache >/dev/null; then
   LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
@@ -33,12 +34,12 @@ fi
 # 1. fuyoud from the normal build.
 if [[ ! -x "$BUILD_DIR/daemon/fuyoud" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPython3_EXECUTABLE=/usr/bin/python3 "${LAUNCH[@]}"
+    -DPython3_EXECUTABLE="$PWD/.venv/bin/python" "${LAUNCH[@]}"
 fi
 ninja -C "$BUILD_DIR" fuyoud
 
 # 2. The binding for Python 3.12: a second build tree that builds only _fuyou
-#    (Debian's pybind11 headers against pyenv's Python 3.12 headers). It writes
+#    (the venv's pybind11 headers against pyenv's Python 3.12 headers). It writes
 #    python_client/fuyou/_fuyou.cpython-312-*.so next to Debian's build of it.
 cmake -S . -B "$BUILD312" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPython3_EXECUTABLE="$PY312" -Dpybind11_DIR="$PYBIND11_DIR" \

@@ -1,6 +1,6 @@
 """finetune_gpt.py --ddp: the example as one rank of a torchrun job.
 
-    /usr/bin/python3 -m torch.distributed.run --nproc_per_node=2 \\
+    .venv/bin/python -m torch.distributed.run --nproc_per_node=2 \\
         python_client/examples/finetune_gpt.py --ddp --daemon embedded ...
 
 ``join`` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -39,7 +39,7 @@ def join(args) -> None:
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
     if missing:
-        sys.exit(f"error: --ddp runs under torchrun (/usr/bin/python3 -m torch.distributed.run "
+        sys.exit(f"error: --ddp runs under torchrun (.venv/bin/python -m torch.distributed.run "
                  f"--nproc_per_node=N ...), which sets {', '.join(missing)}")
     args.rank, args.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     args.local_rank = int(os.environ["LOCAL_RANK"])

@@ -5,7 +5,7 @@ imports alike), no private module importing from the package's __init__
 (``from fuyou import x``, ``import fuyou``, ``from . import x`` where x is not a
 module of the package).
 
-    /usr/bin/python3 python_client/tools/check_layout.py
+    .venv/bin/python python_client/tools/check_layout.py
 
 Prints each module's line count and imports; exits 1 when a measure fails.
 tests/python/test_layout.py runs the same checks under pytest."""

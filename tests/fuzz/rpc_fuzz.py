@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """RPC fuzz test of fuyoud (CTest: rpc_fuzz, labels fuzz and integration).
 
 Starts a real fuyoud (in CI the ASan+UBSan one of build-asan) on a private

@@ -7,7 +7,7 @@ bible-kjv (the `bible` program and its data, bible-kjv-text) and libsqlite3-dev
 (/usr/include/sqlite3.h). See README.md beside this file for the licenses.
 
     apt-get install --no-install-recommends bible-kjv libsqlite3-dev
-    /usr/bin/python3 python_client/examples/data/make_corpus.py
+    .venv/bin/python python_client/examples/data/make_corpus.py
 """
 import pathlib
 import re
