@@ -85,6 +85,13 @@ def _loss(m, step):
     return m(*twice_batch(step), step=step)
 
 
+def _plain_step(m, o, step):
+    """backward, step, zero_grad: the loop every test builds on."""
+    _loss(m, step).backward()
+    o.step()
+    o.zero_grad()
+
+
 # ---------------------------------------------------------------- zero_grad
 @pytest.mark.parametrize("mode", MODES)
 def test_zero_grad_with_torch_2s_default_sets_none(real, mode):
@@ -282,11 +289,6 @@ def test_state_dict_has_torch_2s_keys_and_goes_both_ways(real, mode):
     """fuyou's state dict has exactly the group keys and the step type of the
     installed torch's AdamW; torch.optim.AdamW continues from it exactly, and
     fuyou.AdamW from torch's."""
-    def body(m, o, step):
-        _loss(m, step).backward()
-        o.step()
-        o.zero_grad()
-
     torch.manual_seed(1)
     model = TwiceNet()
     ref = copy.deepcopy(model)
@@ -294,8 +296,8 @@ def test_state_dict_has_torch_2s_keys_and_goes_both_ways(real, mode):
     opt, handle = _open(real, mode, model)
     try:
         for step in range(2):
-            body(ref, ref_opt, step)
-            body(model, opt, step)
+            _plain_step(ref, ref_opt, step)
+            _plain_step(model, opt, step)
         ours, theirs = opt.state_dict(), ref_opt.state_dict()
         assert [set(g) for g in ours["param_groups"]] == [set(g) for g in theirs["param_groups"]]
         for index, state in theirs["state"].items():
@@ -314,8 +316,8 @@ def test_state_dict_has_torch_2s_keys_and_goes_both_ways(real, mode):
         cont_opt = torch_adamw(cont.parameters())
         cont_opt.load_state_dict(ours)
         for step in range(2, 4):
-            body(ref, ref_opt, step)
-            body(cont, cont_opt, step)
+            _plain_step(ref, ref_opt, step)
+            _plain_step(cont, cont_opt, step)
         for a, b in zip(cont.parameters(), ref.parameters()):
             torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
     finally:
@@ -329,8 +331,8 @@ def test_state_dict_has_torch_2s_keys_and_goes_both_ways(real, mode):
     try:
         opt2.load_state_dict(ref_opt.state_dict())
         for step in range(4, 6):
-            body(ref, ref_opt, step)
-            body(model2, opt2, step)
+            _plain_step(ref, ref_opt, step)
+            _plain_step(model2, opt2, step)
             _assert_close(opt2, mode, model2, ref, step, f"torch's state dict into fuyou ({mode})")
     finally:
         if handle2 is not None:
@@ -345,12 +347,7 @@ def test_state_dict_has_torch_2s_keys_and_goes_both_ways(real, mode):
 def test_implementation_flags_are_accepted_and_change_nothing(real, flags):
     """foreach, fused and capturable choose torch's implementation of the same
     update: fuyou's daemon has one, so they are kept in the groups and ignored."""
-    def body(m, o, step):
-        _loss(m, step).backward()
-        o.step()
-        o.zero_grad()
-
-    opt, _ = side_by_side(real, "resident", 2, body, opt_kw=flags, what=str(flags))
+    opt, _ = side_by_side(real, "resident", 2, _plain_step, opt_kw=flags, what=str(flags))
     for key, value in flags.items():
         assert opt.param_groups[0][key] == value
 
