@@ -32,13 +32,13 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 import traceback
 
 import torch
 import torch.distributed as dist
 
+import dp_worker
 import fuyou
 from dp_worker import BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model, violation
 
@@ -198,4 +198,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dp_worker.exit_without_teardown(main())

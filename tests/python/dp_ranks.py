@@ -31,7 +31,8 @@ def run_worker(script: str, tmp: Path, world: int, *flags: str, name: str = "run
     binary = require_daemon()
     base = dict(os.environ, FUYOU_DAEMON=binary, FUYOU_SOCKET=str(tmp / "no-daemon.sock"),
                 FUYOU_DATA_DIR=str(tmp / "data"),
-                PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]))
+                PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python_client"), str(HERE)]),
+                PYTHONFAULTHANDLER="1")  # a rank that aborts prints every thread's stack
     base.pop("FUYOU_EMBEDDED", None)
     base.pop("FUYOU_NODE_ID", None)
     store = tmp / f"{name}.store"
@@ -55,7 +56,9 @@ def run_worker(script: str, tmp: Path, world: int, *flags: str, name: str = "run
             assert p.returncode == -9, f"rank {r} was to be killed:\n{logs[r]}"
             results.append(None)
             continue
-        assert p.returncode == 0 and out.exists(), f"rank {r} failed:\n{logs[r]}"
+        assert p.returncode == 0 and out.exists(), (
+            f"rank {r} failed (exit status {p.returncode}, result file "
+            f"{'written' if out.exists() else 'missing'}):\n{logs[r]}")
         res = json.loads(out.read_text())
         if not errors_allowed:
             assert "error" not in res, f"rank {r}: {res['error']}\n{res.get('traceback')}"

@@ -36,6 +36,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+import dp_worker
 import fuyou
 import fuyou._dp_durable
 import fuyou._reshard
@@ -196,4 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dp_worker.exit_without_teardown(main())

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import dp_worker
 import fuyou
 from dp_worker import (BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model,
                        sharded_violations, violation)
@@ -262,4 +263,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dp_worker.exit_without_teardown(main())

@@ -43,7 +43,6 @@ import datetime
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -51,6 +50,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+import dp_worker
 import fuyou
 import fuyou._dp_durable
 from dp_worker import (BETAS, EPS, LR, MAX_NORM, WD, batch, loss_of, make_model,
@@ -247,4 +247,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dp_worker.exit_without_teardown(main())
