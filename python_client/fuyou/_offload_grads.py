@@ -39,7 +39,7 @@ import torch
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
 from ._freed_grad import OP_MUL, FreedGrad, GradRecord
-from ._protocol import ABORT_SKIPPED_STEP
+from ._protocol import ABORT_SKIPPED_STEP, MAX_CHUNK_SEGMENTS
 from ._weight_cache import WeightCache
 
 __all__ = ["OffloadedGradients"]
@@ -191,6 +191,7 @@ class OffloadedGradients:
         for c in pipeline.plan.chunks:
             host = self._host.get(c.chunk_id)
             if host is not None:
+                self._drop_cleared(c, host)
                 t = torch.linalg.vector_norm(host[0], dtype=torch.float32).square()
                 out.append(float(t))
             elif c.chunk_id not in pipeline.step.sent:
@@ -203,17 +204,28 @@ class OffloadedGradients:
 
     def replay(self, grad_scale: float, clipping: bool, reasons) -> None:
         """At step(): every journaled chunk whose gradients the loop changed
-        (ops on its FreedGrads) is updated again from the daemon's journal with
-        those ops; with `clipping` (a coefficient below 1) every journaled chunk
-        is, with ``grad_scale``."""
+        (ops on its FreedGrads, a ``.grad`` set to None) or whose group's
+        hyper-parameters changed since it was sent is updated again from the
+        daemon's journal with those ops; with `clipping` (a coefficient below 1)
+        every journaled chunk is, with ``grad_scale``."""
         changed, clipped = reasons
         pipeline = self._pipeline
         for c in pipeline.step.sent_chunks():
             cid = c.chunk_id
             ops = self._one_op_list(c, {i: self._pending_ops(c, i)
                                         for i in pipeline.plan.params_of(cid)})
-            if ops or clipping:
-                pipeline.replay(c, grad_scale, ops, changed if ops else clipped)
+            earlier = pipeline.step.sent[cid]
+            dropped = tuple(i for i, seg in enumerate(c.segments)
+                            if seg.param.grad is None and i not in earlier.missing)
+            if dropped and len(c.segments) > MAX_CHUNK_SEGMENTS:  # updated as one segment
+                name = self._name(c.segments[dropped[0]].param_index)
+                raise FailedPrecondition(
+                    f"job {self._optimizer().job!r}: {name}.grad was set to None after "
+                    f"backward in a chunk of more than {MAX_CHUNK_SEGMENTS} parameters, which "
+                    "fuyoud updates as one: set it to None before backward instead")
+            edited = bool(ops or dropped) or earlier.hyper != pipeline.hyper_now(c.group_index)
+            if edited or clipping:
+                pipeline.replay(c, grad_scale, ops, changed if edited else clipped, dropped)
                 self._mark_ops_sent(cid)
             if pipeline.step.overflow:
                 break
@@ -260,6 +272,7 @@ class OffloadedGradients:
                 self._to_host(c, None)
                 host = self._host.pop(c.chunk_id)
             if host is not None:
+                self._drop_cleared(c, host)
                 pipeline.send(c, grad_scale, packed=(host[0], tuple(sorted(host[1]))))
             else:
                 nbytes = self._chunk_grad_bytes(c)
@@ -365,6 +378,16 @@ class OffloadedGradients:
         return sum(seg.numel for seg in c.segments
                    if seg.param.grad is not None and not isinstance(seg.param.grad, FreedGrad)
                    ) * c.element_size
+
+    @staticmethod
+    def _drop_cleared(c: Chunk, host) -> None:
+        """Segments of a host copy whose ``.grad`` the loop set to None after
+        backward leave it (zeros, counted missing): torch skips them."""
+        packed, missing = host
+        for i, seg in enumerate(c.segments):
+            if seg.param.grad is None and i not in missing:
+                packed[seg.offset:seg.offset + seg.numel].zero_()
+                missing.add(i)
 
     def _to_host(self, c: Chunk, host) -> None:
         """Adds the chunk's gradients (``.grad``) to its host copy (on the CPU;

@@ -305,17 +305,22 @@ class ChunkPipeline:
         self.send(c, grad_scale, redo=reason, earlier=earlier, packed=packed)
         self._count_redo(reason)
 
-    def replay(self, c: Chunk, grad_scale: float, grad_ops, reason: int) -> None:
+    def replay(self, c: Chunk, grad_scale: float, grad_ops, reason: int,
+               dropped: Tuple[int, ...] = ()) -> None:
         """Updates chunk `c` again in this step from the daemon's journal of its
         gradients (sent with ``journal=True``) after `grad_ops` (the loop's
-        in-place mul_/div_ since), with `grad_scale`: nothing is copied."""
+        in-place mul_/div_ since), with `grad_scale` and the group's
+        hyper-parameters now: nothing is copied. `dropped`: segments whose
+        ``.grad`` the loop set to None since: left alone, as torch skips them."""
         cid = c.chunk_id
         self._drop_earlier(cid)
         earlier = self.step.take(cid)
-        self.slots.submit(self._job(c, None, grad_scale, earlier.not_updated, redo=reason,
+        missing = tuple(sorted(set(earlier.missing) | set(dropped)))
+        not_updated = tuple(sorted(set(earlier.not_updated) | set(dropped)))
+        self.slots.submit(self._job(c, None, grad_scale, not_updated, redo=reason,
                                      earlier=earlier, journal=JOURNAL_REPLAY,
                                      grad_ops=grad_ops))
-        self.step.put(cid, Sent(earlier.missing, None, earlier.not_updated, earlier.hyper,
+        self.step.put(cid, Sent(missing, None, not_updated, self.hyper_now(c.group_index),
                                 journal_added=earlier.journal_added))
         self._count_redo(reason)
         self.stats.replayed += 1
@@ -334,7 +339,8 @@ class ChunkPipeline:
                                      redo=REDO_GRADIENTS_CHANGED, earlier=earlier,
                                      journal=JOURNAL_ADD, grad_ops=grad_ops,
                                      marker=self.slots.device.marker(grads)))
-        self.step.put(cid, Sent(missing, None, not_updated, journal_added=True))
+        self.step.put(cid, Sent(missing, None, not_updated, self.hyper_now(c.group_index),
+                                journal_added=True))
         self._count_redo(REDO_GRADIENTS_CHANGED)
         self.stats.replayed += 1
         self.stats.journaled_bytes += c.nbytes
