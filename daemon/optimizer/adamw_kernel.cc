@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/fifo_mutex.h"
+#include "common/fair_mutex.h"
 #include "common/future.h"
 #include "optimizer/adamw_kernel_internal.h"
 
@@ -229,21 +229,25 @@ void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers
 
 // ---- The worker pool ------------------------------------------------------------
 
-// threads_ - 1 workers plus the calling thread, which takes share 0 of every update.
-// One update at a time: Update holds update_mu_ for its whole duration, and
-// concurrent callers (sessions) get it in the order they asked (a FifoMutex:
-// round-robin between sessions, none served twice while another waits).
+// threads_ - 1 workers plus the calling thread, which takes share 0 of every slice.
+// One slice at a time: Update holds turns_ for each slice it runs, and concurrent
+// callers (sessions) get it in FairMutex's order (by bytes, per user, then per
+// session), so the slices of different updates interleave.
 //
-// Updates reach the workers as a chain of futures: every worker waits on the
+// Slices reach the workers as a chain of futures: every worker waits on the
 // Future of the next Job, and each Job carries the Future of the one after it.
-// Update publishes a Job by setting the pool's Promise (after making a new one
+// RunSlice publishes a Job by setting the pool's Promise (after making a new one
 // for the Job after), runs share 0 and waits for the Job's Countdown; the pool
 // stops by setting the Promise with CANCELLED. Three small allocations per
-// update that uses workers (the Job, its Countdown's result, the next Job's
+// slice that uses workers (the Job, its Countdown's result, the next Job's
 // promise), none per element.
 class AdamWKernel::Pool {
  public:
-  Pool(unsigned threads, Isa isa) : threads_(threads == 0 ? DefaultThreads() : threads), isa_(isa) {
+  Pool(unsigned threads, Isa isa, uint64_t slice_bytes)
+      : threads_(threads == 0 ? DefaultThreads() : threads),
+        isa_(isa),
+        slice_bytes_(std::max<uint64_t>(slice_bytes, uint64_t{threads_} * kMinElementsPerThread * kMostBytesPerElement)),
+        turns_(slice_bytes_) {
     workers_.reserve(threads_ - 1);
     const Future<JobRef> first = next_job_.future();
     for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this, i, first] { WorkerLoop(i, first); });
@@ -254,43 +258,73 @@ class AdamWKernel::Pool {
     for (std::thread& t : workers_) t.join();
   }
 
-  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers) {
+  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers, FairKey tenant) {
     assert(ValidDTypes(buffers));
     if (!ValidDTypes(buffers) || buffers.n == 0) return;
     const StepConstants c = internal::MakeStepConstants(params);
-    std::lock_guard<FifoMutex> update_lock(update_mu_);
-
+    const uint64_t per_element = BytesPerElement(buffers);
+    size_t slice = static_cast<size_t>(std::max<uint64_t>(1, slice_bytes_ / per_element));
+    slice = (slice + kAlignElements - 1) / kAlignElements * kAlignElements;
     const size_t n = buffers.n;
-    size_t shares = std::min<size_t>(threads_, std::max<size_t>(1, n / kMinElementsPerThread));
+    for (size_t begin = 0; begin < n; begin += slice) {
+      const size_t end = std::min(n, begin + slice);
+      turns_.Lock(tenant, (end - begin) * per_element);
+      RunSlice(c, buffers, begin, end);
+      turns_.Unlock();
+    }
+  }
+
+  unsigned threads() const { return threads_; }
+  Isa isa() const { return isa_; }
+  uint64_t slice_bytes() const { return slice_bytes_; }
+
+ private:
+  // The most state bytes one element moves: fp32 master read and written, fp32
+  // m and v read and written, an fp32 gradient read and an fp32 weight written.
+  static constexpr uint64_t kMostBytesPerElement = 4 * 2 + 4 * 2 * 2 + 4 + 4;
+
+  // What one element of `b` reads and writes, in bytes: the cost of the work.
+  static uint64_t BytesPerElement(const AdamWBuffers& b) {
+    const uint64_t moments = b.moments_dtype == DType::kBFloat16 ? 2 : 4;
+    uint64_t bytes = 4 * 2 + moments * 2 * 2 + DTypeSize(b.grad_dtype);
+    if (b.weights_out != nullptr) bytes += DTypeSize(b.weight_dtype);
+    return bytes;
+  }
+
+  // Runs elements [begin, end) of `buffers` on every thread it is worth waking,
+  // blocking until all are done. The caller holds turns_.
+  void RunSlice(const StepConstants& c, const AdamWBuffers& buffers, size_t begin, size_t end) {
+    const size_t n = end - begin;
+    const size_t shares = std::min<size_t>(threads_, std::max<size_t>(1, n / kMinElementsPerThread));
     if (shares <= 1) {
-      RunRange(isa_, c, buffers, 0, n);
+      RunRange(isa_, c, buffers, begin, end);
       return;
     }
     size_t per = (n + shares - 1) / shares;
     per = (per + kAlignElements - 1) / kAlignElements * kAlignElements;
     Promise<JobRef> after;
-    auto job = std::make_shared<Job>(c, buffers, per, shares, after.future());
+    auto job = std::make_shared<Job>(c, buffers, begin, end, per, shares, after.future());
     const Future<void> done = job->done.future();
     Promise<JobRef> publish = std::exchange(next_job_, std::move(after));
     publish.Set(JobRef(std::move(job)));
-    RunRange(isa_, c, buffers, 0, std::min(n, per));
+    RunRange(isa_, c, buffers, begin, std::min(end, begin + per));
     done.Wait();
   }
 
-  unsigned threads() const { return threads_; }
-  Isa isa() const { return isa_; }
-
- private:
-  // One update split into `shares` ranges of `per` elements; share 0 is the
-  // caller's, the workers 1..shares-1 Arrive at `done`. The constants and
-  // buffers are the caller's, alive until `done` is set.
+  // One slice, [begin, end), split into `shares` ranges of `per` elements; share 0
+  // is the caller's, the workers 1..shares-1 Arrive at `done`. The constants
+  // and buffers are the caller's, alive until `done` is set.
   struct Job;
   using JobRef = std::shared_ptr<const Job>;
   struct Job {
-    Job(const StepConstants& c, const AdamWBuffers& b, size_t per, size_t shares, Future<JobRef> next)
-        : constants(c), buffers(b), per(per), shares(shares), done(shares - 1), next(std::move(next)) {}
+    Job(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end, size_t per, size_t shares,
+        Future<JobRef> next)
+        : constants(c), buffers(b), begin(begin), end(end), per(per), shares(shares), done(shares - 1),
+          next(std::move(next)) {}
     const StepConstants& constants;
     const AdamWBuffers& buffers;
+    const size_t begin;
+    const size_t end;
     const size_t per;
     const size_t shares;
     mutable Countdown done;
@@ -308,9 +342,8 @@ class AdamWKernel::Pool {
       if (!published.ok()) return;  // the pool is stopping
       const Job& job = **published;
       if (index < job.shares) {  // else this update needs fewer threads
-        const size_t n = job.buffers.n;
-        const size_t begin = std::min(n, index * job.per);
-        RunRange(isa_, job.constants, job.buffers, begin, std::min(n, begin + job.per));
+        const size_t begin = std::min(job.end, job.begin + index * job.per);
+        RunRange(isa_, job.constants, job.buffers, begin, std::min(job.end, begin + job.per));
         job.done.Arrive();  // the caller may return now: job.constants and job.buffers end
       }
       Future<JobRef> after = job.next;  // `job` stays alive (held by `next`) until here
@@ -320,23 +353,25 @@ class AdamWKernel::Pool {
 
   const unsigned threads_;
   const Isa isa_;
+  const uint64_t slice_bytes_;
   std::vector<std::thread> workers_;
-  FifoMutex update_mu_;       // serialises Update calls in arrival order; guards next_job_
-  Promise<JobRef> next_job_;  // what the workers wait for: the next update's Job
+  FairMutex turns_;           // one slice at a time, in fair turns; guards next_job_
+  Promise<JobRef> next_job_;  // what the workers wait for: the next slice's Job
 };
 
 AdamWKernel::AdamWKernel(unsigned threads) : AdamWKernel(threads, DetectIsa()) {}
 
-AdamWKernel::AdamWKernel(unsigned threads, Isa isa)
-    : pool_(std::make_unique<Pool>(threads, CpuSupports(isa) ? isa : DetectIsa())) {}
+AdamWKernel::AdamWKernel(unsigned threads, Isa isa, uint64_t slice_bytes)
+    : pool_(std::make_unique<Pool>(threads, CpuSupports(isa) ? isa : DetectIsa(), slice_bytes)) {}
 
 AdamWKernel::~AdamWKernel() = default;
 
-void AdamWKernel::Update(const AdamWStepParams& params, const AdamWBuffers& buffers) {
-  pool_->Update(params, buffers);
+void AdamWKernel::Update(const AdamWStepParams& params, const AdamWBuffers& buffers, FairKey tenant) {
+  pool_->Update(params, buffers, tenant);
 }
 
 unsigned AdamWKernel::threads() const { return pool_->threads(); }
 Isa AdamWKernel::isa() const { return pool_->isa(); }
+uint64_t AdamWKernel::slice_bytes() const { return pool_->slice_bytes(); }
 
 }  // namespace fuyou::optimizer

@@ -31,6 +31,7 @@
 #include <memory>
 #include <string_view>
 
+#include "common/fair_queue.h"
 #include "fuyou/dtype.h"
 
 namespace fuyou::optimizer {
@@ -90,28 +91,45 @@ void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers
 // The dtype conversions (ConvertToFloat32, ConvertFromFloat32) are in
 // optimizer/dtype_convert.h.
 
-// Splits updates over a fixed pool of worker threads. Thread-safe: concurrent
-// Update calls (from different sessions) are served one after another, in the
-// order they were made (common/fifo_mutex.h): as each session calls from one
-// thread, the sessions of a node take turns, one chunk update each, and a
-// session alone gets every thread for each of its updates.
+// Splits updates over a fixed pool of worker threads, and shares the pool
+// between users by the bytes of work. Thread-safe: concurrent Update calls (from
+// different sessions) take turns. An update runs as slices of about
+// slice_bytes() of state traffic each (master, m, v, gradient and weights read
+// or written), one slice at a time on every thread; before each slice the
+// caller waits for its turn in a FairMutex (common/fair_mutex.h) keyed by its
+// `tenant` (user = uid, flow = session), whose quantum is one slice. So the
+// users with updates waiting get one slice each per round, however many
+// sessions or however big the chunks of each: an update of a user that
+// arrives waits for at most one slice of each other user's (plus the slice
+// running), and a session alone gets every thread for every slice.
+// Slicing does not change results: an element's result never depends on how
+// [0, n) is split (see Precision above), and Update returns only once every
+// slice is done, so what the caller does after (checksums, the write-back, the
+// commit) sees the whole chunk updated.
 class AdamWKernel {
  public:
+  // The default slice_bytes: 4 MiB of state traffic, about 200Ki fp32 elements,
+  // some 0.2-1 ms of work.
+  static constexpr uint64_t kDefaultSliceBytes = uint64_t{4} << 20;
+
   // threads == 0 means std::thread::hardware_concurrency(). isa defaults to DetectIsa();
   // an isa this CPU cannot run falls back to DetectIsa(). The calling thread of
-  // Update does one share of the work; threads - 1 workers do the rest. Chunks of
+  // Update does one share of the work; threads - 1 workers do the rest. Slices of
   // fewer than 32Ki elements per thread use fewer threads (below 64Ki: the caller
-  // alone).
+  // alone). slice_bytes is raised to what gives every thread 32Ki fp32 elements.
   explicit AdamWKernel(unsigned threads = 0);
-  AdamWKernel(unsigned threads, Isa isa);
+  AdamWKernel(unsigned threads, Isa isa, uint64_t slice_bytes = kDefaultSliceBytes);
   ~AdamWKernel();
   AdamWKernel(const AdamWKernel&) = delete;
   AdamWKernel& operator=(const AdamWKernel&) = delete;
 
-  // Updates the whole chunk, blocking until every worker is done. Ranges given to
-  // threads start on multiples of 64 elements.
-  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers);
+  // Updates the whole chunk, blocking until every slice is done; `tenant` is whose
+  // turns it takes (FairKey{} for the daemon's own work and tests). Ranges given
+  // to threads start on multiples of 64 elements.
+  void Update(const AdamWStepParams& params, const AdamWBuffers& buffers, FairKey tenant = {});
 
+  // The bytes of state traffic of one slice (the FairMutex's quantum).
+  uint64_t slice_bytes() const;
   unsigned threads() const;
   Isa isa() const;
 

@@ -258,6 +258,16 @@ TEST(AdamWBf16MomentsTest, ResultDoesNotDependOnSplitsOrThreads) {
     EXPECT_EQ(threaded.m, whole.m);
     EXPECT_EQ(threaded.v, whole.v);
     EXPECT_EQ(threaded.out, whole.out);
+
+    // The smallest slices the kernel takes (fair turns): several per update.
+    Bf16State sliced = start;
+    AdamWKernel slicing(2, isa, /*slice_bytes=*/1);
+    ASSERT_LT(slicing.slice_bytes() / 22, n / 2);
+    slicing.Update(Params(3), Bf16Buffers(sliced, DType::kFloat32, DType::kBFloat16, 0), FairKey{1000, 3});
+    EXPECT_EQ(sliced.m, whole.m);
+    EXPECT_EQ(sliced.v, whole.v);
+    EXPECT_EQ(sliced.p, whole.p);
+    EXPECT_EQ(sliced.out, whole.out);
   }
 }
 

@@ -452,6 +452,53 @@ TEST(AdamWKernelTest, ConcurrentUpdatesAreSerialisedAndCorrect) {
   }
 }
 
+// Fair turns (issue 32): updates of several users and sessions, at once, each
+// cut into many slices that interleave with the others', give exactly the bits
+// of one range over each chunk, and every slice size gives the same.
+TEST(AdamWKernelTest, SlicedUpdatesOfConcurrentTenantsEqualOneRange) {
+  constexpr int kCallers = 4;
+  const size_t n = 700'001;  // not a multiple of a slice or of 64
+  std::vector<State> start, expected;
+  std::vector<std::vector<uint8_t>> grads;
+  for (int c = 0; c < kCallers; ++c) {
+    Rng rng(300 + c);
+    start.push_back(MakeState(n, DType::kBFloat16, rng));
+    grads.push_back(MakeGrad(DType::kBFloat16, n, rng));
+  }
+  for (unsigned threads : {1u, 2u, 3u}) {
+    AdamWKernel kernel(threads, DetectIsa(), /*slice_bytes=*/1);  // the smallest slices
+    EXPECT_LT(kernel.slice_bytes(), n * 28 / 4) << "at least four slices per update (28 bytes an element)";
+    expected = start;
+    std::vector<State> states = start;
+    AdamWStepParams params;
+    for (int c = 0; c < kCallers; ++c) {
+      for (int t = 1; t <= 3; ++t) {
+        params.step = t;
+        AdamWUpdateRange(kernel.isa(), params,
+                         Buffers(expected[c], grads[c], DType::kBFloat16, DType::kBFloat16, true), 0, n);
+      }
+    }
+    std::vector<std::thread> callers;
+    for (int c = 0; c < kCallers; ++c) {
+      callers.emplace_back([&, c] {
+        AdamWStepParams p;
+        const FairKey tenant{static_cast<uint64_t>(c % 2 == 0 ? 65534 : 0), static_cast<uint64_t>(c)};
+        for (int t = 1; t <= 3; ++t) {
+          p.step = t;
+          kernel.Update(p, Buffers(states[c], grads[c], DType::kBFloat16, DType::kBFloat16, true), tenant);
+        }
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    for (int c = 0; c < kCallers; ++c) {
+      EXPECT_EQ(states[c].p, expected[c].p) << c << " threads=" << threads;
+      EXPECT_EQ(states[c].m, expected[c].m) << c << " threads=" << threads;
+      EXPECT_EQ(states[c].v, expected[c].v) << c << " threads=" << threads;
+      EXPECT_EQ(states[c].out, expected[c].out) << c << " threads=" << threads;
+    }
+  }
+}
+
 // ---- Conversions ------------------------------------------------------------------
 
 // An overflowed g*g makes v (and the denominator) infinite: torch's m / inf is a zero

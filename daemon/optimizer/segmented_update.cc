@@ -56,13 +56,13 @@ std::vector<SegmentRun> PlanSegmentedUpdate(size_t n, const SegmentedUpdateSpec&
 }
 
 void SegmentedUpdate(AdamWKernel& kernel, const AdamWStepParams& params, const AdamWBuffers& buffers,
-                     const SegmentedUpdateSpec& spec) {
+                     const SegmentedUpdateSpec& spec, FairKey tenant) {
   for (const SegmentRun& run : PlanSegmentedUpdate(buffers.n, spec)) {
     const AdamWBuffers sub = SubRange(buffers, run.begin, run.end);
     if (run.update) {
       AdamWStepParams at = params;
       at.step = run.step;
-      kernel.Update(at, sub);
+      kernel.Update(at, sub, tenant);
     } else if (sub.weights_out != nullptr) {
       ConvertFromFloat32(sub.master, sub.weights_out, sub.weight_dtype, sub.n);
     }

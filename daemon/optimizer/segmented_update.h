@@ -62,10 +62,11 @@ struct SegmentedUpdateSpec {
 // merged into one copy.
 std::vector<SegmentRun> PlanSegmentedUpdate(size_t n, const SegmentedUpdateSpec& spec);
 
-// Runs PlanSegmentedUpdate(buffers.n, spec) with `kernel`: `params.step` is
-// ignored (each run has its own). Blocks until done.
+// Runs PlanSegmentedUpdate(buffers.n, spec) with `kernel`, in `tenant`'s turns
+// (AdamWKernel::Update): `params.step` is ignored (each run has its own).
+// Blocks until done.
 void SegmentedUpdate(AdamWKernel& kernel, const AdamWStepParams& params, const AdamWBuffers& buffers,
-                     const SegmentedUpdateSpec& spec);
+                     const SegmentedUpdateSpec& spec, FairKey tenant = {});
 
 // The per-segment update counts after the update `spec` describes: +1 for each
 // segment with a gradient, unchanged for the others. One entry per segment.

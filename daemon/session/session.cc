@@ -335,7 +335,10 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.n = n;
     const int64_t update_start = trace::NowUs();
     const auto kernel_started = std::chrono::steady_clock::now();
-    optimizer::SegmentedUpdate(services_.kernel, params, buffers, update);
+    // The kernel's turns are shared by uid, then by session (the job hold's I/O
+    // owner names the session: one per Acquire).
+    const FairKey tenant{uid(), held_.job->io_owner().id()};
+    optimizer::SegmentedUpdate(services_.kernel, params, buffers, update, tenant);
     if (states.weights() != nullptr) std::memcpy(slot_weights, states.weights(), states.weights_bytes());
     kernel_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - kernel_started).count();
     trace::Record("update", chunk_id, update_start, trace::NowUs());
