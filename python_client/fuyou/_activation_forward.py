@@ -114,11 +114,32 @@ def hold_inputs(args):
 
 
 def find_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
-    """The children of the model's largest nn.ModuleList (the repeated blocks)."""
+    """The repeated blocks: the children of the model's largest nn.ModuleList
+    (Hugging Face's ``layers``, ``h``, ``blocks``), or the longest run of
+    consecutive children of one type in an nn.Sequential
+    (``Sequential(Embedding, Block, ..., Block, Linear)``), whichever holds
+    more; a run of one is no blocks."""
     best: List[torch.nn.Module] = []
     for m in model.modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) > len(best):
-            best = list(m)
+        if isinstance(m, torch.nn.ModuleList):
+            found = list(m)
+        elif isinstance(m, torch.nn.Sequential):
+            found = _longest_run_of_one_type(list(m))
+        else:
+            continue
+        if len(found) > len(best):
+            best = found
+    return best
+
+
+def _longest_run_of_one_type(children: List[torch.nn.Module]) -> List[torch.nn.Module]:
+    best: List[torch.nn.Module] = []
+    start = 0
+    for end in range(1, len(children) + 1):
+        if end == len(children) or type(children[end]) is not type(children[start]):
+            if end - start >= 2 and end - start > len(best):
+                best = children[start:end]
+            start = end
     return best
 
 

@@ -100,7 +100,8 @@ def offload_activations(model: torch.nn.Module, device_budget: Union[int, str, N
     first step is profiled and planned), one of ``"keep"``, ``"host"``,
     ``"recompute"`` for every layer, a list of choices (one per layer) or a
     :class:`Plan`. ``layers``: the modules the plan is made of (default: the
-    children of the model's largest nn.ModuleList). ``ssd_bandwidth``
+    children of the model's largest nn.ModuleList, or the longest run of
+    blocks of one type in an nn.Sequential). ``ssd_bandwidth``
     (bytes/s): used for planning only where an SSD tier exists (see the module
     docstring). ``parameter_stream``: the handle of ``fuyou.stream_parameters``
     on this model (found by itself when not given), whose saved weights stay
@@ -203,7 +204,8 @@ class ActivationOffload:
         layers = list(layers) if layers is not None else find_layers(model)
         if not layers:
             raise InvalidArgument("offload_activations found no layers: the model has no "
-                                  "nn.ModuleList; name them with layers=[...]")
+                                  "nn.ModuleList and no nn.Sequential with two blocks of one "
+                                  "type in a row; name them with layers=[...]")
         names = [name_in(model, m) for m in layers]
         self.budgets = ActivationBudgets(device_budget, host_budget, min_bytes)
         self.verbose = verbose

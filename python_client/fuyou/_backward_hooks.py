@@ -16,7 +16,10 @@ from typing import Iterable, List
 
 import torch
 
-__all__ = ["BackwardHooks"]
+__all__ = ["BackwardHooks", "SPARSE_GRADIENT"]
+
+SPARSE_GRADIENT = ("fuyou.AdamW does not support sparse gradients (torch.optim.AdamW neither): "
+                   "build the embedding with sparse=False (nn.Embedding's default)")
 
 
 class BackwardHooks:
@@ -27,12 +30,22 @@ class BackwardHooks:
         self._lock = lock
         self._mode = weakref.ref(mode)
         self._handles: list = []
+        self._hooked: set = set()  # parameter indices with hooks
+        self._waiting: set = set()  # ... to hook once they require grad (frozen now)
 
     def install(self, indices: Iterable[int]) -> None:
-        """Hooks parameters `indices`."""
+        """Hooks parameters `indices`; a frozen one (torch hooks only tensors
+        that require grad) once ``install_unfrozen`` finds it unfrozen."""
         mode_ref, lock = self._mode, self._lock
         for index in indices:
             p = self._params[index]
+            if index in self._hooked:
+                continue
+            if not p.requires_grad:
+                self._waiting.add(index)
+                continue
+            self._waiting.discard(index)
+            self._hooked.add(index)
 
             def before(grad, index=index):
                 mode = mode_ref()
@@ -42,6 +55,8 @@ class BackwardHooks:
                 return None
 
             def after(param, index=index):
+                if param.grad is not None and param.grad.is_sparse:
+                    raise TypeError(SPARSE_GRADIENT)
                 mode = mode_ref()
                 if mode is not None:
                     with lock:
@@ -50,6 +65,11 @@ class BackwardHooks:
             self._handles.append(p.register_hook(before))
             self._handles.append(p.register_post_accumulate_grad_hook(after))
 
+    def install_unfrozen(self) -> None:
+        """Hooks the parameters ``install`` left waiting that require grad now."""
+        if self._waiting:
+            self.install([i for i in sorted(self._waiting) if self._params[i].requires_grad])
+
     def remove(self) -> None:
         for handle in self._handles:
             try:
@@ -57,3 +77,5 @@ class BackwardHooks:
             except Exception:
                 pass
         self._handles = []
+        self._hooked = set()
+        self._waiting = set()

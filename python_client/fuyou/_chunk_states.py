@@ -77,6 +77,12 @@ class ChunkStates:
         without a gradient in a step is not updated, as in torch)."""
         return list(self._counts[c.chunk_id])
 
+    def read_master(self, c: Chunk) -> torch.Tensor:
+        """The chunk's committed fp32 master weights. Between steps only."""
+        master = torch.empty(c.num_elements, dtype=torch.float32)
+        self.session.read_state(c.chunk_id, STATE_MASTER, 0, master.numpy())
+        return master
+
     def write(self, c: Chunk, kind: int, values: torch.Tensor) -> None:
         """Replaces one fp32 state of the chunk, as part of the pending import."""
         self.session.write_state(c.chunk_id, kind, 0, values.numpy())

@@ -2,9 +2,12 @@
 
 A chunk is the unit the daemon updates: a run of elements of one dtype, from one
 parameter group, on one device. Parameters are packed in reverse order of the
-group (backward produces the last layers' gradients first), frozen parameters
-(requires_grad=False) are left out, and a parameter that appears twice (tied
-weights) is packed once. A parameter larger than a chunk is split over several.
+group (backward produces the last layers' gradients first), and a parameter
+that appears twice (tied weights) is packed once. A parameter larger than a
+chunk is split over several. Frozen parameters (requires_grad=False) are left
+out, or, with ``include_frozen`` (the resident mode: torch keeps every
+parameter of its groups and updates one once it has a gradient), packed into
+chunks of their own, so that unfreezing one later finds its chunk.
 
 Chunk ids are ``group_index << 24 | index_in_group``: the same model, groups and
 ``chunk_bytes`` give the same ids, so a resumed job maps the same chunks.
@@ -104,18 +107,23 @@ class Chunk:
                 f"{self.num_elements} elements in {len(self.segments)} segments)")
 
 
-def trainable_params(groups: Sequence[Iterable[torch.Tensor]]
+def trainable_params(groups: Sequence[Iterable[torch.Tensor]], include_frozen: bool = False
                      ) -> List[List[tuple[int, torch.Tensor]]]:
     """Per group, its trainable parameters as (param_index, param): frozen ones
-    left out, a parameter that appears twice (tied) kept at its first place."""
+    left out (`include_frozen`: kept, unless no gradient can reach them: not a
+    float dtype fuyou trains, or sparse), a parameter that appears twice (tied)
+    kept at its first place."""
     seen: set[int] = set()
     count = 0
     out = []
     for params in groups:
         trainable = []
         for p in params:
-            if not p.requires_grad or id(p) in seen:
-                continue  # frozen, or tied to a parameter already packed
+            if id(p) in seen:
+                continue  # tied to a parameter already packed
+            if not p.requires_grad and not (include_frozen and p.dtype in DTYPE_CODES
+                                            and not p.is_sparse):
+                continue
             if p.dtype not in DTYPE_CODES:
                 raise TypeError(f"fuyou.AdamW supports float32, bfloat16 and float16 "
                                 f"parameters, not {p.dtype}")
@@ -128,14 +136,15 @@ def trainable_params(groups: Sequence[Iterable[torch.Tensor]]
     return out
 
 
-def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
-                ) -> tuple[List[Chunk], List[torch.Tensor]]:
+def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int,
+                include_frozen: bool = False) -> tuple[List[Chunk], List[torch.Tensor]]:
     """Packs the trainable parameters of `groups` (lists of tensors) into chunks of
-    at most `chunk_bytes` bytes each. Returns (chunks in registration order, the
-    unique trainable params in the order of their param_index)."""
+    at most `chunk_bytes` bytes each (`include_frozen`: the frozen ones too, in
+    chunks without trainable ones). Returns (chunks in registration order, the
+    unique packed params in the order of their param_index)."""
     if chunk_bytes < 8:
         raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
-    per_group = trainable_params(groups)
+    per_group = trainable_params(groups, include_frozen)
     unique: List[torch.Tensor] = [p for trainable in per_group for _, p in trainable]
     chunks: List[Chunk] = []
     for gi, trainable in enumerate(per_group):
@@ -154,6 +163,8 @@ def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
             if n == 0:
                 continue
             capacity = max(1, chunk_bytes // p.element_size())
+            if current is not None and current.segments[0].param.requires_grad != p.requires_grad:
+                current = None  # frozen and trainable parameters never share a chunk
             if current is not None and (current.dtype != p.dtype or current.device != p.device
                                         or current.num_elements + n > capacity):
                 if n <= capacity or current.dtype != p.dtype or current.device != p.device:

@@ -295,8 +295,9 @@ class ChunkReductions:
         into ``.grad``; a pass after that reduces again the chunks it reached
         on any rank. Returns this rank's chunks whose average is ready now."""
         params = self.pipeline.params
-        self._rewritten |= any(grad_stamp(params[i]) != s for i, s in self._hook_stamps.items()
-                               if not reduces_nothing(params[i]))
+        ddp_wrote = any(grad_stamp(params[i]) != s for i, s in self._hook_stamps.items()
+                        if not reduces_nothing(params[i]))
+        self._rewritten |= ddp_wrote
         self._hook_stamps = {}
         reached, self._reached_in_pass = self._reached_in_pass, set()
         if not self._averaged:
@@ -312,8 +313,9 @@ class ChunkReductions:
             for c in chunks:
                 self._start(c, "again")
         ready = self.wait_all()
-        for c in chunks:
-            self._write(c)
+        if not ddp_wrote:  # DDP's averages stay where it wrote them (settle takes them)
+            for c in chunks:
+                self._write(c)
         self._averaged = True
         self._stamp_pass_end()
         return ready
@@ -353,6 +355,17 @@ class ChunkReductions:
         flags[-2], flags[-1] = int(self._rewritten), int(edited_own)
         agreed = self.all_reduce(torch.tensor(flags, dtype=torch.int32),
                                  dist.ReduceOp.MAX).tolist()
+        if agreed[-2]:
+            # DDP wrote its averages into .grad (on every rank alike): they are
+            # the step's gradients. fuyou's own reductions of this round may
+            # have read them on one rank and the raw ones on another (a
+            # parameter unused on some rank: its chunks were started after
+            # DDP's write there), so every chunk is taken from .grad.
+            for c in self.chunks:
+                self._take_from_grads(c, edited=False)
+            self.ddp_averages = True
+            self.counts.rounds_found_ddp += 1
+            return True
         if agreed[-1]:
             raise FailedPrecondition(self._message(_EDITED_OWN))
         changed = [c for c, f in zip(self.chunks, agreed) if f]
@@ -363,16 +376,14 @@ class ChunkReductions:
             self._take_from_grads(c)
         for c in unwritten:  # the average where the loop's .grad is (as DDP leaves it)
             self._write(c)
-        if agreed[-2]:
-            self.ddp_averages = True
-            self.counts.rounds_found_ddp += 1
-        return bool(agreed[-2])
+        return False
 
-    def _take_from_grads(self, c: Chunk) -> None:
-        """Chunk `c`'s average is ``.grad`` now (the same on every rank): a new
-        buffer (the sender may still read the old one)."""
+    def _take_from_grads(self, c: Chunk, edited: bool = True) -> None:
+        """Chunk `c`'s average is ``.grad`` now (the same on every rank: the
+        loop `edited` it alike, or DDP averaged it): a new buffer (the sender
+        may still read the old one)."""
         self._changed.add(c.chunk_id)
-        self.counts.edited_in_loop += 1
+        self.counts.edited_in_loop += int(edited)
         if not self.owns(c):
             return
         r = self._by_id[c.chunk_id]

@@ -9,11 +9,18 @@ from typing import Optional
 
 import torch
 
-from ._errors import InvalidArgument
+from ._backward_hooks import SPARSE_GRADIENT
+from ._errors import FailedPrecondition, InvalidArgument
 from ._materialize import is_empty, job_of
 from ._protocol import MAX_SLOTS
 
 __all__ = ["check_arguments", "check_groups", "edited_group_error"]
+
+
+# torch takes eps=0 (and gives nan where a gradient and its moments are 0).
+EPS_ZERO = ("fuyou.AdamW: eps=0 is not supported: fuyoud's kernel divides by "
+            "sqrt(exp_avg_sq) + eps, so a parameter whose gradients were all zero would become "
+            "nan; pass a tiny eps (for example 1e-16) instead")
 
 
 def check_arguments(*, lr, betas, eps, weight_decay, job, num_slots, accumulation_steps,
@@ -23,6 +30,8 @@ def check_arguments(*, lr, betas, eps, weight_decay, job, num_slots, accumulatio
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
         raise ValueError(f"Invalid epsilon value: {eps}")
+    if eps == 0.0:
+        raise ValueError(EPS_ZERO)
     if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
         raise ValueError(f"Invalid betas: {betas}")
     if not 0.0 <= weight_decay:
@@ -109,10 +118,32 @@ def edited_group_error(i: int, group: dict) -> Optional[Exception]:
     except (KeyError, TypeError, ValueError) as e:
         return ValueError(f"fuyou.AdamW: parameter group {i} lacks a usable lr, betas, "
                           f"eps or weight_decay ({e!r})")
+    if eps == 0.0:
+        return ValueError(f"parameter group {i} (as set after construction): {EPS_ZERO}")
     if not (lr >= 0.0 and eps >= 0.0 and wd >= 0.0 and 0.0 <= beta1 < 1.0
             and 0.0 <= beta2 < 1.0):
         return ValueError(
             f"fuyou.AdamW: parameter group {i} was set to lr={lr}, betas=({beta1}, "
             f"{beta2}), eps={eps}, weight_decay={wd}; the constructor's ranges hold "
             "mid-run too (lr, eps, weight_decay >= 0, 0 <= beta < 1)")
+    return None
+
+
+def unregistered_gradient_error(i: int, group: dict, registered: set) -> Optional[Exception]:
+    """A parameter of group `i` with a gradient that has no chunk (ids in
+    `registered` have one): frozen when the optimizer was built, in a mode
+    that registers only the parameters trainable then (offload_params, data
+    parallel). torch would update it; fuyou cannot: an exception for step()."""
+    for k, p in enumerate(group["params"]):
+        if p.grad is not None and p.grad.is_sparse:  # overlap off: no hook saw it
+            return TypeError(SPARSE_GRADIENT)
+        if p.grad is not None and id(p) not in registered:
+            shape = "x".join(str(d) for d in p.shape) or "scalar"
+            return FailedPrecondition(
+                f"fuyou.AdamW: parameter {k} of group {i} ({shape}) has a gradient but was "
+                "frozen (requires_grad=False) when the optimizer was built, and with "
+                "offload_params or data parallel only the parameters trainable then have "
+                "chunks: build the optimizer with every parameter that will train "
+                "requiring grad (freeze them after construction: a parameter whose .grad is "
+                "None is left alone, as torch does), or train without offload_params")
     return None

@@ -114,6 +114,11 @@ class StepMode:
         only this mode refuses; None when nothing."""
         return None
 
+    def weights_error(self) -> Optional[Exception]:
+        """At step(), before anything of it: an edit of the weights since the
+        last step that this mode cannot take (raised once), or None."""
+        return None
+
     def close(self) -> None:
         """Removes the hooks and closes the pipeline's session."""
         self.hooks.remove()

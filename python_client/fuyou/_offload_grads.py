@@ -152,7 +152,7 @@ class OffloadedGradients:
         pipeline = self._pipeline
         p = pipeline.params[index]
         chunks = pipeline.plan.of_param(index)
-        name = self._name(index)
+        name = self.name_of(index)
         if any(c.chunk_id in self._host for c in chunks):
             slices = [self._host_slice(self._host[c.chunk_id][0], c, index) for c in chunks]
             record = GradRecord(name, stats=None, host=slices)
@@ -218,7 +218,7 @@ class OffloadedGradients:
             dropped = tuple(i for i, seg in enumerate(c.segments)
                             if seg.param.grad is None and i not in earlier.missing)
             if dropped and len(c.segments) > MAX_CHUNK_SEGMENTS:  # updated as one segment
-                name = self._name(c.segments[dropped[0]].param_index)
+                name = self.name_of(c.segments[dropped[0]].param_index)
                 raise FailedPrecondition(
                     f"job {self._optimizer().job!r}: {name}.grad was set to None after "
                     f"backward in a chunk of more than {MAX_CHUNK_SEGMENTS} parameters, which "
@@ -327,7 +327,7 @@ class OffloadedGradients:
         """The one op list the chunk's journal replays: its members' must agree."""
         lists = {tuple(ops) for ops in pending.values() if ops is not None}
         if len(lists) > 1:
-            names = ", ".join(self._name(i) for i, ops in pending.items() if ops is not None)
+            names = ", ".join(self.name_of(i) for i, ops in pending.items() if ops is not None)
             raise InvalidArgument(
                 f"the gradients of one chunk ({names}: module "
                 f"{self._layout.of_chunk[c.chunk_id].name!r}) were scaled differently "
@@ -361,7 +361,7 @@ class OffloadedGradients:
                  for seg in c.segments if seg.param_index == index]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _name(self, index: int) -> str:
+    def name_of(self, index: int) -> str:
         block = self._layout.of_param.get(index)
         for m in (block.members if block is not None else ()):
             if m.index == index:

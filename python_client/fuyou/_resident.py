@@ -8,7 +8,10 @@
   A pass that reaches a chunk already sent finds its ``.grad`` zeroed (the
   loop skipped step(): AbortStep ``SKIPPED_STEP``) or not (it accumulates:
   step() redoes the chunk, commit learns the passes).
-- step(): the fingerprints again in one pass; changed chunks are redone
+- step(): first the weights: chunks the loop edited since the last commit
+  (``WeightEdits``, _weight_edits.py) go into their masters, after the
+  step's updates sent in backward are abandoned (they began from the old
+  masters); then the fingerprints again in one pass; changed chunks are redone
   (``GRADIENTS_CHANGED``), all of them with a clip coefficient below 1
   (``CLIPPED``); the unsent ones are sent; commit installs the new weights.
 """
@@ -27,6 +30,7 @@ from ._errors import InvalidArgument
 from ._fingerprints import changed_chunks, fingerprint
 from ._mode import StepMode
 from ._protocol import ABORT_SKIPPED_STEP, REDO_CLIPPED, REDO_GRADIENTS_CHANGED
+from ._weight_edits import WeightEdits
 
 __all__ = ["ResidentMode"]
 
@@ -36,11 +40,15 @@ class ResidentMode(StepMode):
 
     EXTRA_SLOTS = 0  # session slots beyond num_slots
     INSTALL_WEIGHTS = True  # new weights go into the parameters at commit
+    TAKES_WEIGHT_EDITS = True  # the loop's edits of the weights go into the masters
 
-    @staticmethod
-    def plan(param_groups, chunk_bytes: int, num_slots: int, init_from):
-        """(chunks, trainable parameters, slot bytes) for the groups."""
-        chunks, trainable = plan_chunks([g["params"] for g in param_groups], chunk_bytes)
+    PLANS_FROZEN = True  # frozen parameters get chunks: unfrozen later, they train
+
+    @classmethod
+    def plan(cls, param_groups, chunk_bytes: int, num_slots: int, init_from):
+        """(chunks, the parameters they pack, slot bytes) for the groups."""
+        chunks, trainable = plan_chunks([g["params"] for g in param_groups], chunk_bytes,
+                                        include_frozen=cls.PLANS_FROZEN)
         return chunks, trainable, max([c.nbytes for c in chunks], default=8)
 
     def __init__(self, opt, pipeline, session):
@@ -51,12 +59,15 @@ class ResidentMode(StepMode):
         self._overlap = opt.overlap
         self._group_param_ids = [[id(p) for p in g["params"]] for g in opt.param_groups]
         self._changed: List = []
+        self.edits = WeightEdits(pipeline)
         opt.resumed = pipeline.attach(session)
 
     def start(self) -> None:
-        """Installs the hooks (overlap on) once the optimizer is open."""
+        """Installs the hooks (overlap on) once the optimizer is open; the
+        weights now are the masters'."""
         if self._overlap:
             self.hooks.install(range(len(self.pipeline.params)))
+        self._remember_weights()
 
     def reopen(self, session) -> bool:
         """Takes `session` on the same job after ``close`` (a fork in the daemon
@@ -64,6 +75,10 @@ class ResidentMode(StepMode):
         resumed = self.pipeline.attach(session)
         self.start()
         return resumed
+
+    def _remember_weights(self) -> None:
+        if self.TAKES_WEIGHT_EDITS:
+            self.edits.remember()
 
     # ------------------------------------------------------------ hooks
     def grad_arriving(self, index: int) -> None:
@@ -119,6 +134,22 @@ class ResidentMode(StepMode):
         return not flags or not bool(torch.stack(flags).any())
 
     # ------------------------------------------------------------ step
+    def _step_starting(self) -> None:
+        """The loop's edits of the weights since the last commit go into the
+        masters before anything of this step is kept."""
+        if not self.TAKES_WEIGHT_EDITS:
+            return
+        edited = self.edits.edited()
+        if edited:
+            self.pipeline.abort()  # the updates sent in backward began from the old masters
+            self.edits.take_into_masters(edited)
+
+    def _step_ended(self, committed: bool) -> None:
+        if committed:
+            self._remember_weights()
+        if self._overlap:
+            self.hooks.install_unfrozen()  # their chunks went at step() this time
+
     def _settle(self, inv_scale: float, clipping: bool) -> List[float]:
         """The sent chunks' fingerprints again (all chunks' sums of squares when
         clipping): the changed ones are kept for ``_redo_sent``."""
@@ -161,6 +192,7 @@ class ResidentMode(StepMode):
         import; the masters are the model's parameters (what torch steps from)."""
         plan = _checkpoint.plan_import(opt, self.pipeline, state_dict, masters_from_model=True)
         _checkpoint.apply_load(self.pipeline, plan)
+        self._remember_weights()
 
     def group_error(self, index: int, group: dict) -> Optional[Exception]:
         if index < len(self._group_param_ids) and \

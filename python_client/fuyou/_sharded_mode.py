@@ -55,6 +55,9 @@ __all__ = ["ShardedResidentMode"]
 class ShardedResidentMode(ResidentMode):
     """The resident mode of one rank (see the module doc)."""
 
+    TAKES_WEIGHT_EDITS = False  # not yet: every rank would import its own chunks' edits
+    PLANS_FROZEN = False  # not yet: their chunks would be all-reduced (zeros) every step
+
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel
         super().__init__(opt, pipeline, session)

@@ -15,7 +15,7 @@ fetches them). A committed step drops the weight cache.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from . import _checkpoint
 from ._backward_hooks import BackwardHooks
@@ -59,6 +59,8 @@ class StreamedMode(StepMode):
         pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
         self.offload = OffloadedParams(opt, pipeline, self.hooks)
         self._gradients = self.offload.gradients
+        self._job = opt.job
+        self._versions: Optional[List[int]] = None  # the placeholders' at the last step's end
 
     def start(self) -> None:
         """Nothing: the hooks come with each module's registration."""
@@ -102,6 +104,25 @@ class StreamedMode(StepMode):
         self._gradients.reset_step()
         if committed:  # fetched weights are the previous step's now
             self.offload.weights.drop_cache()
+        self._versions = [p._version for p in self.pipeline.params]
+
+    def weights_error(self) -> Optional[Exception]:
+        """A parameter changed in place (``no_grad`` ``mul_``, ``copy_``, an init
+        function) since the last step: the module holds an empty placeholder,
+        so the edit changed nothing. Said once; the next step() goes on."""
+        versions = [p._version for p in self.pipeline.params]
+        before, self._versions = self._versions, versions
+        if before is None:
+            return None
+        edited = [i for i, (a, b) in enumerate(zip(before, versions)) if a != b]
+        if not edited:
+            return None
+        name = self._gradients.name_of(edited[0])
+        return FailedPrecondition(
+            f"job {self._job!r}: {name} was changed in place outside step(), but with "
+            "offload_params its weights live in fuyoud and the module holds an empty "
+            "placeholder: the change did nothing. Write weights with model.load_state_dict(...) "
+            "between steps (it goes to fuyoud); this step() was not taken, call it again")
 
     # ------------------------------------------------------------ between steps
     def import_moments(self, opt, state_dict: dict) -> None:

@@ -11,13 +11,13 @@ from typing import Optional, Union
 
 import torch
 
-from . import (_checkpoint, _data_parallel, _lifetime, _optimizer_state, _reshard_one,
-               _sharded_states)
+from . import (_checkpoint, _data_parallel, _dp_alike, _lifetime, _optimizer_state,
+               _reshard_one, _sharded_states)
 from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
 from ._groups import (check_arguments, check_groups, edited_group_error, moments_dtype_code,
-                      unsupported_setting)
+                      unregistered_gradient_error, unsupported_setting)
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
@@ -124,6 +124,11 @@ class AdamW(torch.optim.Optimizer):
         # (_data_parallel.py); the session's job is <job>.rank<r>-of<w>.
         self._data_parallel = _data_parallel.for_optimizer(process_group, job, offload_params,
                                                            init_from)
+        if self._data_parallel is not None:  # a collective: the ranks' optimizers alike
+            _dp_alike.check_alike(self._data_parallel, _dp_alike.describe(
+                job, self.param_groups, offload_params=bool(offload_params),
+                chunk_bytes=int(chunk_bytes), state_dtype=self._settings.state_dtype,
+                max_grad_norm=max_grad_norm))
         self._connection = DaemonConnection(
             job if self._data_parallel is None else self._data_parallel.rank_job,
             self.timeout, self._data_parallel)
@@ -255,7 +260,8 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         with self._lock:
             self._check_usable()
-            bad = self._groups_error()
+            bad = (self._groups_error() or self._unregistered_gradient_error()
+                   or self._mode.weights_error())
             if bad is not None:  # nothing is changed: fix the group and step() again
                 raise bad
             try:
@@ -454,6 +460,16 @@ class AdamW(torch.optim.Optimizer):
         exception for step() to raise, or None."""
         for i, group in enumerate(self.param_groups):
             error = edited_group_error(i, group) or self._mode.group_error(i, group)
+            if error is not None:
+                return error
+        return None
+
+    def _unregistered_gradient_error(self) -> Optional[Exception]:
+        """At step(): a parameter with a gradient but no chunk (frozen at construction
+        in a mode that registers only the trainable ones), or None."""
+        registered = {id(p) for p in self._pipeline.params}
+        for i, group in enumerate(self.param_groups):
+            error = unregistered_gradient_error(i, group, registered)
             if error is not None:
                 return error
         return None

@@ -1,7 +1,8 @@
 """One rank of the data-parallel tests (test_data_parallel.py).
 
-``dp_worker.py RANK WORLD STORE OUT.json [--ddp] [--clip] [--accumulate]
-[--steps-from A --steps-to B] [--job J] [--chunk-bytes N] [--head-only-step K]``: joins a gloo
+``dp_worker.py RANK WORLD STORE OUT.json [--ddp] [--find-unused] [--clip] [--accumulate]
+[--steps-from A --steps-to B] [--job J] [--chunk-bytes N] [--head-only-step K]
+[--head-only-rank R] [--job-of-rank]``: joins a gloo
 group over a FileStore, trains a small MLP with fuyou.AdamW on this rank's
 batches from step A to B and compares, after every step, every weight with
 torch.optim.AdamW run in this one process on the gradients averaged over all
@@ -10,7 +11,9 @@ Writes the largest violation of |a-b| <= 1e-6 + 1e-5|a| per step and what the
 optimizer saw (job, address, embedded daemon, chunks) to OUT.json; an error's
 text goes there too. With ``--head-only-step K`` step K's loss reaches only the
 last layer (the others' chunks, and so some ranks' whole shards, get no
-gradient in that step).
+gradient in that step); with ``--head-only-rank R`` rank R's loss does so at
+every step (parameters unused on one rank, as DDP's
+``find_unused_parameters=True``, which ``--find-unused`` sets, is for).
 """
 
 import argparse
@@ -40,9 +43,27 @@ def batch(step: int, rank: int, micro: int = 0):
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
+class HeadOnlySwitch(torch.nn.Module):
+    """make_model()'s Sequential whose forward takes `head_only` (loss_of's), so
+    that DDP sees the parameters a head-only forward leaves unused."""
+
+    def __init__(self, seq):
+        super().__init__()
+        self.seq = seq
+
+    def forward(self, x, head_only=False):
+        if not head_only:
+            return self.seq(x)
+        with torch.no_grad():
+            features = self.seq[:-1](x)
+        return self.seq[-1](features)
+
+
 def loss_of(model, x, y, head_only=False):
     """The loss of the batch; `head_only`: the layers before the last are run
     without autograd, so only the last layer gets gradients."""
+    if isinstance(getattr(model, "module", None), HeadOnlySwitch):  # DDP over it
+        return torch.nn.functional.mse_loss(model(x, head_only=head_only), y)
     if not head_only:
         return torch.nn.functional.mse_loss(model(x), y)
     with torch.no_grad():
@@ -50,7 +71,8 @@ def loss_of(model, x, y, head_only=False):
     return torch.nn.functional.mse_loss(model[-1](features), y)
 
 
-def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: int = -1):
+def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: int = -1,
+              head_only_rank: int = -1):
     """Weights after each step: torch.optim.AdamW on the averaged gradient."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -58,7 +80,8 @@ def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: in
     for step in range(steps):
         for r in range(world):
             for m in range(micro):
-                loss = loss_of(model, *batch(step, r, m), head_only=step == head_only_step)
+                loss = loss_of(model, *batch(step, r, m),
+                               head_only=step == head_only_step or r == head_only_rank)
                 (loss / (world * micro)).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
@@ -120,6 +143,9 @@ def main():
     ap.add_argument("--job", default="dp")
     ap.add_argument("--chunk-bytes", type=int, default=2048)
     ap.add_argument("--head-only-step", type=int, default=-1)
+    ap.add_argument("--head-only-rank", type=int, default=-1)
+    ap.add_argument("--find-unused", action="store_true")
+    ap.add_argument("--job-of-rank", action="store_true")  # job J<rank>: ranks disagree
     args = ap.parse_args()
     result = {"rank": args.rank}
     store = dist.FileStore(args.store, args.world)
@@ -127,15 +153,18 @@ def main():
     opt = None
     try:
         micro = 2 if args.accumulate else 1
-        ref = reference(args.steps_to, args.world, args.clip, micro, args.head_only_step)
+        ref = reference(args.steps_to, args.world, args.clip, micro, args.head_only_step,
+                        args.head_only_rank)
         model = make_model()
         if args.steps_from > 0:  # a resumed job installs its weights; start elsewhere
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1.0)
-        trained = torch.nn.parallel.DistributedDataParallel(model) if args.ddp else model
+        trained = (torch.nn.parallel.DistributedDataParallel(
+            HeadOnlySwitch(model), find_unused_parameters=args.find_unused) if args.ddp else model)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                          job=args.job, chunk_bytes=args.chunk_bytes,
+                          job=args.job + (str(args.rank) if args.job_of_rank else ""),
+                          chunk_bytes=args.chunk_bytes,
                           max_grad_norm=MAX_NORM if args.clip else None)
         dp = opt._data_parallel
         result.update(job=opt.job, address=opt.address, resumed=opt.resumed,
@@ -147,8 +176,8 @@ def main():
         worst = []
         for step in range(args.steps_from, args.steps_to):
             for m in range(micro):
-                loss = loss_of(trained, *batch(step, args.rank, m),
-                               head_only=step == args.head_only_step) / micro
+                head_only = step == args.head_only_step or args.rank == args.head_only_rank
+                loss = loss_of(trained, *batch(step, args.rank, m), head_only=head_only) / micro
                 if args.ddp and m < micro - 1:
                     with trained.no_sync():
                         loss.backward()

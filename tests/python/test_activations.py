@@ -611,3 +611,37 @@ def test_cuda_ssd_tier_is_bit_identical(daemon):
     assert h.store.ssd.stats.bytes_spilled > 0 and h.store.ssd.stats.failed_spills == 0
     for a, b in zip(ref, grads):
         assert torch.equal(a, b)
+
+
+class _SeqBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class _SeqLoss(nn.Module):
+    """A GPT-shaped nn.Sequential (no nn.ModuleList): embedding, 4 blocks, head."""
+
+    def __init__(self, vocab=256, d=32):
+        super().__init__()
+        self.seq = nn.Sequential(nn.Embedding(vocab, d), *[_SeqBlock(d) for _ in range(4)],
+                                 nn.LayerNorm(d), nn.Linear(d, vocab))
+
+    def forward(self, idx, targets):
+        logits = self.seq(idx)
+        return logits, F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def test_finds_the_blocks_of_an_nn_sequential_and_is_bit_identical():
+    torch.manual_seed(0)
+    base = _SeqLoss()
+    ref = train(copy.deepcopy(base))
+    model = copy.deepcopy(base)
+    with fuyou.offload_activations(model, plan="host", min_bytes=0, verbose=False) as h:
+        assert h.chosen.names == [f"seq.{i}" for i in range(1, 5)]
+        got = train(model)
+        assert h.store.traffic.bytes_moved_out > 0
+    assert_identical(ref, got)

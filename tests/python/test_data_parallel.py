@@ -78,3 +78,25 @@ def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):
     for res in run_ranks(tmp_path, 2, "--chunk-bytes", str(1 << 20)):
         assert "1 chunk(s) for 2 ranks" in res["error"], res
         assert "smaller chunk_bytes" in res["error"]
+
+
+def test_ddp_find_unused_parameters_with_a_layer_unused_on_one_rank(tmp_path):
+    """DistributedDataParallel(find_unused_parameters=True), rank 1's forward
+    leaving the first layers unused: DDP's average (rank 0's gradient / 2 there)
+    on every rank, as torch's optimizer gets it (issue 31)."""
+    results = run_ranks(tmp_path, 2, "--ddp", "--find-unused", "--head-only-rank", "1",
+                        "--steps-to", "4")
+    assert_matches_torch(results, 4)
+
+
+def test_fuyou_reductions_with_a_layer_unused_on_one_rank(tmp_path):
+    results = run_ranks(tmp_path, 2, "--head-only-rank", "1", "--steps-to", "4")
+    assert_matches_torch(results, 4)
+
+
+def test_ranks_that_disagree_on_the_job_are_refused_on_every_rank(tmp_path):
+    results = run_ranks(tmp_path, 2, "--job-of-rank")
+    for res in results:
+        assert "InvalidArgument" in res["error"], res
+        assert "built their optimizers differently" in res["error"], res
+        assert "rank 1: job 'dp1' instead of 'dp0'" in res["error"], res
