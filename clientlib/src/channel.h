@@ -2,8 +2,11 @@
 // clientlib: shared by Session, AdminClient and fuyouctl.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -23,29 +26,35 @@ std::string ResolveAddress(const ClientOptions& options);
 // other target is returned unchanged. Used in messages a user reads.
 std::string SocketPathOf(std::string_view address);
 
-// Creates a channel to `address` and waits up to `connect_timeout` for it to
-// connect. When it does not connect in time: PERMISSION_DENIED, naming the socket
-// and its owner, when this user may not connect to the Unix socket; else
-// UNAVAILABLE, naming the socket and how to start the daemon.
-//
-// `check_trust` (set when the address is the default one, DefaultAddress, with
-// no FUYOU_SOCKET): before the channel is returned, and so before any call,
-// CheckTrustedSocket must accept the socket; FAILED_PRECONDITION otherwise.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectChannel(const std::string& address,
-                                                             std::chrono::milliseconds connect_timeout,
-                                                             bool check_trust = false);
+// A channel to fuyoud, and what the connection under it was checked to be.
+struct DaemonChannel {
+  std::shared_ptr<grpc::Channel> channel;
+  // Set when the connection was checked (ConnectTrusted): the uid the daemon
+  // runs as. The channel then lives on that one connection and never reconnects
+  // by itself: a client that outlives it (an idle GOAWAY, a restarted daemon)
+  // calls ConnectChannel again, which checks the new connection the same way.
+  std::optional<uid_t> peer_uid;
+};
 
-// OK when the Unix socket `path` may be trusted with this user's states: its
-// directory belongs to this user, root or the package's `fuyou` user and no one
-// else may write it (unless sticky, as /tmp), and the process accepting on it
-// (SO_PEERCRED of a probe connection, which sends nothing) runs as one of those
-// uids. FAILED_PRECONDITION otherwise, naming the path, the owner and what to do
-// (issue 20: another user can create /tmp/fuyou-<uid> first and run a fuyoud
-// there). OK as well when nothing accepts at `path` (the caller reports that).
-absl::Status CheckTrustedSocket(const std::string& path);
+// Creates a channel to `address`. With `check_trust` (NeedsTrustCheck) and a
+// "unix:" address: one connection made by ConnectTrusted (trusted_socket.h),
+// whose peer is checked before the channel is built on that very fd, so no
+// call can reach a daemon other than the one checked; an untrusted-daemon
+// error (FAILED_PRECONDITION, IsUntrustedDaemon) otherwise, with nothing sent.
+// Without it: a gRPC channel to the address, which reconnects by itself.
+// Either way waits up to `connect_timeout` for the daemon; when it does not
+// connect in time: PERMISSION_DENIED, naming the socket and its owner, when
+// this user may not connect to the Unix socket; else UNAVAILABLE, naming the
+// socket and how to start the daemon.
+absl::StatusOr<DaemonChannel> ConnectChannel(const std::string& address, std::chrono::milliseconds connect_timeout,
+                                             bool check_trust = false);
 
-// True when `options` leave the address to DefaultAddress() and FUYOU_SOCKET is unset.
-bool UsesDefaultAddress(const ClientOptions& options);
+// True when a connection made with `options` must be checked (ConnectChannel's
+// `check_trust`): the address is a default socket (left empty, or naming the
+// system socket or this user's per-user socket, as the Python client passes the
+// default it resolved) and FUYOU_SOCKET does not name it. A socket the user
+// named elsewhere (FUYOU_SOCKET, an explicit address) is trusted as given.
+bool NeedsTrustCheck(const ClientOptions& options);
 
 // The same code (by number) and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);

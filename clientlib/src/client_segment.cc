@@ -14,6 +14,7 @@
 
 #include "fmt/format.h"
 #include "fuyou/segment_handover.h"
+#include "trusted_socket.h"
 
 namespace fuyou {
 namespace {
@@ -74,9 +75,9 @@ void ClientSegment::CloseFd() {
 }
 
 absl::Status ClientSegment::HandOver(const std::filesystem::path& socket, std::string_view session_id,
-                                     std::chrono::milliseconds timeout) const {
+                                     std::chrono::milliseconds timeout, std::optional<uid_t> daemon_uid) const {
   if (fd_ < 0) return absl::FailedPreconditionError("the segment's fd is already closed");
-  return SendSegmentHandover(socket, std::string(session_id) + "\n", fd_, timeout);
+  return SendSegmentHandover(socket, std::string(session_id) + "\n", fd_, timeout, daemon_uid);
 }
 
 long SendWithFds(int connected_socket, std::string_view payload, std::span<const int> fds, int flags) {
@@ -98,7 +99,7 @@ long SendWithFds(int connected_socket, std::string_view payload, std::span<const
 }
 
 absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::string_view payload, int fd,
-                                 std::chrono::milliseconds timeout) {
+                                 std::chrono::milliseconds timeout, std::optional<uid_t> daemon_uid) {
   sockaddr_un address{};
   if (socket.string().size() >= sizeof(address.sun_path)) {
     return absl::InvalidArgumentError(fmt::format("segment socket path {} is too long", socket.string()));
@@ -120,6 +121,9 @@ absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::strin
     const std::string what = fmt::format("cannot connect to fuyoud's segment socket {}: {}", socket.string(),
                                          std::strerror(err));
     return err == EACCES ? absl::PermissionDeniedError(what) : absl::UnavailableError(what);
+  }
+  if (daemon_uid.has_value()) {
+    if (absl::Status same = internal::CheckPeerIs(connection, *daemon_uid, socket.string()); !same.ok()) return same;
   }
 
   const std::span<const int> fds = fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>();

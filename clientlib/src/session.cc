@@ -79,10 +79,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   }
   try {
     const std::string address = internal::ResolveAddress(client);
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        internal::ConnectChannel(address, client.connect_timeout, internal::UsesDefaultAddress(client));
-    if (!channel.ok()) return channel.status();
-    auto impl = std::make_unique<Impl>(options, client, *std::move(channel));
+    absl::StatusOr<internal::DaemonChannel> daemon =
+        internal::ConnectChannel(address, client.connect_timeout, internal::NeedsTrustCheck(client));
+    if (!daemon.ok()) return daemon.status();
+    auto impl = std::make_unique<Impl>(options, client, std::move(daemon->channel), daemon->peer_uid);
     if (absl::Status status = impl->Start(options); !status.ok()) return status;  // ~Impl cleans up
     return std::unique_ptr<Session>(new Session(std::move(impl)));
   } catch (const std::exception& e) {

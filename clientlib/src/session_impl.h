@@ -55,8 +55,12 @@ namespace fuyou {
 
 class Session::Impl {
  public:
-  Impl(const SessionOptions& options, const ClientOptions& client, std::shared_ptr<grpc::Channel> channel)
-      : name_{.job = options.job, .id = {}}, connection_(std::move(channel), client.rpc_timeout) {}
+  // `daemon_uid`: the uid of the daemon behind `channel` when its connection
+  // was checked (DaemonChannel::peer_uid); the segment socket must be its too.
+  Impl(const SessionOptions& options, const ClientOptions& client, std::shared_ptr<grpc::Channel> channel,
+       std::optional<uid_t> daemon_uid = std::nullopt)
+      : name_{.job = options.job, .id = {}}, connection_(std::move(channel), client.rpc_timeout),
+        daemon_uid_(daemon_uid) {}
 
   ~Impl() {
     // A Close the caller already made has reported its own result.
@@ -160,6 +164,7 @@ class Session::Impl {
 
   internal::SessionName name_;
   internal::OffloadConnection connection_;
+  const std::optional<uid_t> daemon_uid_;
   internal::SlotMemory memory_;  // filled by Start
   internal::CommittedStep committed_step_;
 

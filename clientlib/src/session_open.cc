@@ -75,7 +75,7 @@ absl::Status Session::Impl::CreateSegment(const v1::OpenSessionResponse& respons
                                                              std::string(segment.status().message())));
   }
   memory_.Adopt(*std::move(segment));
-  if (absl::Status handed = memory_.segment().HandOver(socket, name_.id, rpc_timeout()); !handed.ok()) {
+  if (absl::Status handed = memory_.segment().HandOver(socket, name_.id, rpc_timeout(), daemon_uid_); !handed.ok()) {
     return absl::Status(handed.code(), fmt::format("handing the segment of {} to fuyoud failed: {}", Who(),
                                                    std::string(handed.message())));
   }

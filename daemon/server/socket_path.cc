@@ -8,10 +8,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "common/log.h"
 #include "common/status_util.h"
 #include "fmt/format.h"
+#include "fuyou/socket_links.h"
 
 namespace fuyou {
 namespace fs = std::filesystem;
@@ -24,6 +26,18 @@ mode_t SocketDirectoryMode(mode_t socket_mode) {
 }
 
 absl::Status CheckSocketDirectory(const fs::path& dir) {
+  const uid_t self = ::geteuid();
+  // Issue 32: /tmp/fuyou-<uid> made another user's link into a root-owned
+  // sticky directory passes every check below, and its owner can repoint it.
+  if (const std::optional<PathLink> link =
+          FindUntrustedLink(dir, [self](uid_t owner) { return owner == self || owner == 0; });
+      link.has_value()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "refusing the socket directory {}: it is reached through the symbolic link {}, which belongs to uid {}, not "
+        "to this daemon's uid {} or root, so that user could point it (and clients with it) elsewhere at any time. "
+        "Remove the link (as root, or ask its owner) and start fuyoud again, or choose another --socket",
+        dir.string(), link->link.string(), link->owner, self));
+  }
   struct stat info {};
   if (::stat(dir.c_str(), &info) != 0) {
     return ErrnoStatus(errno, fmt::format("cannot inspect the socket directory {}", dir.string()));
@@ -31,7 +45,6 @@ absl::Status CheckSocketDirectory(const fs::path& dir) {
   if (!S_ISDIR(info.st_mode)) {
     return absl::FailedPreconditionError(fmt::format("the socket directory {} is not a directory", dir.string()));
   }
-  const uid_t self = ::geteuid();
   if (info.st_uid != self && info.st_uid != 0) {
     return absl::FailedPreconditionError(fmt::format(
         "refusing the socket directory {}: it belongs to uid {}, not to this daemon's uid {} or root, so that user "

@@ -22,6 +22,9 @@ mode_t SocketDirectoryMode(mode_t socket_mode);
 // that nobody else can replace or rename the socket in it. FAILED_PRECONDITION
 // otherwise, naming the directory, its owner and mode, and what to do (another
 // user may have created /tmp/fuyou-<uid> before the daemon: the squat of issue 20).
+// FAILED_PRECONDITION as well when a symbolic link on the way to `dir` belongs
+// to anyone else (a /tmp/fuyou-<uid> link into a root-owned sticky directory,
+// which its owner could repoint later: issue 32), naming the link and its owner.
 absl::Status CheckSocketDirectory(const std::filesystem::path& dir);
 
 // Creates the parent directory of `path` when it is missing (mode

@@ -69,5 +69,29 @@ TEST_F(SocketPathTest, RefusesADirectoryOfAnotherUser) {
   EXPECT_NE(status.message().find("Remove it"), std::string::npos) << status;
 }
 
+TEST_F(SocketPathTest, RefusesADirectoryReachedThroughAnotherUsersLink) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a link away";
+  // Root's sticky directory (as /tmp), which the daemon would accept...
+  const fs::path shared = dir_ / "shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  ASSERT_TRUE(PrepareSocketPath(shared / "fuyoud.sock", 0600).ok());
+  // ...reached through another user's link, as /tmp/fuyou-<uid> -> /tmp.
+  const fs::path link = dir_ / "fuyou-1000";
+  ASSERT_EQ(::symlink(shared.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::lchown(link.c_str(), 65534, 65534), 0);
+  const absl::Status status = PrepareSocketPath(link / "fuyoud.sock", 0600);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("symbolic link " + link.string()), std::string::npos) << status;
+  EXPECT_NE(status.message().find("belongs to uid 65534"), std::string::npos) << status;
+  // A link further up counts as well, and a link of root's or the daemon's own does not.
+  const fs::path above = dir_ / "above";
+  ASSERT_EQ(::symlink(dir_.c_str(), above.c_str()), 0);
+  ASSERT_EQ(::lchown(above.c_str(), 65534, 65534), 0);
+  EXPECT_EQ(PrepareSocketPath(above / "shared" / "fuyoud.sock", 0600).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(::lchown(link.c_str(), 0, 0), 0);
+  EXPECT_TRUE(PrepareSocketPath(link / "fuyoud.sock", 0600).ok());
+}
+
 }  // namespace
 }  // namespace fuyou

@@ -14,6 +14,7 @@ __all__ = [
     "InvalidArgument",
     "FailedPrecondition",
     "DeadlineExceeded",
+    "UntrustedDaemon",
     "from_status",
 ]
 
@@ -53,6 +54,15 @@ class FailedPrecondition(FuyouError):
     default_code = "FAILED_PRECONDITION"
 
 
+class UntrustedDaemon(FailedPrecondition):
+    """The daemon at a default address could not be trusted with this user's
+    states, and nothing was sent to it: its socket is reached through a
+    directory or a symbolic link another user controls, or the process that
+    accepted the connection runs as someone other than this user, root or the
+    ``fuyou`` user (issues 20 and 32). The connection checked is the connection
+    used (clientlib's ConnectTrusted)."""
+
+
 class DeadlineExceeded(FuyouError):
     """The daemon did not answer within the timeout."""
 
@@ -68,7 +78,10 @@ _BY_CODE = {
 }
 
 
-def from_status(code: str, message: str) -> FuyouError:
-    """Builds the exception for a non-OK status (used by the C++ binding)."""
+def from_status(code: str, message: str, untrusted_daemon: bool = False) -> FuyouError:
+    """Builds the exception for a non-OK status (used by the C++ binding);
+    `untrusted_daemon`: clientlib refused the daemon (fuyou::IsUntrustedDaemon)."""
     code = (code or "UNKNOWN").upper()
+    if untrusted_daemon:
+        return UntrustedDaemon(message, code)
     return _BY_CODE.get(code, FuyouError)(message, code)

@@ -25,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ._errors import DaemonUnavailable, FailedPrecondition
+from ._errors import DaemonUnavailable, FuyouError, UntrustedDaemon
 
 __all__ = [
     "EmbeddedDaemon",
@@ -69,81 +69,24 @@ def default_socket_path() -> str:
     return str(_user_runtime_dir() / "fuyoud.sock")
 
 
-class UntrustedDaemon(FailedPrecondition):
-    """The default socket is in a directory another user controls, or the daemon
-    on it runs as another user: nothing was sent to it (issue 20)."""
-
-
-def _trusted_daemon_uids() -> set:
-    """Whose daemon a client trusts at a default address: its own uid, root, and
-    the ``fuyou`` system user of the package."""
-    uids = {os.geteuid(), 0}
-    try:
-        import pwd
-        uids.add(pwd.getpwnam("fuyou").pw_uid)
-    except (KeyError, ImportError):
-        pass
-    return uids
-
-
-def _uid_name(uid: int) -> str:
-    try:
-        import pwd
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
-
-
 def check_trusted_socket(path: str, timeout: float = 1.0) -> None:
-    """Raises :class:`UntrustedDaemon` unless the socket at `path` may be trusted
-    with this user's states: its directory belongs to this user, root or the
-    ``fuyou`` user, and only its owner may write it (or it is sticky, as /tmp);
-    and the process that accepts on it (SO_PEERCRED of a probe connection, which
-    sends nothing) runs as one of those uids. Applied to the default addresses
-    (FUYOU_SOCKET and an explicit address= are trusted as given): another user
-    can create /tmp/fuyou-<your uid> before you and run a fuyoud there."""
-    trusted = _trusted_daemon_uids()
-    directory = os.path.dirname(os.path.abspath(path)) or "/"
+    """Raises :class:`UntrustedDaemon` unless the daemon at the Unix socket
+    `path` may be trusted with this user's states, checked as clientlib checks
+    every connection to a default address: the socket's directory belongs to
+    this user, root or the ``fuyou`` user and only its owner may write it (or it
+    is sticky, as /tmp); no symbolic link on the way belongs to anyone else; and
+    the process that accepts the connection (SO_PEERCRED, nothing sent) runs as
+    one of those uids. Returns when nothing accepts there (the caller reports
+    it). A check of this moment only: the sessions and admin clients that
+    connect to a default address check the very connection they use, so a
+    socket swapped after this check is refused there (issue 32)."""
+    from . import _native
     try:
-        info = os.stat(directory)
-    except OSError:
-        return  # no directory: nothing to connect to (the caller reports it)
-    me = os.geteuid()
-    if info.st_uid not in trusted:
-        raise UntrustedDaemon(
-            f"refusing the fuyoud socket {path}: its directory {directory} belongs to {_uid_name(info.st_uid)}, "
-            f"not to you ({_uid_name(me)}), root or the fuyou user, so another user may run the daemon "
-            f"behind it to receive your optimizer states; nothing was sent. Ask an administrator to remove "
-            f"{directory}, or set XDG_RUNTIME_DIR or FUYOU_SOCKET to a directory of your own",
-            code="FAILED_PRECONDITION")
-    if info.st_mode & 0o022 and not info.st_mode & 0o1000:
-        raise UntrustedDaemon(
-            f"refusing the fuyoud socket {path}: its directory {directory} (owner {_uid_name(info.st_uid)}, "
-            f"mode {info.st_mode & 0o7777:04o}) can be written by other users, who could replace the socket; "
-            f"nothing was sent. Run `chmod go-w {directory}` if it is yours, or set FUYOU_SOCKET",
-            code="FAILED_PRECONDITION")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(path)
-        import struct
-        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-    except OSError:
+        _native.module().check_trusted_daemon(path, timeout)
+    except UntrustedDaemon:
+        raise
+    except FuyouError:
         return  # nothing accepts there: the caller reports it
-    finally:
-        s.close()
-    if uid not in trusted:
-        raise UntrustedDaemon(
-            f"refusing the fuyoud at {path}: it runs as {_uid_name(uid)}, not as you ({_uid_name(me)}), root "
-            f"or the fuyou user, so it could keep your optimizer states and weights; nothing was sent. Stop "
-            f"the daemon or remove {directory} (ask its owner or an administrator), start your own fuyoud, "
-            f"or name the address explicitly (address= / FUYOU_SOCKET) if you trust it",
-            code="FAILED_PRECONDITION")
-
-
-def _is_default_resolved() -> bool:
-    return not os.environ.get("FUYOU_SOCKET")
 
 
 def to_address(address_or_path: str) -> str:
@@ -382,8 +325,9 @@ def resolve_address(address: Optional[str], embedded: Optional[bool],
         embedded = False
     path = default_socket_path()
     if embedded is not True and os.path.exists(path) and socket_accepts(path, probe_timeout):
-        if _is_default_resolved():
-            check_trusted_socket(path, probe_timeout)
+        # Who serves it is checked on the session's own connection (clientlib's
+        # ConnectTrusted, for a default socket): a check here would look the
+        # path up once more and prove nothing about the connection used.
         return "unix:" + path, None
     if embedded is False:
         why = ("embedded=False" if env_embedded not in ("0", "false", "no", "off")
@@ -437,9 +381,7 @@ def resolve_admin_address() -> str:
     the newest running embedded daemon of this process, else the default socket."""
     path = default_socket_path()
     if os.path.exists(path) and socket_accepts(path, 1.0):
-        if _is_default_resolved():
-            check_trusted_socket(path)
-        return "unix:" + path
+        return "unix:" + path  # checked on the admin client's own connection
     for key in sorted(_EMBEDDED.keys(), reverse=True):
         daemon = _EMBEDDED.get(key)
         if daemon is not None and daemon.running():

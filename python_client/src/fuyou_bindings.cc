@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "fuyou/admin_client.h"
 #include "fuyou/client.h"
+#include "fuyou/daemon_trust.h"
 #include "fuyou/defaults.h"
 #include "fuyou/dtype.h"
 #include "fuyou/segment_layout.h"
@@ -38,16 +39,19 @@ namespace fuyou::python {
 namespace {
 
 // Thrown by the helpers below, translated to fuyou._errors.FuyouError & co.
+// `untrusted_daemon`: IsUntrustedDaemon(status), raised as fuyou.UntrustedDaemon.
 struct StatusError : std::exception {
-  StatusError(std::string code_name, std::string message)
-      : code_name(std::move(code_name)), message(std::move(message)) {}
+  StatusError(std::string code_name, std::string message, bool untrusted_daemon = false)
+      : code_name(std::move(code_name)), message(std::move(message)), untrusted_daemon(untrusted_daemon) {}
   const char* what() const noexcept override { return message.c_str(); }
   std::string code_name;
   std::string message;
+  bool untrusted_daemon;
 };
 
 [[noreturn]] void ThrowStatus(const absl::Status& status) {
-  throw StatusError(absl::StatusCodeToString(status.code()), std::string(status.message()));
+  throw StatusError(absl::StatusCodeToString(status.code()), std::string(status.message()),
+                    IsUntrustedDaemon(status));
 }
 
 void Check(const absl::Status& status) {
@@ -275,7 +279,7 @@ PYBIND11_MODULE(_fuyou, m) {
       try {
         py::object make = from_status != nullptr ? *from_status
                                                  : py::module_::import("fuyou._errors").attr("from_status");
-        py::object exc = make(e.code_name, e.message);
+        py::object exc = e.untrusted_daemon ? make(e.code_name, e.message, true) : make(e.code_name, e.message);
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
       } catch (py::error_already_set& inner) {
         inner.discard_as_unraisable("fuyou._fuyou error translation");
@@ -283,6 +287,16 @@ PYBIND11_MODULE(_fuyou, m) {
       }
     }
   });
+
+  m.def(
+      "check_trusted_daemon",
+      [](const std::string& path, double timeout) {
+        BlockingStatus([&] { return CheckTrustedDaemon(path, ToMillis(timeout)); });
+      },
+      py::arg("path"), py::arg("timeout") = 1.0,
+      "Checks the daemon at the Unix socket `path` as a default address is checked (its directory, the "
+      "links on the way, the uid of the process that accepts) and closes the connection unused; raises "
+      "fuyou.UntrustedDaemon, or the error of a socket nothing accepts on.");
 
   m.attr("DTYPE_FLOAT32") = static_cast<int>(DType::kFloat32);
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);

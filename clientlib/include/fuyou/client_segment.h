@@ -6,11 +6,14 @@
 // speak the protocol themselves.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,9 +38,9 @@ class ClientSegment {
   int fd() const { return fd_; }
 
   // Sends the memfd for `session_id` to the daemon's segment socket and returns
-  // the status of its reply (see SendSegmentHandover).
+  // the status of its reply (see SendSegmentHandover, and its `daemon_uid`).
   absl::Status HandOver(const std::filesystem::path& socket, std::string_view session_id,
-                        std::chrono::milliseconds timeout) const;
+                        std::chrono::milliseconds timeout, std::optional<uid_t> daemon_uid = std::nullopt) const;
   // Closes the fd; the mapping stays. Once handed over, the fd is not needed.
   void CloseFd();
 
@@ -57,8 +60,12 @@ long SendWithFds(int connected_socket, std::string_view payload, std::span<const
 // in one sendmsg with `fd` in an SCM_RIGHTS message (no control message when fd
 // is -1), reads the reply line and returns its status (ParseHandoverReply).
 // UNAVAILABLE when the socket cannot be reached or closes without a reply;
-// DEADLINE_EXCEEDED when no reply comes within `timeout`.
+// DEADLINE_EXCEEDED when no reply comes within `timeout`. `daemon_uid` set (the
+// uid of the daemon whose gRPC connection the session checked): the process that
+// accepts on `socket` (SO_PEERCRED) must run as it, or nothing is sent and the
+// result is FAILED_PRECONDITION (IsUntrustedDaemon): a segment holds the job's
+// weights and gradients.
 absl::Status SendSegmentHandover(const std::filesystem::path& socket, std::string_view payload, int fd,
-                                 std::chrono::milliseconds timeout);
+                                 std::chrono::milliseconds timeout, std::optional<uid_t> daemon_uid = std::nullopt);
 
 }  // namespace fuyou
