@@ -27,7 +27,7 @@ TEST(FairMutexTest, UncontendedLockAndUnlock) {
 }
 
 // The kernel's finding of issue 32: three sessions of a hog user ask before a
-// small user's session; a FIFO (the FifoMutex the kernel had) would grant the
+// small user's session; a FIFO (the ticket lock the kernel had) would grant the
 // small user last. The fair mutex grants it after one turn of the hog.
 TEST(FairMutexTest, ASmallUserIsGrantedAfterOneTurnOfAHog) {
   FairMutex mutex(kQuantum);

@@ -129,8 +129,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Acquire(const std::string& nam
   }
   FUYOU_RETURN_IF_ERROR(CheckNotCopyingLocked(name, uid, "open"));
   // The session that holds the job is one owner of the I/O queues, with its
-  // scratch files (Session uses job->io_owner()).
-  const storage::IoOwner io_owner = storage::IoOwner::Next();
+  // scratch files (Session uses job->io_owner()), drawing on its uid's share.
+  const storage::IoOwner io_owner = storage::IoOwner::Next(uid);
   auto job = Job::Open(roots_, name, uid, /*create=*/false, io_, stats_, io_owner);
   if (!job.ok() && absl::IsNotFound(job.status())) {
     if (const uint32_t limit = options_.max_jobs_per_user; limit != 0 && CountJobs(uid) >= limit) {
@@ -242,8 +242,9 @@ absl::StatusOr<uint64_t> JobRegistry::Copy(const std::string& src, const std::st
     return absl::FailedPreconditionError(
         fmt::format("cannot copy job '{}' into job '{}': '{}' is open in a session", src, dst, dst));
   }
-  // The copy's transfers take turns with the sessions' as one owner.
-  const storage::IoOwner io_owner = storage::IoOwner::Next();
+  // The copy's transfers are one background owner of its uid: a low-priority
+  // share of the I/O queues, beside the sessions' (storage/io_engine.h, "Owners").
+  const storage::IoOwner io_owner = storage::IoOwner::Next(uid, storage::IoPriority::kBackground);
   FUYOU_ASSIGN_OR_RETURN(std::unique_ptr<Job> source,
                          Job::Open(roots_, src, uid, /*create=*/false, io_, stats_, io_owner));
   if (auto existing = Job::Open(roots_, dst, uid, /*create=*/false, io_, stats_); !absl::IsNotFound(existing.status())) {

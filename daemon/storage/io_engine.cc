@@ -316,8 +316,9 @@ class UringIoEngine final : public IoEngine {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = queues_.find(dev);
     if (it != queues_.end()) return it->second;
-    absl::StatusOr<std::unique_ptr<UringQueue>> queue = UringQueue::Create(
-        options_.queue_depth, options_.fault_injector, fmt::format("{}:{}", major(dev), minor(dev)));
+    absl::StatusOr<std::unique_ptr<UringQueue>> queue =
+        UringQueue::Create(options_.queue_depth, options_.max_request_bytes, options_.fault_injector,
+                           fmt::format("{}:{}", major(dev), minor(dev)));
     if (!queue.ok()) return queue.status();
     std::shared_ptr<UringQueue> shared = *std::move(queue);
     queues_.emplace(dev, shared);
@@ -331,9 +332,9 @@ class UringIoEngine final : public IoEngine {
 
 }  // namespace
 
-IoOwner IoOwner::Next() {
+IoOwner IoOwner::Next(uint32_t user, IoPriority priority) {
   static std::atomic<uint64_t> last{0};
-  return IoOwner(last.fetch_add(1, std::memory_order_relaxed) + 1);
+  return IoOwner(last.fetch_add(1, std::memory_order_relaxed) + 1, user, priority);
 }
 
 absl::Status StateFile::Read(uint64_t offset, std::span<std::byte> buffer) {

@@ -17,20 +17,32 @@
 // them are queued at once, at most queue_depth are in a ring, the rest wait and
 // enter as earlier ones complete. Submission is thread-safe.
 //
-// Owners: every file is opened for an IoOwner (one session, or one job copy), and
-// its requests are that owner's. The requests waiting for a ring wait in one FIFO
-// per owner, and the owners take turns: each free place in the ring goes to the
-// next owner with a request waiting, one request per turn. So another session's
-// read waits for at most one request of each other owner ahead of it in the turn
-// (plus what is in the ring), not behind a flood of write-backs. Within one owner
-// the order is submission order (a request continuing a short transfer goes
-// first), so one owner alone is served exactly as one FIFO, and so are all files
-// opened for the same owner. A request enters the ring after every request its
-// owner submitted before it; the ring may still run them in any order, so a
-// caller that needs a write on the device before a read or a sync waits for the
-// write's Future first (SyncAsync covers the writes whose callbacks ran, below).
-// Reads do not overtake their own owner's write-backs: a session's write-backs
-// give back the DRAM its reads need.
+// Owners: every file is opened for an IoOwner (one session, or one job copy, of
+// one uid), and its requests are that owner's. The requests waiting for a ring
+// are shared by the bytes they move, between users (uids) first, then between
+// each user's owners: a two-level deficit round robin (common/fair_queue.h) whose
+// quantum is max_request_bytes, so each user with requests waiting gets about one
+// request's bytes per round, however many sessions it has. So another user's
+// read waits for at most about one request of each other user ahead of it in the
+// turn (plus what is in the ring), not behind a flood of write-backs, and a
+// user's share does not grow with its sessions. Within one owner the order is
+// submission order (a request continuing a short transfer goes first), so one
+// owner alone is served exactly as one FIFO, and so are all files opened for
+// the same owner. A request enters the ring after every request its owner
+// submitted before it; the ring may still run them in any order, so a caller
+// that needs a write on the device before a read or a sync waits for the
+// write's Future first (SyncAsync covers the writes whose callbacks ran,
+// below). Reads do not overtake their own owner's write-backs: a session's
+// write-backs give back the DRAM its reads need.
+//
+// Background owners (IoPriority::kBackground: a job copy) have a low-priority
+// share: their requests wait apart, shared among themselves by bytes per user as
+// above, and enter the ring while fewer than kBackgroundInRing of them are in
+// it: when no foreground request waits, or after kForegroundPerBackground
+// foreground requests entered while one waited (a copy is slowed, never
+// starved). So a session's read waits behind at most kBackgroundInRing
+// requests of copies in the device, and gets at least kForegroundPerBackground
+// of every kForegroundPerBackground + 1 places.
 //
 // Status codes a transfer's Future (or Reserve/Sync) may hold:
 //   INVALID_ARGUMENT    misaligned offset/length/address (checked before any I/O),
@@ -81,22 +93,37 @@ struct IoCounters {
 // StateFile whose transfer it completes.
 using IoFuture = Future<void>;
 
+// How a file's transfers rank in its ring (see Owners above).
+enum class IoPriority { kForeground, kBackground };
+
+// Most requests of background owners in one ring at once.
+inline constexpr unsigned kBackgroundInRing = 4;
+// Foreground requests that enter a ring for each background one, while both wait.
+inline constexpr unsigned kForegroundPerBackground = 4;
+
 // Whom a file's transfers are for: the unit the ring's waiting requests are
-// shared between, in turns (see Owners above). The daemon makes one per session
-// (its job hold, jobs/job_registry.h, and its scratch files) and one per job copy.
-// IoOwner() is the daemon's own work (probes, tests), one owner like any other.
+// shared between, in turns (see Owners above), with the user (uid) whose share
+// it draws on. The daemon makes one per session (its job hold,
+// jobs/job_registry.h, and its scratch files) and one per job copy (background).
+// IoOwner() is the daemon's own work (probes, tests): user 0, foreground, one
+// owner like any other.
 class IoOwner {
  public:
   constexpr IoOwner() = default;
-  // An owner no other call returned before, in this process (never IoOwner()).
-  static IoOwner Next();
+  // An owner no other call returned before, in this process (never IoOwner()),
+  // of `user`.
+  static IoOwner Next(uint32_t user = 0, IoPriority priority = IoPriority::kForeground);
 
   constexpr uint64_t id() const { return id_; }
+  constexpr uint32_t user() const { return user_; }
+  constexpr IoPriority priority() const { return priority_; }
   friend constexpr bool operator==(IoOwner, IoOwner) = default;
 
  private:
-  constexpr explicit IoOwner(uint64_t id) : id_(id) {}
+  constexpr IoOwner(uint64_t id, uint32_t user, IoPriority priority) : id_(id), user_(user), priority_(priority) {}
   uint64_t id_ = 0;
+  uint32_t user_ = 0;
+  IoPriority priority_ = IoPriority::kForeground;
 };
 
 // A test seam: consulted on every completion before the engine acts on it.

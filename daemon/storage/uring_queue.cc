@@ -40,16 +40,27 @@ std::string Describe(const Request& r) {
   return s;
 }
 
+// What a request costs in its owner's share: the bytes it still has to move.
+uint64_t CostOf(const Request& r) {
+  return r.kind == Request::Kind::kRead || r.kind == Request::Kind::kWrite ? r.length - r.done : 0;
+}
+
+FairKey KeyOf(const Request& r) { return FairKey{r.target->owner.user(), r.target->owner.id()}; }
+
+bool IsBackground(const Request& r) { return r.target->owner.priority() == IoPriority::kBackground; }
+
 }  // namespace
 
-UringQueue::UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring)
-    : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)), ring_(std::move(ring)) {}
+UringQueue::UringQueue(unsigned depth, uint64_t quantum, FaultInjector* fault_injector, std::string name,
+                       std::unique_ptr<UringRing> ring)
+    : depth_(depth), fault_injector_(fault_injector), name_(std::move(name)), ring_(std::move(ring)), backlog_(quantum) {}
 
-absl::StatusOr<std::unique_ptr<UringQueue>> UringQueue::Create(unsigned depth, FaultInjector* fault_injector,
-                                                               std::string name) {
+absl::StatusOr<std::unique_ptr<UringQueue>> UringQueue::Create(unsigned depth, uint64_t quantum,
+                                                               FaultInjector* fault_injector, std::string name) {
   absl::StatusOr<std::unique_ptr<UringRing>> ring = UringRing::Create(depth, name);
   if (!ring.ok()) return ring.status();
-  std::unique_ptr<UringQueue> queue(new UringQueue(depth, fault_injector, std::move(name), *std::move(ring)));
+  std::unique_ptr<UringQueue> queue(
+      new UringQueue(depth, quantum, fault_injector, std::move(name), *std::move(ring)));
   queue->reaper_ = std::thread([q = queue.get()] { q->ReapLoop(); });
   // Thread names are at most 15 characters.
   pthread_setname_np(queue->reaper_.native_handle(), fmt::format("fuyou-io-{}", queue->name_).substr(0, 15).c_str());
@@ -63,10 +74,7 @@ void UringQueue::Submit(std::vector<std::unique_ptr<Request>> requests) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!lifetime_.stopping) {
       lifetime_.live += requests.size();
-      for (auto& r : requests) {
-        const IoOwner owner = r->target->owner;
-        backlog_.waiting.PushBack(owner, std::move(r));
-      }
+      for (auto& r : requests) QueueLocked(std::move(r), /*front=*/false);
       FillRingLocked();
       return;
     }
@@ -95,12 +103,35 @@ void UringQueue::Shutdown() {
   lifetime_.joined = true;
 }
 
+void UringQueue::QueueLocked(std::unique_ptr<Request> r, bool front) {
+  FairQueue<std::unique_ptr<Request>>& queue = IsBackground(*r) ? backlog_.background : backlog_.waiting;
+  const FairKey key = KeyOf(*r);
+  const uint64_t cost = CostOf(*r);
+  if (front) {
+    queue.PushFront(key, cost, std::move(r));
+  } else {
+    queue.PushBack(key, cost, std::move(r));
+  }
+}
+
 void UringQueue::FillRingLocked() {
   bool added = false;
-  while (!backlog_.waiting.empty() && backlog_.in_ring < depth_) {
+  while (backlog_.in_ring < depth_) {
+    // A background request enters while fewer than kBackgroundInRing of its
+    // kind are in the ring, when no foreground request waits or after
+    // kForegroundPerBackground foreground ones entered while it waited.
+    const bool background = !backlog_.background.empty() && backlog_.background_in_ring < kBackgroundInRing &&
+                            (backlog_.waiting.empty() || backlog_.foreground_run >= kForegroundPerBackground);
+    if (!background && backlog_.waiting.empty()) break;
     io_uring_sqe* sqe = ring_->NextEntry();
     if (sqe == nullptr) break;  // cannot happen: the SQ is flushed after every fill
-    std::unique_ptr<Request> r = backlog_.waiting.PopNext();
+    std::unique_ptr<Request> r = background ? backlog_.background.PopNext() : backlog_.waiting.PopNext();
+    if (background) {
+      ++backlog_.background_in_ring;
+      backlog_.foreground_run = 0;
+    } else if (!backlog_.background.empty()) {
+      ++backlog_.foreground_run;
+    }
     // Lengths fit: IoEngine::Create caps max_request_bytes far below 4 GiB.
     const auto length = static_cast<unsigned>(r->length - r->done);
     switch (r->kind) {
@@ -188,6 +219,7 @@ void UringQueue::ReapLoop() {
 
     bool stop = false;
     unsigned reaped = 0;
+    unsigned reaped_background = 0;
     again.clear();
     for (const UringRing::Completion& c : batch) {
       if (c.user_data == kStopTag) {
@@ -196,6 +228,7 @@ void UringQueue::ReapLoop() {
       }
       ++reaped;
       std::unique_ptr<Request> r(reinterpret_cast<Request*>(c.user_data));
+      if (IsBackground(*r)) ++reaped_background;
       absl::Status status;
       if (Evaluate(*r, c.res, &status)) {
         again.push_back(std::move(r));
@@ -207,13 +240,11 @@ void UringQueue::ReapLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       backlog_.in_ring -= reaped;
+      backlog_.background_in_ring -= reaped_background;
       // Continuations go first (in their owner's FIFO, and an owner with nothing
       // else waiting takes the next turn): they hold up a transfer that is
       // already running.
-      for (auto it = again.rbegin(); it != again.rend(); ++it) {
-        const IoOwner owner = (*it)->target->owner;
-        backlog_.waiting.PushFront(owner, std::move(*it));
-      }
+      for (auto it = again.rbegin(); it != again.rend(); ++it) QueueLocked(std::move(*it), /*front=*/true);
       FillRingLocked();
     }
     // The ring is refilled before the callbacks run: a callback may take a

@@ -2,8 +2,9 @@
 // the storage module; IoEngine keeps one per filesystem (see io_engine.h).
 //
 // Requests go to the ring while fewer than `depth` are in it; the rest wait, one
-// FIFO per owner (their target's), and enter as earlier ones complete, the owners
-// taking turns (RoundRobinBacklog; the contract is io_engine.h's "Owners"). Short
+// FIFO per owner (their target's), and enter as earlier ones complete, shared by
+// bytes between users, then owners (FairQueue), background owners' apart with
+// their low-priority share (the contract is io_engine.h's "Owners"). Short
 // transfers are resubmitted for the remainder, ahead of what their owner has
 // waiting. Each request ends in one Status handed to its Transfer, whose
 // done() future is set once every request of the transfer has ended.
@@ -20,9 +21,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/fair_queue.h"
 #include "common/future.h"
 #include "storage/io_engine.h"
-#include "storage/round_robin_backlog.h"
 #include "storage/uring_ring.h"
 
 namespace fuyou::storage::internal {
@@ -77,10 +78,11 @@ struct Request {
 
 class UringQueue {
  public:
-  // `depth`: most requests in the ring at once. `name` labels the reaper thread
-  // and log lines.
-  static absl::StatusOr<std::unique_ptr<UringQueue>> Create(unsigned depth, FaultInjector* fault_injector,
-                                                            std::string name);
+  // `depth`: most requests in the ring at once; `quantum`: the bytes a user (an
+  // owner) is credited at each of its turns (the engine's max_request_bytes).
+  // `name` labels the reaper thread and log lines.
+  static absl::StatusOr<std::unique_ptr<UringQueue>> Create(unsigned depth, uint64_t quantum,
+                                                            FaultInjector* fault_injector, std::string name);
   ~UringQueue();
   UringQueue(const UringQueue&) = delete;
   UringQueue& operator=(const UringQueue&) = delete;
@@ -94,18 +96,28 @@ class UringQueue {
   void Shutdown();
 
  private:
-  UringQueue(unsigned depth, FaultInjector* fault_injector, std::string name, std::unique_ptr<UringRing> ring);
+  UringQueue(unsigned depth, uint64_t quantum, FaultInjector* fault_injector, std::string name,
+             std::unique_ptr<UringRing> ring);
 
   void ReapLoop();
   // Applies one completion to its request. Returns true when the remainder must
   // be submitted again; otherwise sets `status` to the request's final Status.
   bool Evaluate(Request& request, int64_t result, absl::Status* status);
   void FillRingLocked();
+  // Queues `r` (its remainder) for the ring: behind (`front` false) or ahead of
+  // what its owner has waiting.
+  void QueueLocked(std::unique_ptr<Request> r, bool front);
 
   // Requests on their way into the ring; guarded by mu_.
   struct Backlog {
-    RoundRobinBacklog<std::unique_ptr<Request>> waiting;  // not yet in the ring, by target->owner
-    unsigned in_ring = 0;                                  // SQEs submitted, CQE not yet reaped
+    explicit Backlog(uint64_t quantum) : waiting(quantum), background(quantum) {}
+    // Not yet in the ring, by target->owner (user, then owner): foreground owners'
+    // and background owners'.
+    FairQueue<std::unique_ptr<Request>> waiting;
+    FairQueue<std::unique_ptr<Request>> background;
+    unsigned in_ring = 0;             // SQEs submitted, CQE not yet reaped
+    unsigned background_in_ring = 0;  // of which background owners'
+    unsigned foreground_run = 0;      // foreground requests entered since a background one, while one waited
   };
   // Whether the queue still takes requests, and how many have not yet ended
   // (Shutdown waits for none); guarded by mu_.
