@@ -17,9 +17,10 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             opt.step()             # waits for what has not arrived, then commits
             opt.zero_grad()
 
-    **Chunks.** The trainable parameters (``requires_grad``; frozen ones are left
-    alone, tied ones counted once) are packed into chunks of at most
-    ``chunk_bytes`` bytes of weights, in reverse order of each parameter group;
+    **Chunks.** The trainable parameters (``requires_grad``; frozen ones are
+    left alone unless ``track_frozen``, tied ones counted once) are packed into
+    chunks of at most ``chunk_bytes`` bytes of weights, in reverse order of each
+    parameter group;
     chunks never mix groups, dtypes or devices. Ids derive from the group index
     and position, so a job that is opened again (same ``job``, same model, same
     ``chunk_bytes``) resumes the same chunks: the daemon's weights then replace
@@ -208,4 +209,14 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             each rank's job (_sharded_streamed.py).
             False: a single-process optimizer on ``job`` although
             torch.distributed is initialised (a rank's own model, say).
+        track_frozen: also register the parameters that are frozen
+            (``requires_grad=False``) when the optimizer is built, in chunks
+            of their own, so that unfreezing one later (gradual unfreezing)
+            trains it as torch does: from its first gradient, with fresh
+            moments. They cost their states on the SSD (12 bytes a
+            parameter) and one write at construction, nothing a step while
+            frozen. Off (the default) a frozen parameter costs nothing (a
+            LoRA's frozen base passed with ``model.parameters()``), and one
+            unfrozen later is refused at :meth:`step`. The resident mode of
+            one process only (else NotImplementedError).
     """

@@ -5,7 +5,7 @@ fuyou refuses). Each check raises (or returns) an error naming what to change.""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -129,21 +129,33 @@ def edited_group_error(i: int, group: dict) -> Optional[Exception]:
     return None
 
 
-def unregistered_gradient_error(i: int, group: dict, registered: set) -> Optional[Exception]:
-    """A parameter of group `i` with a gradient that has no chunk (ids in
-    `registered` have one): frozen when the optimizer was built, in a mode
-    that registers only the parameters trainable then (offload_params, data
-    parallel). torch would update it; fuyou cannot: an exception for step()."""
-    for k, p in enumerate(group["params"]):
-        if p.grad is not None and p.grad.is_sparse:  # overlap off: no hook saw it
-            return TypeError(SPARSE_GRADIENT)
-        if p.grad is not None and id(p) not in registered:
-            shape = "x".join(str(d) for d in p.shape) or "scalar"
-            return FailedPrecondition(
-                f"fuyou.AdamW: parameter {k} of group {i} ({shape}) has a gradient but was "
-                "frozen (requires_grad=False) when the optimizer was built, and with "
-                "offload_params or data parallel only the parameters trainable then have "
-                "chunks: build the optimizer with every parameter that will train "
-                "requiring grad (freeze them after construction: a parameter whose .grad is "
-                "None is left alone, as torch does), or train without offload_params")
+def check_track_frozen(track_frozen: bool, offload_params: bool, data_parallel) -> None:
+    """track_frozen registers frozen parameters in the resident mode of one process only."""
+    if track_frozen and (offload_params or data_parallel is not None):
+        raise NotImplementedError(
+            "fuyou.AdamW(track_frozen=True) is for the resident mode of one process: with "
+            "offload_params or data parallel, build the optimizer with every parameter that "
+            "will train requiring grad (freeze them after construction)")
+
+
+def gradient_error(param_groups: List[dict], registered_params) -> Optional[Exception]:
+    """At step(): a sparse gradient, or a parameter with a gradient that has no
+    chunk (frozen when the optimizer was built, not tracked): torch would
+    update it; fuyou cannot. An exception for step(), or None."""
+    registered = {id(p) for p in registered_params}
+    for i, group in enumerate(param_groups):
+        for k, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:  # overlap off: no hook saw it
+                return TypeError(SPARSE_GRADIENT)
+            if id(p) not in registered:
+                shape = "x".join(str(d) for d in p.shape) or "scalar"
+                return FailedPrecondition(
+                    f"fuyou.AdamW: parameter {k} of group {i} ({shape}) has a gradient but "
+                    "was frozen (requires_grad=False) when the optimizer was built, so it "
+                    "has no chunk: pass track_frozen=True (the resident mode registers the "
+                    "frozen parameters too: 12 bytes a parameter on the SSD), or build the "
+                    "optimizer with it requiring grad and freeze it after construction (a "
+                    "parameter whose .grad is None is left alone, as torch does)")
     return None

@@ -42,13 +42,14 @@ class ResidentMode(StepMode):
     INSTALL_WEIGHTS = True  # new weights go into the parameters at commit
     TAKES_WEIGHT_EDITS = True  # the loop's edits of the weights go into the masters
 
-    PLANS_FROZEN = True  # frozen parameters get chunks: unfrozen later, they train
-
-    @classmethod
-    def plan(cls, param_groups, chunk_bytes: int, num_slots: int, init_from):
-        """(chunks, the parameters they pack, slot bytes) for the groups."""
+    @staticmethod
+    def plan(param_groups, chunk_bytes: int, num_slots: int, init_from,
+             track_frozen: bool = False):
+        """(chunks, the parameters they pack, slot bytes) for the groups;
+        `track_frozen`: the frozen parameters too, in chunks of their own
+        (unfrozen later, they train as torch's)."""
         chunks, trainable = plan_chunks([g["params"] for g in param_groups], chunk_bytes,
-                                        include_frozen=cls.PLANS_FROZEN)
+                                        include_frozen=track_frozen)
         return chunks, trainable, max([c.nbytes for c in chunks], default=8)
 
     def __init__(self, opt, pipeline, session):

@@ -56,7 +56,6 @@ class ShardedResidentMode(ResidentMode):
     """The resident mode of one rank (see the module doc)."""
 
     TAKES_WEIGHT_EDITS = False  # not yet: every rank would import its own chunks' edits
-    PLANS_FROZEN = False  # not yet: their chunks would be all-reduced (zeros) every step
 
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel

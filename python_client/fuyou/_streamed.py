@@ -36,7 +36,8 @@ class StreamedMode(StepMode):
     INSTALL_WEIGHTS = False  # the daemon keeps them; the next forward fetches them
 
     @staticmethod
-    def plan(param_groups, chunk_bytes: int, num_slots: int, init_from):
+    def plan(param_groups, chunk_bytes: int, num_slots: int, init_from,
+             track_frozen: bool = False):
         """(no chunks yet, trainable parameters, slot bytes): the chunks follow
         the model's modules and are planned when it is bound."""
         if init_from is not None:

@@ -16,8 +16,8 @@ from . import (_checkpoint, _data_parallel, _dp_alike, _lifetime, _optimizer_sta
 from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
-from ._groups import (check_arguments, check_groups, edited_group_error, moments_dtype_code,
-                      unregistered_gradient_error, unsupported_setting)
+from ._groups import (check_arguments, check_groups, check_track_frozen, edited_group_error,
+                      gradient_error, moments_dtype_code, unsupported_setting)
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
@@ -97,7 +97,7 @@ class AdamW(torch.optim.Optimizer):
                  embedded: Optional[bool] = None, timeout: float = 60.0, init_from=None,
                  offload_params: bool = False, state_dtype: str = "fp32",
                  state_dict_max_bytes: Optional[int] = DEFAULT_STATE_DICT_MAX_BYTES,
-                 process_group=None):
+                 process_group=None, track_frozen: bool = False):
         check_arguments(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, job=job,
                         num_slots=num_slots, accumulation_steps=accumulation_steps,
                         max_grad_norm=max_grad_norm, timeout=timeout,
@@ -129,6 +129,7 @@ class AdamW(torch.optim.Optimizer):
                 job, self.param_groups, offload_params=bool(offload_params),
                 chunk_bytes=int(chunk_bytes), state_dtype=self._settings.state_dtype,
                 max_grad_norm=max_grad_norm))
+        check_track_frozen(track_frozen, offload_params, self._data_parallel)
         self._connection = DaemonConnection(
             job if self._data_parallel is None else self._data_parallel.rank_job,
             self.timeout, self._data_parallel)
@@ -140,7 +141,7 @@ class AdamW(torch.optim.Optimizer):
 
         mode_class = _mode_class(offload_params, self._data_parallel)
         chunks, trainable, slot_bytes = mode_class.plan(self.param_groups, self.chunk_bytes,
-                                                        num_slots, init_from)
+                                                        num_slots, init_from, track_frozen)
         if self._data_parallel is not None and not offload_params:  # streamed: at bind
             chunks = self._data_parallel.take_shard(chunks)
         pipeline = ChunkPipeline(
@@ -260,7 +261,8 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         with self._lock:
             self._check_usable()
-            bad = (self._groups_error() or self._unregistered_gradient_error()
+            bad = (self._groups_error()
+                   or gradient_error(self.param_groups, self._pipeline.params)
                    or self._mode.weights_error())
             if bad is not None:  # nothing is changed: fix the group and step() again
                 raise bad
@@ -464,15 +466,6 @@ class AdamW(torch.optim.Optimizer):
                 return error
         return None
 
-    def _unregistered_gradient_error(self) -> Optional[Exception]:
-        """At step(): a parameter with a gradient but no chunk (frozen at construction
-        in a mode that registers only the trainable ones), or None."""
-        registered = {id(p) for p in self._pipeline.params}
-        for i, group in enumerate(self.param_groups):
-            error = unregistered_gradient_error(i, group, registered)
-            if error is not None:
-                return error
-        return None
 
     def _reshard_into_one_process(self, pipeline, session, offload_params: bool) -> None:
         """A single process on a new job whose name has data-parallel ranks' jobs

@@ -18,6 +18,8 @@ after every step (``|a - b| <= 1e-6 + 1e-5 |b|``).
 from __future__ import annotations
 
 import copy
+import itertools
+import os
 
 import pytest
 import torch
@@ -28,6 +30,8 @@ from test_stream_loops import _loss, loop_backend, run_side_by_side  # noqa: F40
 from test_stream_parameters import LR, TwiceNet, stream_backend  # noqa: F401
 from test_training_loops import (ATOL, RTOL, assert_matches, fuyou_adamw, loss_of,  # noqa: F401
                                  make_pair, torch_adamw)
+
+_jobs = (f"x2-{os.getpid()}-{i}" for i in itertools.count())
 
 
 
@@ -167,7 +171,8 @@ def test_resident_parameters_frozen_at_construction_train_once_unfrozen(fuyou_ad
         if schedule == "gradual_unfreezing":  # the classic recipe: the top first
             for name in ("emb", "fc1", "ln1", "fc2"):
                 getattr(m, name).requires_grad_(False)
-    ref_opt, opt = torch_adamw(ref.parameters()), fuyou_adamw(model.parameters())
+    ref_opt = torch_adamw(ref.parameters())
+    opt = fuyou_adamw(model.parameters(), track_frozen=True)
     for step in range(6):
         for m in (model, ref):
             if schedule == "gradual_unfreezing":
@@ -193,9 +198,36 @@ def test_resident_parameters_frozen_at_construction_train_once_unfrozen(fuyou_ad
 def test_resident_frozen_parameters_get_chunks_of_their_own(fuyou_adamw):
     model, _ = make_pair()
     model.emb.requires_grad_(False)
-    opt = fuyou_adamw(model.parameters())
+    opt = fuyou_adamw(model.parameters(), track_frozen=True)
     for c in opt._pipeline.plan.chunks:
         assert len({seg.param.requires_grad for seg in c.segments}) == 1, c
+    assert any(seg.param is model.emb.weight for c in opt._pipeline.plan.chunks
+               for seg in c.segments)
+
+
+def test_resident_unfreezing_without_track_frozen_is_refused_at_step(daemon):
+    """Frozen parameters cost nothing by default (a LoRA's frozen base passed
+    with model.parameters()); unfreezing one then is refused, naming the route."""
+    model, _ = make_pair()
+    model.fc1.requires_grad_(False)
+    with fuyou.AdamW(model.parameters(), address=daemon.address,
+                     job=f"untracked-{next(_jobs)}") as opt:
+        assert not any(seg.param is model.fc1.weight for c in opt._pipeline.plan.chunks
+                       for seg in c.segments)
+        loss_of(model, 0).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.fc1.requires_grad_(True)
+        loss_of(model, 1).backward()
+        with pytest.raises(fuyou.FailedPrecondition, match="track_frozen=True"):
+            opt.step()
+        assert opt.committed_step == 1  # nothing of the refused step was kept
+
+
+def test_track_frozen_is_refused_where_it_cannot_work(stream_backend):
+    with pytest.raises(NotImplementedError, match="resident mode of one process"):
+        fuyou.AdamW(nn.Linear(2, 2).parameters(), offload_params=True, track_frozen=True,
+                    job="never-opened")
 
 
 def test_streamed_parameter_frozen_at_construction_is_refused_once_it_has_a_gradient(
