@@ -154,7 +154,10 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             process (see :class:`fuyou.EmbeddedDaemon`); ``embedded=True`` uses
             it even when a fuyoud answers on the default socket. The optimizers of
             one process share that embedded fuyoud (reference-counted: the last
-            one closed stops it), each on its own job.
+            one closed stops it), each on its own job. A daemon on a default
+            socket (not named by ``$FUYOU_SOCKET``) must run as you, root or the
+            ``fuyou`` user, checked on the very connection the session uses:
+            :class:`fuyou.UntrustedDaemon` otherwise, with nothing sent.
 
     **Exit without close().** At interpreter exit every optimizer still open is
     closed as :meth:`close` does (the steps that :meth:`step` returned from are
