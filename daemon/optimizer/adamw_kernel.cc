@@ -250,7 +250,15 @@ class AdamWKernel::Pool {
         turns_(slice_bytes_) {
     workers_.reserve(threads_ - 1);
     const Future<JobRef> first = next_job_.future();
-    for (unsigned i = 1; i < threads_; ++i) workers_.emplace_back([this, i, first] { WorkerLoop(i, first); });
+    // Each worker's lambda moves its copy of `first` (a non-const init-capture:
+    // a plain capture of the const local would be const and only copy) into
+    // WorkerLoop, which lets go of every Job it has passed. A copy kept in the
+    // lambda held the whole chain of Jobs (one per update, now one per slice)
+    // for the pool's life, and destroying it recursed once per Job: a stack
+    // overflow at shutdown after some 10^6 slices.
+    for (unsigned i = 1; i < threads_; ++i) {
+      workers_.emplace_back([this, i, next = first]() mutable { WorkerLoop(i, std::move(next)); });
+    }
   }
 
   ~Pool() {
