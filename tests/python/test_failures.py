@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 import fuyou
 from conftest import require_daemon, start_daemon
@@ -27,11 +28,16 @@ STORAGE_KEYS = {"path", "bytes_read", "bytes_written", "read_gbps", "write_gbps"
 
 
 def test_no_daemon_is_daemon_unavailable_fast(tmp_path, monkeypatch):
+    """No daemon: refused at once, not after the 60 s timeout. The bounds are a
+    quarter of that timeout (a loaded machine); torch 2's first optimizer of a
+    process imports torch._dynamo (seconds), so one is made before timing."""
     model = make_model()
+    torch.optim.AdamW(model.parameters())
     t0 = time.monotonic()
     with pytest.raises(fuyou.DaemonUnavailable) as info:
-        fuyou.AdamW(model.parameters(), job="nodaemon", address=str(tmp_path / "none.sock"))
-    assert time.monotonic() - t0 < 3.0
+        fuyou.AdamW(model.parameters(), job="nodaemon", address=str(tmp_path / "none.sock"),
+                    timeout=60.0)
+    assert time.monotonic() - t0 < 15.0
     assert info.value.code == "UNAVAILABLE"
     assert "none.sock" in str(info.value)
 
@@ -44,7 +50,7 @@ def test_no_daemon_is_daemon_unavailable_fast(tmp_path, monkeypatch):
     with pytest.raises(fuyou.DaemonUnavailable, match="embedded=False"):
         monkeypatch.delenv("FUYOU_EMBEDDED")
         fuyou.AdamW(model.parameters(), job="nodaemon", embedded=False)
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 15.0
 
 
 def test_native_errors_carry_code_and_message(daemon):
