@@ -69,8 +69,13 @@ struct DaemonConfig {
   uint64_t max_client_info_bytes = 1024;                     // client_info of one session
   uint32_t max_jobs_per_user = 64;                           // jobs of one uid on the storage tier; 0 = unlimited
   // Bytes reserved on storage by all of one uid's jobs (CopyJob's copies
-  // included); 0 = unlimited; kAutoBytes (the default): half the storage paths' size.
+  // included, and its spilled scratch); 0 = unlimited; kAutoBytes (the
+  // default): a quarter of the storage paths' size.
   uint64_t max_storage_bytes_per_user = kAutoBytes;
+  // The same summed over all ordinary uids (every uid but root and the
+  // daemon's own, which are not bound by it: the rest of the storage is kept
+  // for them); 0 = unlimited; kAutoBytes (the default): half the storage paths' size.
+  uint64_t max_storage_bytes_all_users = kAutoBytes;
   // gRPC connections on the control socket (issue 20). A connection over a limit
   // is closed at accept; the refusals are logged at a bounded rate.
   uint32_t max_connections = 1024;          // all users together

@@ -260,6 +260,7 @@ const std::map<std::string, Example>& Examples() {
       {"limits.idle_session_timeout", {"60", {"60"}}},
       {"limits.max_jobs_per_user", {"0", {"0"}}},
       {"limits.max_storage_bytes_per_user", {"\"1TiB\"", {"1TiB"}}},
+      {"limits.max_storage_bytes_all_users", {"\"2TiB\"", {"2TiB"}}},
       {"limits.max_connections", {"10", {"10"}}},
       {"limits.max_connections_per_user", {"3", {"3"}}},
       {"limits.idle_connection_timeout", {"0", {"0"}}},

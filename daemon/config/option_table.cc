@@ -96,8 +96,12 @@ const DaemonOption kOptions[] = {
      .min = 0, .max = 1'000'000},
     {.table = "limits", .key = "max_storage_bytes_per_user", .flag = "--max-storage-per-user", .parser = P::kAutoSize,
      .field = &DaemonConfig::max_storage_bytes_per_user, .default_text = "auto",
-     .help = "most storage all of one user's jobs may reserve, e.g. 1TiB, \"unlimited\", or \"auto\": half the "
-             "storage paths' size"},
+     .help = "most storage all of one user's jobs may reserve, e.g. 1TiB, \"unlimited\", or \"auto\": a quarter "
+             "of the storage paths' size"},
+    {.table = "limits", .key = "max_storage_bytes_all_users", .flag = "--max-storage-all-users",
+     .parser = P::kAutoSize, .field = &DaemonConfig::max_storage_bytes_all_users, .default_text = "auto",
+     .help = "most storage the jobs of all users but root and the daemon's own may reserve together (the rest is "
+             "kept for those), e.g. 2TiB, \"unlimited\", or \"auto\": half the storage paths' size"},
     {.table = "limits", .key = "max_connections", .flag = "--max-connections", .parser = P::kCount,
      .field = &DaemonConfig::max_connections, .default_text = "1024", .help = "gRPC connections of all users together",
      .expected = "expected an integer in 1..1048576", .min = 1, .max = kMaxConnectionsCeiling},

@@ -31,8 +31,8 @@ struct JobRegistryOptions {
   // Jobs one uid may have on the storage tier; one more is RESOURCE_EXHAUSTED.
   // 0: no limit. ([limits] max_jobs_per_user, --max-jobs-per-user)
   uint32_t max_jobs_per_user = 64;
-  // The per-user storage limit and the free space kept (jobs/storage_budget.h),
-  // for registrations and copies.
+  // The per-user storage limit, the share of all ordinary users together and
+  // the free space kept (jobs/storage_budget.h), for registrations and copies.
   StorageBudgetOptions storage;
 };
 

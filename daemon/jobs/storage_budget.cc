@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <optional>
 
 #include "fmt/format.h"
 #include "jobs/job.h"
@@ -57,33 +59,80 @@ void StorageBudget::GiveScratch(uid_t uid, uint64_t bytes) {
   if (it->second == 0) scratch_.erase(it);
 }
 
-uint64_t StorageBudget::UsedBy(uid_t uid) const {
+namespace {
+
+// Root and the daemon's own user: the free space reserved_free and the storage
+// beyond max_bytes_all_users are kept for them.
+bool IsAdministrator(uid_t uid) { return uid == 0 || uid == ::geteuid(); }
+
+// Bytes allocated on disk by the states.bin of every job in `jobs`.
+uint64_t JobsBytes(const storage::DirFd& jobs) {
+  auto names = jobs.List();
+  if (!names.ok()) return 0;
   uint64_t used = 0;
-  for (const fs::path& path : roots_) {
-    auto root = storage::DirFd::OpenRoot(path);
-    if (!root.ok()) continue;
-    auto jobs = OpenUserJobsDir(*root, uid, /*create=*/false);
-    if (!jobs.ok()) continue;
-    auto names = jobs->List();
-    if (!names.ok()) continue;
-    for (const std::string& name : *names) {
-      struct stat info {};
-      const std::string file = name + "/states.bin";
-      if (::fstatat(jobs->get(), file.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(info.st_mode)) {
-        used += static_cast<uint64_t>(info.st_blocks) * 512;
-      }
+  for (const std::string& name : *names) {
+    struct stat info {};
+    const std::string file = name + "/states.bin";
+    if (::fstatat(jobs.get(), file.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(info.st_mode)) {
+      used += static_cast<uint64_t>(info.st_blocks) * 512;
     }
   }
   return used;
 }
 
+// The uid a users/<name> directory belongs to; nullopt for anything else.
+std::optional<uid_t> UidOfDir(const std::string& name) {
+  uint32_t uid = 0;
+  const char* end = name.data() + name.size();
+  auto [last, error] = std::from_chars(name.data(), end, uid);
+  if (error != std::errc() || last != end || std::to_string(uid) != name) return std::nullopt;
+  return static_cast<uid_t>(uid);
+}
+
+}  // namespace
+
+StorageBudget::DiskUse StorageBudget::Scan(uid_t uid, bool all_users) const {
+  DiskUse use;
+  for (const fs::path& path : roots_) {
+    auto root = storage::DirFd::OpenRoot(path);
+    if (!root.ok()) continue;
+    if (!all_users) {
+      auto jobs = OpenUserJobsDir(*root, uid, /*create=*/false);
+      if (jobs.ok()) use.uid += JobsBytes(*jobs);
+      continue;
+    }
+    auto users = root->OpenDir("users");
+    if (!users.ok()) continue;
+    auto names = users->List();
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      const std::optional<uid_t> owner = UidOfDir(name);
+      if (!owner.has_value() || (IsAdministrator(*owner) && *owner != uid)) continue;
+      auto mine = users->OpenDir(name);
+      if (!mine.ok()) continue;
+      auto jobs = mine->OpenDir("jobs");
+      if (!jobs.ok()) continue;
+      const uint64_t bytes = JobsBytes(*jobs);
+      if (*owner == uid) use.uid += bytes;
+      if (!IsAdministrator(*owner)) use.ordinary += bytes;
+    }
+  }
+  return use;
+}
+
+uint64_t StorageBudget::UsedBy(uid_t uid) const { return Scan(uid, /*all_users=*/false).uid; }
+
+uint64_t StorageBudget::UsedByAllUsers() const { return Scan(0, /*all_users=*/true).ordinary; }
+
 absl::StatusOr<StorageBudget::Grant> StorageBudget::Admit(uid_t uid, uint64_t bytes, std::string_view what) {
   Grant grant;
   if (bytes == 0) return grant;
-  const bool administrator = uid == 0 || uid == ::geteuid();
-  // Outside the lock: a directory walk. Two Admits of one uid that race both
-  // see the other's pending bytes below, which is what matters.
-  const uint64_t used = options_.max_bytes_per_user != 0 ? UsedBy(uid) : 0;
+  const bool administrator = IsAdministrator(uid);
+  const bool bound_all = options_.max_bytes_all_users != 0 && !administrator;
+  // Outside the lock: one directory walk. Two Admits that race both see the
+  // other's pending bytes below, which is what matters.
+  const DiskUse disk = options_.max_bytes_per_user != 0 || bound_all ? Scan(uid, bound_all) : DiskUse{};
+  const uint64_t used = disk.uid;
   std::lock_guard lock(mutex_);
   const uint64_t pending = pending_.count(uid) ? pending_[uid] : 0;
   const uint64_t scratch = scratch_.count(uid) ? scratch_[uid] : 0;
@@ -96,6 +145,21 @@ absl::StatusOr<StorageBudget::Grant> StorageBudget::Admit(uid_t uid, uint64_t by
           "Delete jobs (fuyouctl jobs delete) or raise [limits] max_storage_bytes_per_user / --max-storage-per-user",
           what, uid, bytes, uid, scratch != 0 ? " and scratch" : "", after, limit, used + pending + scratch,
           scratch != 0 ? fmt::format(", {} of them scratch: spilled activations and gradient journals", scratch) : ""));
+    }
+  }
+  if (const uint64_t limit = options_.max_bytes_all_users; bound_all) {
+    uint64_t held = disk.ordinary;  // jobs on disk, then in flight and scratch
+    for (const auto& [owner, owner_bytes] : pending_) held += IsAdministrator(owner) ? 0 : owner_bytes;
+    for (const auto& [owner, owner_bytes] : scratch_) held += IsAdministrator(owner) ? 0 : owner_bytes;
+    const uint64_t after = held + bytes;
+    if (after < bytes || after > limit) {
+      return absl::ResourceExhaustedError(fmt::format(
+          "{} of uid {} needs {} more bytes on storage, which would bring the jobs and scratch of all users but "
+          "root and the daemon's own to {} bytes, over the storage limit of all users together "
+          "max_storage_bytes_all_users ({} bytes; they reserve {} now, {} of them uid {}'s); the rest is kept for "
+          "administrators' jobs, so nothing was written. Delete jobs (fuyouctl jobs delete) or have the operator "
+          "raise [limits] max_storage_bytes_all_users / --max-storage-all-users",
+          what, uid, bytes, after, limit, held, used + pending + scratch, uid));
     }
   }
   const uint64_t share = (bytes + roots_.size() - 1) / roots_.size();
@@ -138,7 +202,8 @@ StorageDefaults StorageDefaultsFor(const std::vector<fs::path>& roots) {
   }
   if (defaults.total_bytes == 0) return defaults;
   defaults.job_quota_bytes = std::max<uint64_t>(defaults.total_bytes / 4, 1);
-  defaults.max_bytes_per_user = std::max<uint64_t>(defaults.total_bytes / 2, 1);
+  defaults.max_bytes_per_user = std::max<uint64_t>(defaults.total_bytes / 4, 1);
+  defaults.max_bytes_all_users = std::max<uint64_t>(defaults.total_bytes / 2, 1);
   defaults.reserved_free_bytes = std::clamp<uint64_t>(smallest / 100, uint64_t{64} << 20, uint64_t{4} << 30);
   return defaults;
 }

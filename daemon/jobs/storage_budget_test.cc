@@ -72,11 +72,63 @@ TEST_F(StorageBudgetTest, KeepsFreeSpaceForAdministratorsAndCommits) {
   ExpectRefusal(budget.Admit(::geteuid(), free, "job 'all'"), {"for the commits of running jobs"});
 }
 
+// Issue 32: two users, each within a per-user limit of half the storage,
+// filled it to the reserve and root's next job was refused. Ordinary users
+// together stay within max_bytes_all_users, counted as one user's bytes are
+// (jobs on disk, registrations in flight, scratch held); administrators are
+// not bound by it and their jobs do not count in it.
+TEST_F(StorageBudgetTest, OrdinaryUsersTogetherStayWithinTheAllUsersShare) {
+  constexpr uid_t kAlice = 60001, kBob = 60002;
+  if (::geteuid() == kAlice || ::geteuid() == kBob) GTEST_SKIP() << "the test's uids must be ordinary";
+  MakeJob(kAlice, "a", 6 * kMiB);
+  MakeJob(kBob, "b", 6 * kMiB);
+  MakeJob(0, "root", 4 * kMiB);  // an administrator's job: not in the users' share
+  StorageBudget budget({root_}, StorageBudgetOptions{.max_bytes_per_user = 8 * kMiB,
+                                                     .max_bytes_all_users = 14 * kMiB,
+                                                     .commit_reserve_bytes = 0});
+  EXPECT_GE(budget.UsedByAllUsers(), 12 * kMiB);
+  EXPECT_LT(budget.UsedByAllUsers(), 13 * kMiB);
+  // Within both limits: 6 + 6 + 2 = 14 MiB.
+  auto bob = budget.Admit(kBob, 2 * kMiB, "job 'b2'");
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  // Alice is within her own limit (6 + 1 <= 8 MiB) but not within the share,
+  // with Bob's registration in flight counted.
+  ExpectRefusal(budget.Admit(kAlice, 1 * kMiB, "job 'a2'"),
+                {"job 'a2' of uid 60001", "all users together", "max_storage_bytes_all_users (14680064 bytes",
+                 "--max-storage-all-users", "kept for administrators"});
+  // Root and the daemon's own user still admit (each within the per-user
+  // limit, which binds them too): the rest is theirs.
+  auto root = budget.Admit(0, 3 * kMiB, "job 'root2'");
+  EXPECT_TRUE(root.ok()) << root.status();
+  auto daemon = budget.Admit(::geteuid(), 1 * kMiB, "job 'daemon'");
+  EXPECT_TRUE(daemon.ok()) << daemon.status();
+  // Bob's grant given back, his held scratch counts the same way.
+  bob->Reset();
+  budget.HoldScratch(kBob, 2 * kMiB);
+  ExpectRefusal(budget.Admit(kAlice, 1 * kMiB, "job 'a2'"), {"max_storage_bytes_all_users"});
+  budget.GiveScratch(kBob, 2 * kMiB);
+  EXPECT_TRUE(budget.Admit(kAlice, 1 * kMiB, "job 'a2'").ok());
+  // The per-user limit still binds first.
+  ExpectRefusal(budget.Admit(kAlice, 3 * kMiB, "job 'a3'"), {"max_storage_bytes_per_user"});
+}
+
+TEST_F(StorageBudgetTest, NoAllUsersShareWhenUnset) {
+  MakeJob(60001, "a", 6 * kMiB);
+  MakeJob(60002, "b", 6 * kMiB);
+  StorageBudget budget({root_}, StorageBudgetOptions{.max_bytes_per_user = 8 * kMiB, .commit_reserve_bytes = 0});
+  EXPECT_TRUE(budget.Admit(60001, 2 * kMiB, "job 'a2'").ok());
+}
+
 TEST(StorageDefaultsTest, ChoosesFiniteLimitsFromThePathsSize) {
   const StorageDefaults defaults = StorageDefaultsFor({fs::temp_directory_path()});
   ASSERT_GT(defaults.total_bytes, 0u);
   EXPECT_EQ(defaults.job_quota_bytes, defaults.total_bytes / 4);
-  EXPECT_EQ(defaults.max_bytes_per_user, defaults.total_bytes / 2);
+  // Issue 32: users together hold at most half, one user a quarter (half of
+  // the users' share); administrators keep the other half.
+  EXPECT_EQ(defaults.max_bytes_per_user, defaults.total_bytes / 4);
+  EXPECT_EQ(defaults.max_bytes_all_users, defaults.total_bytes / 2);
+  EXPECT_LE(2 * defaults.max_bytes_per_user, defaults.max_bytes_all_users);
+  EXPECT_LE(defaults.job_quota_bytes, defaults.max_bytes_per_user);
   EXPECT_GE(defaults.reserved_free_bytes, 64 * kMiB);
   EXPECT_LE(defaults.reserved_free_bytes, uint64_t{4} << 30);
 }

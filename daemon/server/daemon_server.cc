@@ -184,6 +184,9 @@ void ResolveStorageDefaults(DaemonConfig& config) {
   const StorageDefaults defaults = StorageDefaultsFor(config.storage_paths);
   if (config.job_quota_bytes == kAutoBytes) config.job_quota_bytes = defaults.job_quota_bytes;
   if (config.max_storage_bytes_per_user == kAutoBytes) config.max_storage_bytes_per_user = defaults.max_bytes_per_user;
+  if (config.max_storage_bytes_all_users == kAutoBytes) {
+    config.max_storage_bytes_all_users = defaults.max_bytes_all_users;
+  }
   if (config.reserved_free_bytes == kAutoBytes) config.reserved_free_bytes = defaults.reserved_free_bytes;
 }
 
@@ -279,6 +282,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
                                   JobRegistryOptions{.max_jobs_per_user = config.max_jobs_per_user,
                                                      .storage = StorageBudgetOptions{
                                                          .max_bytes_per_user = impl->config.max_storage_bytes_per_user,
+                                                         .max_bytes_all_users = impl->config.max_storage_bytes_all_users,
                                                          .reserved_free_bytes = impl->config.reserved_free_bytes}});
   if (!jobs.ok()) return jobs.status();
   impl->jobs = std::move(*jobs);
@@ -401,12 +405,14 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Start(const DaemonCo
     return bytes == 0 ? std::string("unlimited") : fmt::format("{} MiB", bytes >> 20);
   };
   log::Info("limits: {} connections in all, {} per user, idle connections closed after {}, new connections refused "
-            "from fd {}; storage: {} per job, {} per user, {} kept free on each path for administrators",
+            "from fd {}; storage: {} per job, {} per user, {} for all users but administrators together, {} kept free on "
+            "each path for administrators",
             config.max_connections, config.max_connections_per_user,
             config.idle_connection_timeout_seconds > 0 ? fmt::format("{} s", config.idle_connection_timeout_seconds)
                                                        : std::string("never"),
             MaxConnectionFd(config, open_files), bytes_or_unlimited(impl->config.job_quota_bytes),
-            bytes_or_unlimited(impl->config.max_storage_bytes_per_user), 
+            bytes_or_unlimited(impl->config.max_storage_bytes_per_user),
+            bytes_or_unlimited(impl->config.max_storage_bytes_all_users),
             impl->config.reserved_free_bytes != 0 ? fmt::format("{} MiB", impl->config.reserved_free_bytes >> 20)
                                                   : std::string("nothing"));
   return std::unique_ptr<DaemonServer>(new DaemonServer(std::move(impl)));

@@ -388,6 +388,24 @@ def test_the_per_user_storage_limit_counts_every_job_and_copy(shared_dir):
         assert "trained" in other.stdout, other.stdout + other.stderr
 
 
+def test_users_together_stay_within_their_share_and_root_trains_on(shared_dir):
+    """Issue 32: two users, each within their own limit, filled the disk to the
+    admin reserve. Ordinary users together now stay within
+    max_storage_bytes_all_users, and root's jobs are not bound by it."""
+    with start_daemon(shared_dir, "--max-storage-per-user", "40MiB", "--max-storage-all-users", "40MiB") as d:
+        # About 24 MiB of states each: within either user's own limit.
+        first = run_python(STORAGE_JOB.format(n=1024, job="a", address=d.address), NOBODY)
+        assert "trained" in first.stdout, first.stdout + first.stderr
+        second = run_python(STORAGE_JOB.format(n=1024, job="a", address=d.address), OTHER)
+        assert "refused RESOURCE_EXHAUSTED" in second.stdout, second.stdout + second.stderr
+        for word in ("max_storage_bytes_all_users", "41943040", "--max-storage-all-users", "uid 65533",
+                     "kept for administrators"):
+            assert word in second.stdout, second.stdout
+        # Root's job of the same size would pass the share: it is not bound by it.
+        root = run_python(STORAGE_JOB.format(n=1024, job="a", address=d.address), 0)
+        assert "trained" in root.stdout, root.stdout + root.stderr
+
+
 def test_free_space_kept_for_administrators_is_not_given_to_users(shared_dir):
     free = shutil.disk_usage(shared_dir).free
     keep = free - (64 << 20)
