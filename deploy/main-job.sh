@@ -40,11 +40,12 @@ if [[ ! -x $FUYOU_DAEMON && " $* " != *" --optimizer torch "* ]]; then
   echo "main-job: warning: no fuyoud at $FUYOU_DAEMON (set FUYOU_DAEMON)" >&2
 fi
 
-# A CPU budget for the two sides when they share cores (a CPU-only machine):
-# OpenBLAS's idle threads spin on sched_yield for about 2^28 cycles before they
-# sleep, taking the cores fuyoud's optimizer and I/O threads need during
-# backward (perf: a fifth of all CPU time in sched_yield with the default; 4%
-# with 4). It must be set before torch loads OpenBLAS; the torch comparison
+# A CPU budget for the two sides when they share cores (a CPU-only machine), for a
+# torch built on OpenBLAS (Debian's was): its idle threads spin on sched_yield for
+# about 2^28 cycles before they sleep, taking the cores fuyoud's optimizer and I/O
+# threads need during backward (perf: a fifth of all CPU time in sched_yield with
+# the default; 4% with 4). PyPI's torch 2 (the lock's) uses MKL and OpenMP, where
+# it changes nothing. It must be set before torch loads; the torch comparison
 # runs under the same setting.
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 
