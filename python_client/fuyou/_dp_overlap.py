@@ -381,16 +381,21 @@ class ChunkReductions:
     def _take_from_grads(self, c: Chunk, edited: bool = True) -> None:
         """Chunk `c`'s average is ``.grad`` now (the same on every rank: the
         loop `edited` it alike, or DDP averaged it): a new buffer (the sender
-        may still read the old one)."""
+        may still read the old one). DDP's average equal to fuyou's bit for bit
+        (every chunk when no parameter is unused: with two ranks both are
+        (a + b) / 2 exactly) changes nothing, so nothing sent is redone."""
+        r = self._by_id[c.chunk_id]
+        flat = None
+        if self.owns(c):
+            flat = torch.empty(c.num_elements, dtype=torch.float32 if r.flat.device.type == "cpu"
+                               else r.flat.dtype, device=r.flat.device)
+            read_grads(c, flat)
+            if not edited and missing_grads(c) == r.missing and torch.equal(flat, r.flat):
+                return
         self._changed.add(c.chunk_id)
         self.counts.edited_in_loop += int(edited)
-        if not self.owns(c):
-            return
-        r = self._by_id[c.chunk_id]
-        flat = torch.empty(c.num_elements, dtype=torch.float32 if r.flat.device.type == "cpu"
-                           else r.flat.dtype, device=r.flat.device)
-        read_grads(c, flat)
-        r.flat, r.missing = flat, missing_grads(c)
+        if flat is not None:
+            r.flat, r.missing = flat, missing_grads(c)
 
     def _message(self, what: str) -> str:
         dp = self.dp
