@@ -9,7 +9,7 @@ hyper-parameters differ was changed after it was sent and must be redone."""
 from __future__ import annotations
 
 import collections
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,7 +17,7 @@ from . import _native
 from ._chunking import Chunk
 from ._protocol import Hyper
 
-__all__ = ["fingerprint", "missing_grads", "changed_chunks"]
+__all__ = ["fingerprint", "missing_grads", "changed_chunks", "same_values"]
 
 
 def missing_grads(c: Chunk) -> Tuple[int, ...]:
@@ -79,11 +79,11 @@ def changed_chunks(chunks: List[Chunk], sent: Dict[int, object],
             pos += n
             if n == 2:
                 sums_of_squares[c.chunk_id] = values[1]
-            elif not _same(values[0:2], values[2:4]):
+            elif not same_values(values[0:2], values[2:4]):
                 changed.append(c)
     return changed, sums_of_squares
 
 
-def _same(a: List[float], b: List[float]) -> bool:
+def same_values(a: Sequence[float], b: Sequence[float]) -> bool:
     """Exact equality of two fingerprints; nan equals nan (the same gradients)."""
     return all(x == y or (x != x and y != y) for x, y in zip(a, b))
