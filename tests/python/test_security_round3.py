@@ -28,6 +28,7 @@ import pytest
 from conftest import require_daemon
 
 import fuyou
+from test_security_round2 import _as
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ATTACKER = 65534
@@ -37,12 +38,19 @@ TRIES = 60
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
 
-def _as(uid):
-    def preexec():
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    return preexec
+def _attackers_link_to_a_sticky_directory(shared_dir: pathlib.Path):
+    """The attack's set-up: /tmp/fuyou-<VICTIM> made the attacker's link to a
+    root-owned sticky directory, as without XDG_RUNTIME_DIR: (directory, link)."""
+    sticky = shared_dir / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    link = pathlib.Path(f"/tmp/fuyou-{VICTIM}")
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    shutil.rmtree(link, ignore_errors=True)
+    os.symlink(sticky, link)
+    os.lchown(link, ATTACKER, ATTACKER)
+    return sticky, link
 
 
 def run_python(script: str, uid: int, env_extra=None, timeout=120) -> subprocess.CompletedProcess:
@@ -186,15 +194,7 @@ def test_a_link_flipped_by_another_user_never_lands_on_the_attackers_daemon(shar
     # root's daemon (which passes a check of the daemon's uid) and its own.
     root = root_daemon(shared_dir)
     attacker, attacker_socket, attacker_data = attacker_daemon(shared_dir)
-    sticky = shared_dir / "sticky"
-    sticky.mkdir()
-    os.chmod(sticky, 0o1777)
-    link = pathlib.Path(f"/tmp/fuyou-{VICTIM}")
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    shutil.rmtree(link, ignore_errors=True)
-    os.symlink(sticky, link)
-    os.lchown(link, ATTACKER, ATTACKER)
+    sticky, link = _attackers_link_to_a_sticky_directory(shared_dir)
     flipper = Flipper(sticky / "fuyoud.sock", [root.socket_path, attacker_socket], uid=ATTACKER)
     try:
         result = run_python(VICTIM_TRIES.format(tries=TRIES), VICTIM)
@@ -263,15 +263,7 @@ def test_a_checked_admin_client_reconnects_through_the_check(shared_dir):
 
 def test_the_daemon_refuses_a_socket_directory_reached_through_another_users_link(shared_dir):
     binary = require_daemon()
-    sticky = shared_dir / "sticky"
-    sticky.mkdir()
-    os.chmod(sticky, 0o1777)
-    link = pathlib.Path(f"/tmp/fuyou-{VICTIM}")
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    shutil.rmtree(link, ignore_errors=True)
-    os.symlink(sticky, link)
-    os.lchown(link, ATTACKER, ATTACKER)
+    sticky, link = _attackers_link_to_a_sticky_directory(shared_dir)
     env = {k: v for k, v in os.environ.items() if k not in ("FUYOU_SOCKET", "XDG_RUNTIME_DIR")}
     env["FUYOU_DATA_DIR"] = str(shared_dir / "victim-data")
     try:
