@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import List
 
+import torch
 import torch.distributed as dist
 
 from ._errors import InvalidArgument
@@ -71,7 +72,7 @@ def _difference(first: dict, other: dict) -> str:
 
 def _plain(value):
     """A hyper-parameter as a plain value (torch 2's tensor lr as its float)."""
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 2)() == 1:
+    if isinstance(value, torch.Tensor):
         return float(value.item())
     if isinstance(value, (list, tuple)):
         return tuple(_plain(v) for v in value)
