@@ -26,6 +26,8 @@ file(WRITE ${FUYOU_DEB_STAGE}/fuyoud.service "${fuyou_unit}")
 install(FILES ${FUYOU_DEB_STAGE}/fuyoud.service DESTINATION lib/systemd/system COMPONENT deb EXCLUDE_FROM_ALL)
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/fuyoud.toml DESTINATION /etc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION share/doc/fuyou COMPONENT deb EXCLUDE_FROM_ALL)
+file(GLOB fuyou_doc_pages ${PROJECT_SOURCE_DIR}/docs/*.md)
+install(FILES ${fuyou_doc_pages} DESTINATION share/doc/fuyou/docs COMPONENT deb EXCLUDE_FROM_ALL)
 
 # Maintainer scripts (executable) and the conffile list.
 foreach(script postinst prerm postrm)

@@ -25,6 +25,7 @@ fi
 
 "${SUDO[@]}" cmake --install "$BUILD_DIR" --prefix "$PREFIX"
 "${SUDO[@]}" install -D -m 0644 README.md "$PREFIX/share/doc/fuyou/README.md"
+"${SUDO[@]}" install -D -m 0644 -t "$PREFIX/share/doc/fuyou/docs" docs/*.md
 
 if [[ $PREFIX != /usr/local ]]; then
   echo "install: note: the unit runs /usr/local/bin/fuyoud; edit ExecStart= for PREFIX=$PREFIX" >&2
