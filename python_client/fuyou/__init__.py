@@ -60,16 +60,19 @@ def export_checkpoint(optimizer: AdamW, path=None, model=None, *,
     torch.optim.AdamW-compatible optimizer state as a PyTorch checkpoint.
 
     ``shard_bytes`` given: a *sharded* checkpoint in the directory ``path``
-    instead (HuggingFace layout: ``pytorch_model.bin.index.json`` and shards of
-    fp32 weights by ``model``'s state_dict names, plus ``optimizer.bin.index.json``
-    and shards of the moments; see fuyou/_sharded.py), read from the daemon one
-    chunk at a time and written shard by shard, so the model is never whole in
-    memory. It works for an ``offload_params`` optimizer too, and in a
-    data-parallel group: there it is a collective, call it on every rank; rank
-    0 writes the whole job's checkpoint, each chunk read by its owner
-    (fuyou/_dp_export.py). Load it back with
-    ``fuyou.materialize(model, opt, checkpoint=path)`` (weights, and the
-    optimizer states into a new job) or ``fuyou.AdamW(..., init_from=path)``.
+    instead, in the Hugging Face layout: ``model.safetensors.index.json`` and
+    ``model-0000i-of-0000n.safetensors`` shards of fp32 weights by ``model``'s
+    state_dict names (and ``config.json`` for a ``transformers`` model, so that
+    ``AutoModelForCausalLM.from_pretrained(path)`` loads it), plus
+    ``optimizer.safetensors.index.json`` and shards of the moments (see
+    fuyou/_sharded.py). It is read from the daemon one chunk at a time and
+    written shard by shard, so the model is never whole in memory. It works for
+    an ``offload_params`` optimizer too, and in a data-parallel group: there it
+    is a collective, call it on every rank; rank 0 writes the whole job's
+    checkpoint, each chunk read by its owner (fuyou/_dp_export.py). Load it back
+    with ``fuyou.materialize(model, opt, checkpoint=path)`` (weights, and the
+    optimizer states into a new job) or ``fuyou.AdamW(..., init_from=path)``;
+    ``materialize`` also loads a checkpoint that ``save_pretrained`` wrote.
     Returns a summary (files, peak bytes held)."""
     if shard_bytes is None:
         return optimizer.export_checkpoint(path, model)

@@ -1,32 +1,36 @@
-"""Sharded checkpoints: written chunk by chunk from fuyoud, read one shard at a time.
+"""Sharded checkpoints: written chunk by chunk from fuyoud, read one tensor at a time.
 
-A sharded export is a directory::
+A sharded export is a directory in the Hugging Face layout (the files are
+_shard_files.py's: safetensors, one shard written at a time)::
 
-    pytorch_model.bin.index.json     {"metadata": {...}, "weight_map": {name: shard}}
-    pytorch_model-00001-of-0000N.bin torch.save({name: tensor}) of each shard
-    optimizer.bin.index.json         {"metadata": {...}, "weight_map": {key: shard}}
-    optimizer-00001-of-0000M.bin     {"state.<i>.exp_avg": ..., "state.<i>.exp_avg_sq": ...}
+    model.safetensors.index.json     {"metadata": {...}, "weight_map": {name: shard}}
+    model-00001-of-0000N.safetensors the weights of each shard
+    config.json                      the model's config, for a transformers model
+    optimizer.safetensors.index.json {"metadata": {...}, "weight_map": {key: shard}}
+    optimizer-00001-of-0000M.safetensors
+                                     {"state.<i>.exp_avg": ..., "state.<i>.exp_avg_sq": ...}
 
-The weights are the HuggingFace layout (``from_pretrained`` reads them): the
-model's ``state_dict`` names, fp32 master weights for the trained parameters, a
-tied parameter once (under its first name), buffers and frozen parameters as they
-are. The index metadata adds ``fuyou`` (job, committed_step, each name's shape
-and dtype), so a reader checks a model against it before it reads a shard. The
-optimizer's index holds what is small: torch's ``param_groups`` (parameters by
-index, as ``torch.optim.AdamW.state_dict()`` numbers them), each parameter's step
-count, shape and name; its shards the moments.
+The weights are what ``from_pretrained`` reads: the model's ``state_dict``
+names, fp32 master weights for the trained parameters, a tied parameter once
+(under its first name), buffers and frozen parameters as they are. The index
+metadata adds ``fuyou`` (job, committed_step, each name's shape and dtype), so a
+reader checks a model against it before it reads a shard. The optimizer's index
+holds what is small: torch's ``param_groups`` (parameters by index, as
+``torch.optim.AdamW.state_dict()`` numbers them), each parameter's step count,
+shape and name; its shards the moments.
+
+Read: the same layout, a Hugging Face checkpoint (``model.safetensors`` alone,
+or sharded; ``pytorch_model.bin`` shards too), and fuyou's exports of before
+safetensors (``pytorch_model.bin.index.json`` with ``optimizer.bin.index.json``).
 
 Writing reads the daemon one chunk at a time (ReadState through the session's
 slot) and writes each shard as soon as it is full: memory is a shard of weights,
 a shard of moments and the chunks whose parameters are not all written yet.
-Reading keeps at most one weights shard and one optimizer shard in memory.
+Reading keeps at most one weights file and one optimizer file open (mapped).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import json
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -36,47 +40,30 @@ import torch
 from ._errors import FailedPrecondition, InvalidArgument
 from ._chunk_weights import install as install_weights
 from ._protocol import STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_MASTER
+from ._shard_files import ShardFiles, ShardWriter, keys_of, read_index, release_freed_memory
 from ._torch_format import HYPER_KEYS, torch_indices, torch_param_groups
 
 __all__ = ["export_sharded", "ShardReader", "import_optimizer_states", "is_sharded",
-           "WEIGHTS_INDEX", "OPTIMIZER_INDEX"]
+           "WEIGHTS_INDEX", "OPTIMIZER_INDEX", "release_freed_memory"]
 
-WEIGHTS_INDEX = "pytorch_model.bin.index.json"
-OPTIMIZER_INDEX = "optimizer.bin.index.json"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+OPTIMIZER_INDEX = "optimizer.safetensors.index.json"
+# Read too: Hugging Face's single files and .bin shards, fuyou's exports before safetensors.
+SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
+BIN_INDEXES = ("pytorch_model.bin.index.json", "optimizer.bin.index.json")
 FORMAT = "fuyou-sharded-v1"
 _INDEX_SUFFIX = ".index.json"
 
 
-_LIBC = None
-
-
-def release_freed_memory() -> None:
-    """Gives the pages of freed heap memory back to the kernel (glibc's
-    malloc_trim(0); nothing elsewhere). Module- and shard-sized buffers freed one
-    after another otherwise stay in the process: small allocations made in
-    between (gRPC, protobuf, Python) land in the freed block, the next large
-    buffer no longer fits there, and the heap grows by about one buffer each
-    time, so the peak RSS would follow the model's size. Measured: materializing
-    128 MiB of 4 MiB modules raised the peak RSS by 118 MiB without this, 15 MiB
-    with it (tests/python/materialize_worker.py)."""
-    global _LIBC
-    if _LIBC is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC = ctypes.CDLL(name) if name else False
-        except OSError:
-            _LIBC = False
-    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
-    if trim is not None:
-        trim(0)
-
-
 def is_sharded(path) -> bool:
-    """True when `path` is a directory with a weights index, or an index file."""
+    """True when `path` is a directory with a weights index or a single weights
+    file of Hugging Face's names, or an index file."""
     if not isinstance(path, (str, os.PathLike)):
         return False
     p = Path(path)
-    return (p.is_dir() and any(p.glob("*" + _INDEX_SUFFIX))) or str(p).endswith(_INDEX_SUFFIX)
+    if p.is_dir():
+        return any(p.glob("*" + _INDEX_SUFFIX)) or any((p / f).is_file() for f in SINGLE_FILES)
+    return str(p).endswith(_INDEX_SUFFIX)
 
 
 def _shapes_of(pipeline) -> Dict[int, torch.Size]:
@@ -90,56 +77,6 @@ def _shapes_of(pipeline) -> Dict[int, torch.Size]:
 
 
 # ---------------------------------------------------------------------- writing
-class _ShardWriter:
-    """Writes keys, in a planned order, into shards of at most `shard_bytes`
-    (a tensor larger than that gets a shard of its own)."""
-
-    def __init__(self, directory: Path, stem: str, plan: List[Tuple[str, int]], shard_bytes: int):
-        self.directory = directory
-        groups: List[List[str]] = []
-        size = 0
-        for key, nbytes in plan:
-            if not groups or (size + nbytes > shard_bytes and size > 0):
-                groups.append([])
-                size = 0
-            groups[-1].append(key)
-            size += nbytes
-        n = len(groups)
-        self.file_of: Dict[str, str] = {}
-        self._last_key: Dict[str, str] = {}
-        for i, keys in enumerate(groups, 1):
-            name = f"{stem}-{i:05d}-of-{n:05d}.bin"
-            for key in keys:
-                self.file_of[key] = name
-            self._last_key[keys[-1]] = name
-        self.total_size = sum(nbytes for _k, nbytes in plan)
-        self._pending: Dict[str, torch.Tensor] = {}
-        self.peak_pending_bytes = 0
-
-    def add(self, key: str, tensor: torch.Tensor) -> None:
-        if key not in self.file_of:
-            raise AssertionError(f"key {key!r} not planned")
-        self._pending[key] = tensor
-        self.peak_pending_bytes = max(self.peak_pending_bytes, sum(
-            t.numel() * t.element_size() for t in self._pending.values()))
-        name = self._last_key.get(key)
-        if name is not None:  # the shard is full: write it and forget its tensors
-            tmp = self.directory / (name + ".tmp")
-            torch.save(self._pending, tmp)
-            os.replace(tmp, self.directory / name)
-            self._pending = {}
-            release_freed_memory()
-
-    def write_index(self, filename: str, metadata: dict) -> None:
-        if self._pending:
-            raise AssertionError(f"keys never written: {sorted(self._pending)[:5]}")
-        index = {"metadata": dict(metadata, total_size=self.total_size),
-                 "weight_map": self.file_of}
-        tmp = self.directory / (filename + ".tmp")
-        tmp.write_text(json.dumps(index, indent=1))
-        os.replace(tmp, self.directory / filename)
-
-
 def _groups_json(opt, index: Dict[int, int]) -> list:
     """torch's param_groups of `opt`, as JSON takes them (betas a list)."""
     groups = torch_param_groups(opt, index)
@@ -216,8 +153,8 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
         else:
             weight_plan.append((name, t.numel() * t.element_size()))
             shapes[name], dtypes[name] = list(t.shape), str(t.dtype)
-    weights = _ShardWriter(directory, "pytorch_model", weight_plan, shard_bytes)
-    moments = _ShardWriter(directory, "optimizer", opt_plan, shard_bytes)
+    weights = ShardWriter(directory, "model", weight_plan, shard_bytes)
+    moments = ShardWriter(directory, "optimizer", opt_plan, shard_bytes)
 
     remaining = {c.chunk_id: len(c.segments) for c in pipeline.plan.chunks}
     cache: Dict[int, List[torch.Tensor]] = {}
@@ -252,6 +189,9 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
     job = job or {"job": opt.job, "committed_step": opt.committed_step}
     weights.write_index(WEIGHTS_INDEX, {"format": "pt", "fuyou": dict(
         job, version=FORMAT, shapes=shapes, dtypes=dtypes)})
+    config = getattr(model, "config", None)
+    if callable(getattr(config, "to_json_file", None)):  # a transformers model
+        config.to_json_file(str(directory / "config.json"))  # what from_pretrained reads first
     names = {}
     for name, t in entries:
         if id(t) in pidx_of:
@@ -268,84 +208,53 @@ def export_sharded(opt, pipeline, path, model: Optional[torch.nn.Module], shard_
 
 
 # ---------------------------------------------------------------------- reading
-class _OneShard:
-    """The tensors of one shard file at a time."""
-
-    def __init__(self, directory: Path, weight_map: Dict[str, str]):
-        self.directory = directory
-        self.weight_map = weight_map
-        self._file: Optional[str] = None
-        self._tensors: Optional[dict] = None
-        self.loads = 0
-
-    def get(self, key: str) -> torch.Tensor:
-        name = self.weight_map[key]
-        if name != self._file:
-            self._tensors = None  # let the previous shard go before the next one loads
-            self._file = None
-            release_freed_memory()
-            path = self.directory / name
-            if not path.is_file():
-                raise InvalidArgument(f"checkpoint {self.directory}: shard {name} (holding "
-                                      f"{key!r}) is missing")
-            loaded = torch.load(path, map_location="cpu")
-            if not isinstance(loaded, dict):
-                raise InvalidArgument(f"checkpoint shard {path} is not a dict of tensors")
-            self._tensors, self._file = loaded, name
-            self.loads += 1
-        value = self._tensors.get(key)
-        if not torch.is_tensor(value):
-            raise InvalidArgument(f"checkpoint shard {self.directory / name} has no tensor "
-                                  f"{key!r}, though its index says so")
-        return value
-
-    def files(self) -> List[str]:
-        return sorted(set(self.weight_map.values()))
-
-    def close(self) -> None:
-        self._tensors = None
-        self._file = None
-
-
-def _read_index(path: Path) -> dict:
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InvalidArgument(f"checkpoint index {path} cannot be read: {e}") from None
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        raise InvalidArgument(f"checkpoint index {path} has no weight_map (name -> shard file)")
-    return index
+def _find_weights(p: Path):
+    """(directory, weight_map, index metadata, path of the optimizer index that
+    goes with it) of the checkpoint at `p`: a directory (its weights index, else
+    Hugging Face's single file), an index file, or a single weights file."""
+    single = None
+    if p.is_dir():
+        names = [WEIGHTS_INDEX, BIN_INDEXES[0]]
+        index_path = next((p / n for n in names if (p / n).is_file()), None)
+        if index_path is None:
+            found = sorted(x for x in p.glob("*" + _INDEX_SUFFIX)
+                           if not x.name.startswith("optimizer."))
+            index_path = found[0] if found else None
+        if index_path is None:
+            single = next((p / n for n in SINGLE_FILES if (p / n).is_file()), None)
+            if single is None:
+                raise InvalidArgument(
+                    f"checkpoint directory {p} has no {WEIGHTS_INDEX} (or other *.index.json) "
+                    f"and no {' or '.join(SINGLE_FILES)}: not a Hugging Face or fuyou checkpoint")
+    elif p.is_file() and p.name.endswith(_INDEX_SUFFIX):
+        index_path = p
+    elif p.is_file() and p.name.endswith((".safetensors", ".bin")):
+        index_path, single = None, p
+    else:
+        raise InvalidArgument(f"checkpoint {p}: neither a directory with a *.index.json or "
+                              "model.safetensors, nor an index file, nor a weights file")
+    if single is not None:
+        return single.parent, {k: single.name for k in keys_of(single)}, {}, None
+    index = read_index(index_path)
+    pairs = {WEIGHTS_INDEX: OPTIMIZER_INDEX, BIN_INDEXES[0]: BIN_INDEXES[1]}
+    opt = pairs.get(index_path.name)
+    return (index_path.parent, index["weight_map"], index.get("metadata") or {},
+            index_path.parent / opt if opt else None)
 
 
 class ShardReader:
-    """A sharded checkpoint (directory or weights index file), read one shard at a time."""
+    """A checkpoint in the Hugging Face layout (a directory, a weights index file
+    or one weights file; see the module doc), read one tensor at a time."""
 
     def __init__(self, path):
-        p = Path(path)
-        if p.is_dir():
-            index_path = p / WEIGHTS_INDEX
-            if not index_path.is_file():
-                found = sorted(x for x in p.glob("*" + _INDEX_SUFFIX) if x.name != OPTIMIZER_INDEX)
-                if not found:
-                    raise InvalidArgument(f"checkpoint directory {p} has no {WEIGHTS_INDEX} (or "
-                                          "other *.index.json): not a sharded checkpoint")
-                index_path = found[0]
-        elif p.is_file() and p.name.endswith(_INDEX_SUFFIX):
-            index_path = p
-        else:
-            raise InvalidArgument(f"checkpoint {p}: neither a directory with a *.index.json "
-                                  "nor an index file")
-        self.directory = index_path.parent
-        index = _read_index(index_path)
-        self.metadata = index.get("metadata") or {}
-        self.weights = _OneShard(self.directory, index["weight_map"])
-        opt_path = self.directory / OPTIMIZER_INDEX
+        self.directory, weight_map, self.metadata, opt_path = _find_weights(Path(path))
+        self.weights = ShardFiles(self.directory, weight_map)
         self.optimizer_meta: Optional[dict] = None
-        self.moments: Optional[_OneShard] = None
-        if index_path.name == WEIGHTS_INDEX and opt_path.is_file():
-            opt_index = _read_index(opt_path)
+        self.moments: Optional[ShardFiles] = None
+        if opt_path is not None and opt_path.is_file():
+            opt_index = read_index(opt_path)
             self.optimizer_meta = (opt_index.get("metadata") or {}).get("fuyou")
-            self.moments = _OneShard(self.directory, opt_index["weight_map"])
+            self.moments = ShardFiles(self.directory, opt_index["weight_map"])
 
     @property
     def has_optimizer_states(self) -> bool:
@@ -365,7 +274,8 @@ class ShardReader:
     # -------------------------------------------------------------- model
     def _shapes(self) -> Dict[str, torch.Size]:
         """Every tensor's shape: from the index's metadata when a fuyou export
-        wrote it, else by reading each shard once (one at a time)."""
+        wrote it, else from each shard's header (safetensors) or mapped tensors
+        (.bin), one file at a time."""
         known = (self.metadata.get("fuyou") or {}).get("shapes")
         if isinstance(known, dict) and set(known) >= set(self.weights.weight_map):
             return {k: torch.Size(v) for k, v in known.items()}
@@ -373,7 +283,7 @@ class ShardReader:
         for name in self.weights.files():
             keys = [k for k, f in self.weights.weight_map.items() if f == name]
             for k in keys:
-                shapes[k] = self.weights.get(k).shape
+                shapes[k] = self.weights.shape(k)
         self.weights.close()
         return shapes
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import fuyou
-from fuyou._sharded import release_freed_memory
+from fuyou._shard_files import release_freed_memory
 
 
 def rss() -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file
 
 import fuyou
 from fuyou import _materialize
@@ -173,7 +174,7 @@ def test_sharded_export_round_trips_bit_exact(daemon, tmp_path):
     out = tmp_path / "ckpt"
     summary = fuyou.export_checkpoint(opt, out, model=model, shard_bytes=16 << 10)
 
-    index = json.loads((out / "pytorch_model.bin.index.json").read_text())
+    index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 3 and all((out / s).is_file() for s in shards)
     assert "head.weight" not in index["weight_map"]  # tied: once, under its first name
@@ -183,7 +184,7 @@ def test_sharded_export_round_trips_bit_exact(daemon, tmp_path):
     model_bytes = sum(p.numel() for p in model.parameters()) * 4 * 3
     assert summary["peak_bytes"] < model_bytes / 3
     for s in shards:  # each shard stays near its bound (a larger tensor gets its own)
-        for name, t in torch.load(out / s).items():
+        for name, t in load_file(out / s).items():
             assert index["weight_map"][name] == s
 
     # Weights: materialize(checkpoint=) into an empty model, one shard at a time.
@@ -231,7 +232,7 @@ def test_mismatched_sharded_checkpoint_is_refused(daemon, tmp_path):
                                                     r"\(first: \['blocks.2"):
         fuyou.materialize(deeper, checkpoint=out)
 
-    index_path = out / "pytorch_model.bin.index.json"
+    index_path = out / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     index["weight_map"]["blocks.0.extra"] = index["weight_map"]["tok.weight"]
     index_path.write_text(json.dumps(index))
@@ -263,12 +264,12 @@ def _hf_checkpoint(model, directory: Path, names_per_shard: int) -> None:
 
 
 def test_materialize_holds_one_shard_at_a_time(tmp_path, monkeypatch):
-    """A foreign (HuggingFace-style) checkpoint: shapes are checked by reading every
-    shard once first, then the weights load in one pass over the shards; a module
+    """A foreign checkpoint of torch's .bin shards (older Hugging Face ones, read,
+    never written): shapes are checked by mapping every shard once first, then the weights load in one pass over the shards; a module
     whose weight and bias sit in two shards never has both shards alive."""
     ref = make_model(seed=4)
     _hf_checkpoint(ref, tmp_path / "hf", names_per_shard=3)
-    from fuyou import _sharded
+    from fuyou import _shard_files
     live, loads, real_load = [], [], torch.load
 
     def tracked_load(path, **kw):
@@ -281,7 +282,7 @@ def test_materialize_holds_one_shard_at_a_time(tmp_path, monkeypatch):
         weakref.finalize(next(iter(shard.values())), live.remove, name)
         return shard
 
-    monkeypatch.setattr(_sharded.torch, "load", tracked_load)
+    monkeypatch.setattr(_shard_files.torch, "load", tracked_load)
     with fuyou.init_empty():
         model = TinyGPT()
     fuyou.materialize(model, checkpoint=tmp_path / "hf")
@@ -305,7 +306,7 @@ def _shards(directory: Path, index_name: str) -> dict:
     index = json.loads((directory / index_name).read_text())
     out = {}
     for shard in sorted(set(index["weight_map"].values())):
-        out.update(torch.load(directory / shard))
+        out.update(load_file(directory / shard))
     assert set(out) == set(index["weight_map"])
     return out
 
@@ -321,7 +322,7 @@ def test_materialize_sends_each_module_to_the_daemon_and_frees_it(daemon, tmp_pa
     for name, p in model.named_parameters():
         assert p.numel() == 0, f"{name} still holds its weights"  # a placeholder
     fuyou.export_checkpoint(opt, tmp_path / "ck", model=model, shard_bytes=16 << 10)
-    weights = _shards(tmp_path / "ck", "pytorch_model.bin.index.json")
+    weights = _shards(tmp_path / "ck", "model.safetensors.index.json")
     ref = _reference_init(make_model(seed=0), _normal_init, seed=5)
     for name, t in ref.state_dict().items():
         if name != "head.weight":  # tied: written once, as tok.weight
@@ -351,13 +352,13 @@ def test_sharded_checkpoint_round_trips_into_an_offload_job(daemon, tmp_path, dt
     assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3)  # taken over
     second = tmp_path / "second"
     fuyou.export_checkpoint(opt2, second, model=empty, shard_bytes=16 << 10)
-    for index_name in ("pytorch_model.bin.index.json", "optimizer.bin.index.json"):
+    for index_name in ("model.safetensors.index.json", "optimizer.safetensors.index.json"):
         a, b = _shards(first, index_name), _shards(second, index_name)
         assert set(a) == set(b), index_name
         for key in a:
             assert torch.equal(a[key], b[key]), f"{index_name}: {key}"
-    meta_a = json.loads((first / "optimizer.bin.index.json").read_text())["metadata"]["fuyou"]
-    meta_b = json.loads((second / "optimizer.bin.index.json").read_text())["metadata"]["fuyou"]
+    meta_a = json.loads((first / "optimizer.safetensors.index.json").read_text())["metadata"]["fuyou"]
+    meta_b = json.loads((second / "optimizer.safetensors.index.json").read_text())["metadata"]["fuyou"]
     assert meta_a["steps"] == meta_b["steps"] and set(meta_a["steps"].values()) == {4}
     assert meta_a["param_groups"] == meta_b["param_groups"]
     opt2.close()
