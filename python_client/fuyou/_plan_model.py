@@ -222,6 +222,11 @@ def make_plan(shape: ModelShape, work: Workload, machine: Machine,
             notes.append(f"the gradient journal spills {journal_spill / GiB:.1f} GiB a step "
                          "(written, read back only for a redo)")
 
+    least_budget = 2 * shape.largest_module_params * work.state_bytes
+    if machine.dram_budget < least_budget:
+        notes.append(f"the daemon's DRAM budget must be at least {least_budget / MiB:.0f} MiB: "
+                     "twice the states of the largest parameter (one chunk)")
+
     flops = (8 if work.recompute else 6) * n * work.tokens
     bounds = {
         "storage": read / machine.read_rate + write / machine.write_rate,

@@ -9,7 +9,7 @@
     binary fuyou.AdamW would start) with the states in its DRAM tier:
     parameters updated a second of optimizer.step(), shared-memory copies and
     commit included (what a step pays beside the storage traffic).
-  * ``matmul_rate``: the device's matmul FLOPS (fp32 on the CPU, bf16 on CUDA).
+  * ``matmul_rate``: the device's matmul FLOPS in the model's dtype.
   * ``gpu``: device memory and pinned host-device bandwidth (None without CUDA).
   * ``memory``: /proc/meminfo's MemTotal and MemAvailable.
   * ``daemon_settings``: the DRAM budget, storage paths and job quota from the
@@ -134,11 +134,11 @@ def free_for_jobs(path: str) -> Tuple[int, int]:
     return max(0, st.f_bavail * st.f_frsize - reserved), size
 
 
-def matmul_rate(device: str = "cpu", seconds: float = 1.0) -> float:
-    """FLOPS of square matmuls on ``device`` (fp32 on the CPU, bf16 on CUDA)."""
+def matmul_rate(device: str = "cpu", seconds: float = 1.0, dtype: str = "bf16") -> float:
+    """FLOPS of square matmuls on ``device`` in ``dtype`` ("bf16", "fp16", "fp32")."""
     import torch
     n = 1024 if device == "cpu" else 8192
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     torch.matmul(a, b)  # warm-up

@@ -129,9 +129,9 @@ def measure(args: argparse.Namespace) -> pm.Machine:
     if args.tflops:
         flops = args.tflops * 1e12
     else:
-        flops = probe.matmul_rate("cuda" if gpu_mem else "cpu")
-        _say(f"measured matmul: {flops / 1e12:.3f} TFLOPS "
-             f"({'bf16 on the GPU' if gpu_mem else 'fp32 on the CPU'})")
+        flops = probe.matmul_rate("cuda" if gpu_mem else "cpu", dtype=args.weights)
+        _say(f"measured matmul: {flops / 1e12:.3f} TFLOPS ({args.weights} on the "
+             f"{'GPU' if gpu_mem else 'CPU'})")
     return pm.Machine(disk_read=reads, disk_write=writes, disk_free=free,
                       kernel_params_per_s=kernel, host_total=host_total,
                       host_available=host_avail, dram_budget=settings["dram_budget"],
