@@ -220,6 +220,10 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             parameter) and one write at construction, nothing a step while
             frozen. Off (the default) a frozen parameter costs nothing (a
             LoRA's frozen base passed with ``model.parameters()``), and one
-            unfrozen later is refused at :meth:`step`. The resident mode of
-            one process only (else NotImplementedError).
+            unfrozen later is refused at :meth:`step`. With
+            ``offload_params``: the frozen parameters' weights live in fuyoud
+            too and stream in with their modules, read-only (a LoRA's frozen
+            base larger than the GPU): never sent, never updated, nothing of
+            them written per step; one unfrozen later is refused at
+            :meth:`step`. One process only (else NotImplementedError).
     """

@@ -180,7 +180,8 @@ def plan_chunks(groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int,
 
 
 def plan_module_chunks(modules: Sequence[tuple[str, torch.nn.Module]],
-                       groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int
+                       groups: Sequence[Iterable[torch.Tensor]], chunk_bytes: int,
+                       include_frozen: bool = False
                        ) -> tuple[List[Chunk], List[torch.Tensor], Dict[str, List[Chunk]]]:
     """Packs the trainable parameters of `groups` into chunks aligned with the
     modules that own them (offload_params): a parameter belongs to the first
@@ -190,12 +191,14 @@ def plan_module_chunks(modules: Sequence[tuple[str, torch.nn.Module]],
     most `chunk_bytes` as they need (a large one is split). Modules are packed
     in reverse order (backward's), each module's parameters in reverse, per
     parameter group, so that chunk ids (``group << 24 | index``) are those of the
-    same model every time. Returns (chunks, unique trainable params by
-    param_index, owner module name -> its chunks in order). A trainable parameter
-    that no module owns is InvalidArgument-worthy: ValueError."""
+    same model every time. `include_frozen`: the frozen parameters too (a
+    streamed model's read-only base), never in a chunk with trainable ones.
+    Returns (chunks, unique trainable params by param_index, owner module name
+    -> its chunks in order). A trainable parameter that no module owns is
+    InvalidArgument-worthy: ValueError."""
     if chunk_bytes < 8:
         raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
-    per_group = trainable_params(groups)
+    per_group = trainable_params(groups, include_frozen)
     unique: List[torch.Tensor] = [p for trainable in per_group for _, p in trainable]
     where = {id(p): (gi, pidx) for gi, trainable in enumerate(per_group) for pidx, p in trainable}
     owned: Dict[str, List[torch.Tensor]] = {}
@@ -227,6 +230,8 @@ def plan_module_chunks(modules: Sequence[tuple[str, torch.nn.Module]],
                 capacity = max(1, chunk_bytes // p.element_size())
                 if current is not None and (current.dtype != p.dtype
                                             or current.device != p.device
+                                            or current.segments[0].param.requires_grad
+                                            != p.requires_grad
                                             or current.num_elements + n > capacity):
                     current = None  # a parameter is split only over chunks of its own
                 start = 0

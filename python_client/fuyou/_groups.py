@@ -130,25 +130,37 @@ def edited_group_error(i: int, group: dict) -> Optional[Exception]:
 
 
 def check_track_frozen(track_frozen: bool, offload_params: bool, data_parallel) -> None:
-    """track_frozen registers frozen parameters in the resident mode of one process only."""
-    if track_frozen and (offload_params or data_parallel is not None):
+    """track_frozen registers frozen parameters in one process: the resident mode
+    (they train once unfrozen) and the streamed one (their weights stream from
+    fuyoud read-only: a LoRA's frozen base)."""
+    if track_frozen and data_parallel is not None:
         raise NotImplementedError(
-            "fuyou.AdamW(track_frozen=True) is for the resident mode of one process: with "
-            "offload_params or data parallel, build the optimizer with every parameter that "
-            "will train requiring grad (freeze them after construction)")
+            "fuyou.AdamW(track_frozen=True) is for one process: with data parallel, build "
+            "the optimizer with every parameter that will train requiring grad (freeze them "
+            "after construction)")
 
 
-def gradient_error(param_groups: List[dict], registered_params) -> Optional[Exception]:
+def gradient_error(param_groups: List[dict], registered_params,
+                   read_only=()) -> Optional[Exception]:
     """At step(): a sparse gradient, or a parameter with a gradient that has no
-    chunk (frozen when the optimizer was built, not tracked): torch would
+    chunk (frozen when the optimizer was built, not tracked) or whose chunk is
+    streamed read-only (frozen, track_frozen with offload_params): torch would
     update it; fuyou cannot. An exception for step(), or None."""
     registered = {id(p) for p in registered_params}
+    streamed_frozen = {id(p) for p in read_only}
     for i, group in enumerate(param_groups):
         for k, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
             if p.grad.is_sparse:  # overlap off: no hook saw it
                 return TypeError(SPARSE_GRADIENT)
+            if id(p) in streamed_frozen:
+                return FailedPrecondition(
+                    f"fuyou.AdamW: parameter {k} of group {i} has a gradient but "
+                    "was frozen when the optimizer was built, and track_frozen=True streams "
+                    "such parameters read-only (no master or moments are kept up to date for "
+                    "them, nothing is written back): build the optimizer with it requiring "
+                    "grad and freeze it after construction to train it later")
             if id(p) not in registered:
                 shape = "x".join(str(d) for d in p.shape) or "scalar"
                 return FailedPrecondition(

@@ -82,6 +82,7 @@ class OffloadedParams:
         self.weights = WeightCache(pipeline, self.layout, optimizer.timeout)
         self.gradients = OffloadedGradients(optimizer, pipeline, self.weights, self.layout)
         self._streams: list = []  # the ParameterStreams on the model
+        self.read_only: List[torch.Tensor] = []  # frozen, streamed (track_frozen): never sent
         self.state_dict_hooks = None  # a StreamedStateDict once fuyou.stream_parameters ran
         self.weights_loaded = 0  # model.load_state_dict calls that wrote new weights
         # A data-parallel rank's (_sharded_streamed.py): the chunks of the plan
@@ -124,9 +125,12 @@ class OffloadedParams:
                                       "open one fuyou.AdamW per model")
             opt = self._optimizer()
             modules = list(model.named_modules())
+            # track_frozen: the frozen parameters are streamed too, read-only
+            self.read_only = [p for p in self._pipeline.params if not p.requires_grad]
             try:
                 chunks, unique, by_module = plan_module_chunks(
-                    modules, [g["params"] for g in opt.param_groups], opt.chunk_bytes)
+                    modules, [g["params"] for g in opt.param_groups], opt.chunk_bytes,
+                    include_frozen=bool(self.read_only))
             except ValueError as e:
                 raise InvalidArgument(f"offload_params for job {opt.job!r}: {e}") from None
             if [id(p) for p in unique] != [id(p) for p in self._pipeline.params]:

@@ -47,7 +47,9 @@ class StreamedMode(StepMode):
         if num_slots + FETCH_SLOTS > MAX_SLOTS:
             raise ValueError(f"num_slots must be in 1..{MAX_SLOTS - FETCH_SLOTS} with "
                              f"offload_params ({FETCH_SLOTS} more slots fetch weights)")
-        trainable = [p for group in trainable_params([g["params"] for g in param_groups])
+        # track_frozen: the frozen parameters are streamed too, read-only
+        trainable = [p for group in trainable_params([g["params"] for g in param_groups],
+                                                     include_frozen=track_frozen)
                      for _, p in group]
         largest = max((p.numel() * p.element_size() for p in trainable), default=8)
         total = sum(p.numel() * p.element_size() for p in trainable)

@@ -224,10 +224,13 @@ def test_resident_unfreezing_without_track_frozen_is_refused_at_step(daemon):
         assert opt.committed_step == 1  # nothing of the refused step was kept
 
 
-def test_track_frozen_is_refused_where_it_cannot_work(stream_backend):
-    with pytest.raises(NotImplementedError, match="resident mode of one process"):
-        fuyou.AdamW(nn.Linear(2, 2).parameters(), offload_params=True, track_frozen=True,
-                    job="never-opened")
+def test_track_frozen_is_refused_where_it_cannot_work():
+    """Data parallel: refused (with offload_params it streams the frozen
+    parameters read-only: tests/python/test_hf_peft.py)."""
+    from fuyou._groups import check_track_frozen
+    with pytest.raises(NotImplementedError, match="is for one process"):
+        check_track_frozen(True, offload_params=True, data_parallel=object())
+    check_track_frozen(True, offload_params=True, data_parallel=None)
 
 
 def test_streamed_parameter_frozen_at_construction_is_refused_once_it_has_a_gradient(
