@@ -9,7 +9,7 @@ measured against the disk's rate and against what fuyou plan predicts.
         --size 1.5b [--steps 4] [--batch 1 --seq 64] [--dram-budget 1GiB] \\
         [--data-dir DIR] [--kill-at STEP] [--export DIR --shard-mib 512] [--json out.json]
 
---size: tiny (19M, the CI test), 25m, 300m, 1b, 1.5b (Llama proportions, vocab
+--size: tiny (19M), 25m, 100m, 300m, 1b, 1.5b (Llama proportions, vocab
 256 for bytes; --layers/--hidden/--intermediate override). Before anything it
 checks that the storage the job takes (both extents of states and weights, the
 spilled gradient journal; fuyou plan's arithmetic) fits the data directory's free
@@ -50,6 +50,7 @@ from fuyou._sizes import parse_size  # noqa: E402
 SIZES = {  # hidden, intermediate, layers, heads
     "tiny": (256, 688, 24, 4),
     "25m": (512, 1376, 8, 8),
+    "100m": (768, 2048, 14, 12),
     "300m": (1024, 2752, 24, 16),
     "1b": (2048, 5504, 20, 16),
     "1.5b": (2048, 5504, 29, 16),

@@ -7,9 +7,10 @@ checks them by hand-computed cases. The measurements come from _plan_probe.py,
 the report from plan.py.
 
 What a step moves (fuyou's design, DESIGN.md section 3-7), per parameter:
-  * the AdamW update reads the fp32 master and both moments and writes them back
-    (``state_bytes``: 12, or 8 with bf16 moments) for every chunk the daemon's
-    DRAM budget does not keep;
+  * the AdamW update reads the fp32 master and both moments (``state_bytes``:
+    12, or 8 with bf16 moments) for every chunk the daemon's DRAM budget does not
+    keep, and writes them back for every chunk (a commit each step makes them all
+    durable; commit_every_steps > 1 would spare the cached ones);
   * streamed weights (``offload_params``): the daemon writes the new working
     weights (``weight_bytes``) beside the states, and forward and backward each
     fetch them once (2 x ``weight_bytes`` read);
@@ -178,13 +179,13 @@ def activation_bytes(shape: ModelShape, work: Workload) -> int:
     return work.tokens * shape.layers * per_token_layer * work.act_bytes
 
 
-def _cached_fraction(total_states: int, chunk_states: int, budget: int) -> float:
-    """Share of the states the daemon's DRAM tier keeps between steps: what half
-    its budget holds beyond a window of four chunks in flight (the other half
-    serves reads and write-backs)."""
-    if total_states <= 0:
+def _cached_fraction(total_bytes: int, chunk_states: int, budget: int, journal: int) -> float:
+    """Share of the chunks (states and weights) the daemon's DRAM tier serves
+    without reading them: what its budget holds beyond a window of four chunks
+    in flight and the gradient journal's DRAM share."""
+    if total_bytes <= 0:
         return 1.0
-    return min(1.0, max(0, budget // 2 - 4 * chunk_states) / total_states)
+    return min(1.0, max(0, budget - 4 * chunk_states - journal) / total_bytes)
 
 
 def make_plan(shape: ModelShape, work: Workload, machine: Machine,
@@ -207,20 +208,19 @@ def make_plan(shape: ModelShape, work: Workload, machine: Machine,
                              - (0 if stream_weights else n * work.grad_bytes))
 
     total_states = n * work.state_bytes
-    cached = _cached_fraction(total_states, chunk_states, machine.dram_budget)
-    moved_states = int(total_states * (1 - cached))
-    read = moved_states
-    write = moved_states
-    journal_spill = 0
-    if stream_weights:
-        weights = n * work.weight_bytes
-        read += 2 * int(weights * (1 - cached))  # forward and backward fetch
-        write += int(weights * (1 - cached))     # the new weights, beside the states
-        journal_spill = max(0, n * work.grad_bytes - machine.dram_budget // 2)
-        write += journal_spill
-        if journal_spill:
-            notes.append(f"the gradient journal spills {journal_spill / GiB:.1f} GiB a step "
-                         "(written, read back only for a redo)")
+    weights = n * work.weight_bytes if stream_weights else 0
+    journal = n * work.grad_bytes if stream_weights else 0
+    journal_dram = min(journal, machine.dram_budget // 2)
+    journal_spill = journal - journal_dram
+    cached = _cached_fraction(total_states + weights, chunk_states, machine.dram_budget,
+                              journal_dram)
+    # Reads: the update's states and two fetches of the weights, unless DRAM holds them.
+    read = int((total_states + 2 * weights) * (1 - cached))
+    # Writes: a commit every step makes every updated chunk durable, cached or not.
+    write = total_states + weights + journal_spill
+    if journal_spill:
+        notes.append(f"the gradient journal spills {journal_spill / GiB:.1f} GiB a step "
+                     "(written, read back only for a redo)")
 
     least_budget = 2 * shape.largest_module_params * work.state_bytes
     if machine.dram_budget < least_budget:
@@ -251,11 +251,10 @@ def make_plan(shape: ModelShape, work: Workload, machine: Machine,
         notes.append("CPU training: compute and the AdamW kernel share the cores, so the "
                      "step is max(storage, compute + kernel)")
 
-    weight_extents = (n * work.weight_bytes) if stream_weights else 0
-    storage = 2 * (total_states + weight_extents) + journal_spill
+    storage = 2 * (total_states + weights) + journal_spill
     tiers = {
         "storage (states, both extents" + (", weights" if stream_weights else "") + ")": storage,
-        "daemon DRAM (budget)": min(machine.dram_budget, total_states + weight_extents),
+        "daemon DRAM (budget)": min(machine.dram_budget, total_states + weights),
         ("GPU" if machine.gpu_memory is not None else "host (model)") + " weights":
             working_weights,
         "activations": acts,

@@ -46,6 +46,9 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
                     help="fuyou.AdamW(state_dtype=): the moments' dtype")
     ap.add_argument("--no-recompute", action="store_true",
                     help="keep every activation (default: activation checkpointing)")
+    ap.add_argument("--stream-weights", choices=["auto", "yes", "no"], default="auto",
+                    help="offload_params: the weights live in fuyoud (on the SSDs beside the "
+                    "states) and stream in; auto: when they do not fit the device")
     ap.add_argument("--endurance-tbw", type=float,
                     help="the drives' rated endurance in TB written (all drives together)")
     ap.add_argument("--daemon-config", help="fuyoud's TOML file (default /etc/fuyou/fuyoud.toml)")
@@ -178,7 +181,10 @@ def report(plan: pm.Plan, machine: pm.Machine, largest: int, endurance_tbw=None)
     _say("step time each resource allows:")
     for name, s in sorted(plan.bounds.items(), key=lambda kv: -kv[1]):
         _say(f"  {name:<10} {s:>10.2f} s{'   <- binds' if name == plan.binding else ''}")
-    _say(f"predicted step: {plan.step_s:.2f} s ({w.tokens / plan.step_s:.0f} tokens/s)")
+    flops = m.params * w.tokens / plan.step_s / 1e12
+    _say(f"predicted step: {plan.step_s:.2f} s ({w.tokens / plan.step_s:.0f} tokens/s; "
+         f"{6 * flops:.1f} model TFLOPS counting 6 N a token, {8 * flops:.1f} counting 8 N "
+         "with recompute)")
     for note in plan.notes:
         _say(f"  note: {note}")
     line = f"written to the SSDs: {plan.tb_written_per_day:.1f} TB a day of training"
@@ -200,7 +206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                        grad_bytes=wb, state_bytes=12 if args.state_dtype == "fp32" else 8,
                        recompute=not args.no_recompute, act_bytes=wb)
     machine = measure(args)
-    plan = pm.make_plan(shape, work, machine)
+    stream = {"auto": None, "yes": True, "no": False}[args.stream_weights]
+    plan = pm.make_plan(shape, work, machine, stream_weights=stream)
     largest = pm.largest_params(work, machine)
     report(plan, machine, largest, args.endurance_tbw)
     if args.json:
