@@ -8,6 +8,7 @@ measured against the disk's rate and against what fuyou plan predicts.
     .venv/bin/python benchmarks/scale_bench.py --fuyoud build/daemon/fuyoud \\
         --size 1.5b [--steps 4] [--batch 1 --seq 64] [--dram-budget 1GiB] \\
         [--data-dir DIR] [--kill-at STEP] [--export DIR --shard-mib 512] [--json out.json]
+    .venv/bin/python benchmarks/scale_bench.py --table run1.json run2.json ...   # item 4
 
 --size: tiny (19M), 25m, 100m, 300m, 1b, 1.5b (Llama proportions, vocab
 256 for bytes; --layers/--hidden/--intermediate override). Before anything it
@@ -208,6 +209,16 @@ def main(argv=None):
     return result
 
 
+def plan_for(shape, work, disk, kernel, flops, budget, need):
+    """fuyou plan's machine and plan for this run's measurements."""
+    mem = probe.memory()
+    machine = pm.Machine(disk_read=[disk["read"]], disk_write=[disk["write"]], disk_free=[need],
+                         kernel_params_per_s=kernel, host_total=mem["total"],
+                         host_available=mem["available"], dram_budget=budget,
+                         compute_flops=flops)
+    return machine, pm.make_plan(shape, work, machine, stream_weights=True)
+
+
 def run(args, cfg, shape, work, data_dir, budget, need):
     r = probe.disk_rate(str(data_dir), parse_size(args.probe_bytes, "--probe-bytes"))
     if args.quick:
@@ -215,12 +226,7 @@ def run(args, cfg, shape, work, data_dir, budget, need):
     else:
         kernel = probe.kernel_rate(binary=args.fuyoud, threads=args.threads)
         flops = probe.matmul_rate("cpu", dtype="bf16")
-    machine = pm.Machine(disk_read=[r["read"]], disk_write=[r["write"]], disk_free=[need],
-                         kernel_params_per_s=kernel["params_per_s"],
-                         host_total=probe.memory()["total"],
-                         host_available=probe.memory()["available"], dram_budget=budget,
-                         compute_flops=flops)
-    plan = pm.make_plan(shape, work, machine, stream_weights=True)
+    machine, plan = plan_for(shape, work, r, kernel["params_per_s"], flops, budget, need)
     chunk_bytes = int(args.chunk_mib * MiB) if args.chunk_mib else plan.chunk_bytes
     device_budget = parse_size(args.device_budget, "--device-budget") if args.device_budget \
         else 4 * shape.largest_module_params * 2
@@ -281,7 +287,7 @@ def run(args, cfg, shape, work, data_dir, budget, need):
                 kill = resume(args, cfg, tr, daemon, e, loss, step, chunk_bytes, device_budget,
                               daemon_peaks, start_daemon)
                 tr, daemon = kill.pop("trainer"), kill.pop("daemon")
-                continue  # redo this step on the resumed job
+                continue  # redo this step on the resumed job (its first: not timed)
             if timer is not None:
                 timer.cancel()
                 sys.exit("scale_bench: the kill landed after the step; use a later --kill-at")
@@ -293,6 +299,8 @@ def run(args, cfg, shape, work, data_dir, budget, need):
                        client_rss=vm(os.getpid(), "VmRSS"))
             if step == 1:
                 row["first_step_total_s"] = time.perf_counter() - t_first
+            # a session's first step learns the order: the steady median leaves it out
+            row["first_of_session"] = step == 1 or (kill is not None and step == kill["step"])
             steps.append(row)
             if kill is not None and step == kill["step"]:
                 kill["loss_after"] = loss
@@ -366,13 +374,13 @@ def do_export(args, tr):
 
 def report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, client_peak,
            budget, device_budget, peak_live, kill, export, need):
-    timed = steps[1:] or steps  # step 1 learns the order
+    timed = [s for s in steps if not s["first_of_session"]] or steps
     med = {k: statistics.median(s[k] for s in timed)
            for k in ("fwd_bwd_s", "opt_s", "step_s", "disk_s", "bytes_read", "bytes_written")}
     daemon_peak = max(daemon_peaks)
     moved = plan.read_bytes + plan.write_bytes
     measured = med["bytes_read"] + med["bytes_written"]
-    print(f"\nmedian of steps {timed[0]['step']}-{timed[-1]['step']}: step {med['step_s']:.1f} s "
+    print(f"\nmedian of steps {', '.join(str(s['step']) for s in timed)}: step {med['step_s']:.1f} s "
           f"(fwd+bwd {med['fwd_bwd_s']:.1f}, optimizer {med['opt_s']:.1f}); disk time at the "
           f"probe's rates {med['disk_s']:.1f} s")
     print(f"SSD a step: read {med['bytes_read'] / 1e9:.2f} GB, written "
@@ -413,5 +421,38 @@ def report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, clie
                 first_step_total_s=first)
 
 
+def growth_table(paths):
+    """Item 4's table from the --json files of runs at several sizes: step time,
+    SSD bytes and peak RSS against the model's size."""
+    rows = [json.load(open(p)) for p in paths]
+    rows.sort(key=lambda r: r["params"])
+    for r in rows:  # the plan's bytes by today's arithmetic
+        a = argparse.Namespace(**r["args"])
+        shape = pm.shape_from_hf_config(llama_config(a).to_dict())
+        work = pm.Workload(tokens=a.batch * a.seq, recompute=False)
+        _, plan = plan_for(shape, work, r["probe"], r["kernel_params_per_s"], r["compute_flops"],
+                           r["dram_budget"], r["storage_needed"])
+        m = r["median"]
+        r["traffic_ratio"] = (m["bytes_read"] + m["bytes_written"]) / (plan.read_bytes
+                                                                        + plan.write_bytes)
+        r["step_ratio"] = m["step_s"] / plan.step_s
+    print("| params | fp32 states | step s (fwd+bwd / opt) | SSD read + written a step | "
+          "/ plan's bytes | disk s at the probe's rates | step / plan's | fuyoud peak RSS | "
+          "client peak RSS (+ over base) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["median"]
+        print(f"| {r['params'] / 1e6:.0f}M | {r['states_bytes'] / GiB:.1f} GiB | "
+              f"{m['step_s']:.1f} ({m['fwd_bwd_s']:.1f} / {m['opt_s']:.1f}) | "
+              f"{m['bytes_read'] / 1e9:.2f} + {m['bytes_written'] / 1e9:.2f} GB | "
+              f"{r['traffic_ratio']:.2f} | {m['disk_s']:.1f} | {r['step_ratio']:.2f} | "
+              f"{r['daemon_peak_rss'] / MiB:.0f} MiB | {r['client_peak_rss'] / MiB:.0f} MiB "
+              f"(+{(r['client_peak_rss'] - r['client_base_rss']) / MiB:.0f}) |")
+    print(f"{rows[-1]['params'] / rows[0]['params']:.0f}x the parameters")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--table"]:
+        growth_table(sys.argv[2:])
+    else:
+        main()
