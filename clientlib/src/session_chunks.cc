@@ -7,6 +7,7 @@
 #include "channel.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "fuyou/wire_limits.h"
 #include "session_impl.h"
 
 namespace fuyou {
@@ -14,9 +15,6 @@ namespace {
 
 using internal::RpcError;
 using internal::SetDeadline;
-
-// Most ChunkSpec.segment_elements a chunk may have (offload.proto).
-constexpr size_t kMaxSegmentsPerChunk = 4096;
 
 v1::ChunkSpec ToProto(const ChunkSpec& spec, uint32_t slot) {
   v1::ChunkSpec proto;
@@ -55,11 +53,11 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
         "the session with slot_bytes >= the largest chunk's bytes",
         spec.chunk_id, Who(), spec.num_elements, widest, memory_.slot_bytes()));
   }
-  if (spec.segment_elements.size() > kMaxSegmentsPerChunk) {
+  if (spec.segment_elements.size() > kMaxChunkSegments) {
     return absl::InvalidArgumentError(fmt::format(
         "chunk {} of {} has {} segments, more than the {} a chunk may have: send none (one "
         "segment) or pack fewer parameters into it",
-        spec.chunk_id, Who(), spec.segment_elements.size(), kMaxSegmentsPerChunk));
+        spec.chunk_id, Who(), spec.segment_elements.size(), kMaxChunkSegments));
   }
   if (!spec.segment_elements.empty()) {
     uint64_t total = 0;

@@ -31,11 +31,9 @@
 #include "absl/status/status.h"
 #include "fuyou/v1/manifest.pb.h"
 #include "fuyou/v1/offload.pb.h"
+#include "fuyou/wire_limits.h"
 
 namespace fuyou {
-
-// The most segments one chunk may have (ChunkSpec.segment_elements).
-inline constexpr int kMaxChunkSegments = 4096;
 
 // OK when `spec.segment_elements` is a valid segment list for its num_elements;
 // else INVALID_ARGUMENT "chunk <id>: segment_elements ...".

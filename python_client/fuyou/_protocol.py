@@ -1,7 +1,12 @@
 """The values of fuyou.v1's enums that the client sends, as plain ints, in one
 place: every module that names a state, a redo or an abort reason imports them
 from here (none from the pipeline); and ``Hyper``, the AdamW hyper-parameters a
-GradReady carries."""
+GradReady carries.
+
+The values are literals so that ``import fuyou`` works before the binding is
+built; tests/python/test_wire_values.py holds each equal to the binding's
+(fuyou._fuyou), which takes them from offload.proto and
+proto/include/fuyou/wire_limits.h."""
 
 from __future__ import annotations
 

@@ -302,6 +302,7 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);
   m.attr("DTYPE_FLOAT16") = static_cast<int>(DType::kFloat16);
   m.attr("MAX_SLOTS") = kMaxSlots;
+  m.attr("MAX_CHUNK_SEGMENTS") = kMaxChunkSegments;
   m.attr("JOURNAL_NONE") = static_cast<int>(JournalUse::kNone);
   m.attr("JOURNAL_KEEP") = static_cast<int>(JournalUse::kKeep);
   m.attr("JOURNAL_ADD") = static_cast<int>(JournalUse::kAdd);
@@ -311,6 +312,10 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("STATE_MASTER") = static_cast<int>(StateKind::kMaster);
   m.attr("STATE_EXP_AVG") = static_cast<int>(StateKind::kExpAvg);
   m.attr("STATE_EXP_AVG_SQ") = static_cast<int>(StateKind::kExpAvgSq);
+  m.attr("REDO_GRADIENTS_CHANGED") = static_cast<int>(RedoReason::kGradientsChanged);
+  m.attr("REDO_CLIPPED") = static_cast<int>(RedoReason::kClipped);
+  m.attr("ABORT_SKIPPED_STEP") = static_cast<int>(AbortReason::kSkippedStep);
+  m.attr("ABORT_OVERFLOW") = static_cast<int>(AbortReason::kOverflow);
   m.attr("SEGMENT_ALIGNMENT") = kSegmentAlignment;
 
   m.def(

@@ -14,13 +14,13 @@
 #include <optional>
 
 #include "fuyou/checked_math.h"
+#include "fuyou/wire_limits.h"
 
 namespace fuyou {
 
 inline constexpr uint64_t kSegmentAlignment = 4096;
 inline constexpr uint64_t kSegmentHeaderBytes = 4096;
 inline constexpr uint64_t kSegmentMagic = 0x31564f5559554643ULL;  // "CFUYUOV1"
-inline constexpr uint32_t kMaxSlots = 64;
 
 // Written by the daemon at offset 0 when it creates the segment; the client
 // checks it after mapping so a wrong or stale segment is refused, not misread.
