@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds, then fine-tunes the example GPT with
-# fuyou.AdamW against a private ("embedded") fuyoud that the script starts and
-# stops itself. The model (25.4M parameters, preset "main") has 305 MB of fp32
-# optimizer states, 4.5x the embedded fuyoud's DRAM budget (64 MiB, fuyoud's
+# The main job: installs dependencies, builds, then fine-tunes a transformers Llama
+# (LlamaForCausalLM from python_client/examples/configs/llama-main.json, random
+# init, trained first on the KJV text the repository ships, byte-level vocabulary)
+# with fuyou.AdamW against a private ("embedded") fuyoud that the script starts and
+# stops itself. The model (25.6M parameters, preset "main") has 307 MB of fp32
+# optimizer states, 4.6x the embedded fuyoud's DRAM budget (64 MiB, fuyoud's
 # smallest), so the states stream from the SSD every step. It trains on CUDA when
 # torch.cuda.is_available(), else on the CPU (--device). At the end it prints a
 # side-by-side table: fuyou's tokens/s, the same steps with torch.optim.AdamW, the
 # SSD traffic and cache hit rate, the overlap achieved and the redo counts.
-# Outputs go to runs/<job>/ (checkpoint, loss.png, timeline.png, metrics.json).
+# Outputs go to runs/<job>/ (checkpoint, loss.png, timeline.png, metrics.json, and
+# hf/: the model with save_pretrained in safetensors, which the job loads back with
+# AutoModelForCausalLM.from_pretrained and compares tensor by tensor).
 #
 # Arguments go to python_client/examples/finetune_gpt.py and override the defaults
 # below, e.g.:
 #   deploy/main-job.sh --optimizer torch        # the whole run with torch.optim.AdamW
 #   deploy/main-job.sh --steps 400 --model tiny --batch-size 16 --seq-len 128
+#   deploy/main-job.sh --arch gpt               # the example GPT (gpt.py) instead
 #   deploy/main-job.sh --commit-every 10        # fuyoud --commit-every-steps 10
 #   deploy/main-job.sh --ddp [--nproc N]        # N data-parallel ranks (default 2) under
 #                                               # torchrun, one fuyoud (see below)

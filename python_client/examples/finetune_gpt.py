@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""Fine-tunes a small GPT with fuyou.AdamW (optimizer states offloaded to fuyoud).
+"""Fine-tunes a small Llama with fuyou.AdamW (optimizer states offloaded to fuyoud).
+
+The model is a transformers LlamaForCausalLM built from a config file of
+configs/ (--model picks configs/llama-<preset>.json; --model-config any
+config.json), with random weights and a byte-level vocabulary (llama.py);
+--arch gpt trains the example GPT of gpt.py instead.
 
 What it does, with the defaults (about 2-4 minutes on 2 CPU cores):
 
@@ -12,14 +17,16 @@ What it does, with the defaults (about 2-4 minutes on 2 CPU cores):
   3. Reports held-out loss before and after, tokens/s, the bytes the daemon read
      and wrote, and the daemon's final stats; saves a checkpoint (model +
      optimizer state_dict), a loss-curve PNG (loss.png), a step-timeline PNG
-     (timeline.png) and metrics.json under --out-dir.
+     (timeline.png) and metrics.json under --out-dir; the Llama also with
+     save_pretrained (safetensors, <out-dir>/hf/), which the script loads back
+     with AutoModelForCausalLM.from_pretrained and compares tensor by tensor.
   4. With fuyou: runs the first --compare-steps steps again with
      torch.optim.AdamW and prints a side-by-side table (tokens/s, SSD traffic,
      cache hit rate, the overlap achieved, redo counts; see summarize()).
 
 The model trains on CUDA when torch.cuda.is_available(), else on the CPU
-(--device). deploy/main-job.sh runs the 'main' preset (25.4M parameters) with
---daemon embedded --dram-budget 64MiB, so its optimizer states (305 MB) are 4.5x
+(--device). deploy/main-job.sh runs the 'main' preset (25.6M parameters) with
+--daemon embedded --dram-budget 64MiB, so its optimizer states (307 MB) are 4.6x
 the daemon's DRAM budget and stream from the SSD every step.
 
 With --optimizer fuyou and the default --daemon auto, fuyou.AdamW decides whether
@@ -53,6 +60,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ddp_launch  # noqa: E402
+import llama  # noqa: E402
 from gpt import GPT, PRESETS, ByteTokenizer  # noqa: E402
 
 DATA_DIR = HERE / "data"
@@ -79,7 +87,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="optimizer of the base training (fuyou uses job '<job>-base')")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="dtype of the model's working weights (fuyou keeps fp32 masters)")
-    p.add_argument("--model", choices=sorted(PRESETS), default="small", help="size preset")
+    p.add_argument("--arch", choices=["llama", "gpt"], default="llama",
+                   help="llama: transformers' LlamaForCausalLM from a config file (llama.py); "
+                        "gpt: the example GPT (gpt.py)")
+    p.add_argument("--model", choices=sorted(set(PRESETS) | set(llama.PRESETS)), default="small",
+                   help="size preset (--arch llama: configs/llama-<preset>.json)")
+    p.add_argument("--model-config", type=pathlib.Path, default=None,
+                   help="--arch llama: a Hugging Face config.json of a Llama to build instead "
+                        "of the preset's")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3, help="fine-tuning learning rate")
@@ -152,9 +167,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "during backward and that rank's update overlaps the rest of backward")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (log lines instead)")
     args = p.parse_args(argv)
-    if args.seq_len > PRESETS[args.model].block_size:
-        p.error(f"--seq-len {args.seq_len} exceeds the model's block size "
-                f"{PRESETS[args.model].block_size}")
+    if args.arch == "llama":
+        if args.model_config is None:
+            if args.model not in llama.PRESETS:
+                p.error(f"--model {args.model}: no configs/llama-{args.model}.json")
+            args.model_config = llama.config_path(args.model)
+        args.block_size = int(llama.load_config(args.model_config).max_position_embeddings)
+    else:
+        if args.model_config is not None or args.model not in PRESETS:
+            p.error("--arch gpt takes a --model of gpt.py's presets and no --model-config")
+        args.block_size = PRESETS[args.model].block_size
+    if args.seq_len > args.block_size:
+        p.error(f"--seq-len {args.seq_len} exceeds the model's block size {args.block_size}")
     if args.out_dir is None:
         args.out_dir = pathlib.Path("runs") / args.job
     if args.device == "auto":
@@ -683,6 +707,32 @@ def fmt_bytes(n: float) -> str:
     return str(n)
 
 
+def build_model(args):
+    """The model of --arch and --model (--model-config), random weights from the
+    global torch generator."""
+    if args.arch == "llama":
+        return llama.LlamaLM(llama.load_config(args.model_config))
+    return GPT(PRESETS[args.model])
+
+
+def save_hf(model, directory: pathlib.Path) -> dict:
+    """--arch llama: the model with save_pretrained (safetensors) into `directory`,
+    loaded back with AutoModelForCausalLM.from_pretrained and compared with the
+    trained weights tensor by tensor; raises if anything differs."""
+    import transformers
+    model.hf.save_pretrained(directory)
+    back = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=model.hf.dtype)
+    mine = model.hf.state_dict()
+    theirs = back.state_dict()
+    differ = [k for k, v in mine.items() if k not in theirs or not torch.equal(v.cpu(), theirs[k])]
+    if differ or set(theirs) != set(mine):
+        raise RuntimeError(f"from_pretrained({directory}) does not give the trained weights: "
+                           f"{differ[:3] or sorted(set(theirs) ^ set(mine))[:3]}")
+    files = sorted(p.name for p in directory.iterdir())
+    return {"directory": str(directory), "files": files, "tensors": len(theirs),
+            "architecture": type(back).__name__}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.ddp:
@@ -694,8 +744,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     dtype = DTYPES[args.dtype]
     tokenizer = ByteTokenizer()
 
-    model = GPT(PRESETS[args.model]).to(args.device)
-    print(f"model: {args.model}, {model.num_parameters():,} parameters, {args.dtype}, on "
+    model = build_model(args).to(args.device)
+    print(f"model: {args.arch} {args.model}, {model.num_parameters():,} parameters, {args.dtype}, on "
           f"{args.device}; batch {args.batch_size} x {args.seq_len} tokens; torch "
           f"{torch.__version__}, {torch.get_num_threads()} thread(s)")
     daemon = start_embedded_daemon(args)
@@ -785,6 +835,8 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
                     "model_preset": args.model, "args": {k: str(v) for k, v in vars(args).items()},
                     "metrics": {k: v for k, v in metrics.items() if k != "daemon_stats"}},
                    ckpt_path)
+        hf_saved = save_hf(model, args.out_dir / "hf") if args.arch == "llama" else None
+        metrics["hf_checkpoint"] = hf_saved
         png = args.out_dir / "loss.png"
         plot_losses(png, base_losses, hist, ft_before, ft_after,
                     title=f"fine-tuning (SQLite docs), {args.optimizer} AdamW")
@@ -834,6 +886,10 @@ def _run(args, model: GPT, dtype, tokenizer: ByteTokenizer) -> int:
         if summary is not None:
             print(format_summary(summary))
         print(f"saved {ckpt_path}, {png}, {timeline_png}, {args.out_dir / 'metrics.json'}")
+        if hf_saved is not None:
+            print(f"saved {hf_saved['directory']} with save_pretrained ({', '.join(hf_saved['files'])});"
+                  f" AutoModelForCausalLM.from_pretrained loads it: {hf_saved['architecture']}, "
+                  f"{hf_saved['tensors']} tensors equal to the trained ones")
     finally:
         if args.optimizer == "fuyou":
             opt.close()

@@ -1,5 +1,6 @@
-"""Tests of the example GPT, its tokenizer and data pipeline, and a tiny end-to-end
-run of python_client/examples/finetune_gpt.py with torch.optim (no daemon needed)."""
+"""Tests of the example models (the main job's transformers Llama of llama.py,
+the GPT of gpt.py), the byte tokenizer and data pipeline, and tiny end-to-end
+runs of python_client/examples/finetune_gpt.py (the main job's script)."""
 import json
 import pathlib
 import sys
@@ -11,6 +12,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "python_client" / "exam
 sys.path.insert(0, str(EXAMPLES))
 
 import finetune_gpt  # noqa: E402
+import llama  # noqa: E402
 from gpt import GPT, PRESETS, ByteTokenizer, GPTConfig  # noqa: E402
 
 
@@ -90,6 +92,40 @@ def test_generate_appends_tokens():
     assert out.shape == (1, 8)
 
 
+def test_llama_presets_are_config_files_of_a_byte_vocabulary():
+    assert {"nano", "medium", "main"} <= set(llama.PRESETS)
+    for preset in llama.PRESETS:
+        cfg = llama.load_config(llama.config_path(preset))
+        assert cfg.model_type == "llama" and cfg.vocab_size == ByteTokenizer.vocab_size
+        assert cfg.max_position_embeddings >= 64
+    # The main job's: 25.6M parameters, fp32 states (12 bytes each) 4.5x and more
+    # the embedded fuyoud's 64 MiB budget, so they stream from the SSD.
+    import torch.nn as nn
+    with torch.device("meta"):
+        main = llama.LlamaLM(llama.load_config(llama.config_path("main")))
+    assert 25e6 < main.num_parameters() < 26e6 and isinstance(main.hf, nn.Module)
+    assert 12 * main.num_parameters() > 4.5 * (64 << 20)
+
+
+def test_llama_forward_loss_and_generate():
+    torch.manual_seed(0)
+    model = llama.LlamaLM(llama.load_config(llama.config_path("nano")))
+    assert type(model.hf).__name__ == "LlamaForCausalLM"
+    x = torch.randint(0, 256, (3, 17))
+    logits, loss = model(x)
+    assert logits.shape == (3, 17, 256) and loss is None
+    y = torch.randint(0, 256, (3, 17))
+    _, loss = model(x, y)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
+    assert torch.allclose(loss, expected)
+    assert abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.5
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, model.block_size + 1, dtype=torch.long))
+    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 5,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.shape == (1, 8)
+
+
 def test_corpora_are_shipped_distinct_and_sized():
     base = finetune_gpt.BASE_CORPUS.read_text(encoding="utf-8")
     ft = finetune_gpt.FINETUNE_CORPUS.read_text(encoding="utf-8")
@@ -122,8 +158,11 @@ def test_lr_schedule_warms_up_then_decays():
 def test_args_defaults_and_validation(tmp_path):
     args = finetune_gpt.parse_args(["--job", "j1"])
     assert args.optimizer == "fuyou" and args.out_dir == pathlib.Path("runs/j1")
+    assert args.arch == "llama" and args.model_config == llama.config_path("small")
     with pytest.raises(SystemExit):
         finetune_gpt.parse_args(["--seq-len", "4096"])
+    with pytest.raises(SystemExit):
+        finetune_gpt.parse_args(["--arch", "gpt", "--model-config", "x.json"])
 
 
 def test_end_to_end_with_torch_optimizer(tmp_path, capsys):
@@ -133,10 +172,18 @@ def test_end_to_end_with_torch_optimizer(tmp_path, capsys):
                             "--eval-batches", "1", "--eval-every", "2", "--warmup", "1",
                             "--sample-bytes", "8", "--no-progress", "--out-dir", str(out)])
     assert rc == 0
-    for name in ("base.pt", "finetuned.pt", "loss.png", "metrics.json"):
+    for name in ("base.pt", "finetuned.pt", "loss.png", "metrics.json", "hf/model.safetensors",
+                 "hf/config.json"):
         assert (out / name).stat().st_size > 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["optimizer"] == "torch" and metrics["steps"] == 3
+    # save_pretrained's directory: the script loaded it back and compared it
+    assert metrics["hf_checkpoint"]["architecture"] == "LlamaForCausalLM"
+    import transformers
+    back = transformers.AutoModelForCausalLM.from_pretrained(out / "hf")
+    trained = torch.load(out / "finetuned.pt")["model"]
+    for name, t in back.state_dict().items():
+        assert torch.equal(t, trained["hf." + name]), name
     ckpt = torch.load(out / "finetuned.pt")
     assert set(ckpt) >= {"model", "optimizer"}
     # The base checkpoint loads back through --checkpoint.
@@ -148,12 +195,22 @@ def test_end_to_end_with_torch_optimizer(tmp_path, capsys):
     assert "loaded" in capsys.readouterr().out
 
 
+def test_end_to_end_with_the_example_gpt(tmp_path):
+    out = tmp_path / "run"
+    rc = finetune_gpt.main(["--arch", "gpt", "--optimizer", "torch", "--model", "nano",
+                            "--steps", "2", "--base-steps", "1", "--batch-size", "2",
+                            "--seq-len", "16", "--eval-batches", "1", "--warmup", "1",
+                            "--sample-bytes", "0", "--no-progress", "--out-dir", str(out)])
+    assert rc == 0 and not (out / "hf").exists()
+
+
 def test_main_job_path_streams_states_from_ssd_and_prints_the_table(tmp_path, capsys, monkeypatch):
     """The main job's path (deploy/main-job.sh: --daemon embedded, states larger
     than the embedded fuyoud's DRAM budget) on small settings: a real fuyoud reads
     states from its storage, the side-by-side table is printed with those bytes,
-    and the loss and timeline PNGs are written. fuyoud's smallest budget is 64 MiB,
-    so the model is 'medium' (123.5 MiB of states) with 8-token batches."""
+    the loss and timeline PNGs are written, and the Llama is saved with
+    save_pretrained. fuyoud's smallest budget is 64 MiB, so the model is
+    'medium' (124 MiB of states) with 8-token batches."""
     from conftest import daemon_binary, require_daemon
     require_daemon()
     monkeypatch.setenv("FUYOU_DAEMON", daemon_binary())
@@ -180,3 +237,4 @@ def test_main_job_path_streams_states_from_ssd_and_prints_the_table(tmp_path, ca
     assert "SSD read / written" in table and read_gb in table and read_gb != "0.00 GB"
     for row in ("tokens/s, steady", "cache hit rate", "overlap (fb+opt)/step", "redo (loop_stats)"):
         assert row in table
+    assert "AutoModelForCausalLM.from_pretrained loads it: LlamaForCausalLM" in printed

@@ -79,6 +79,17 @@ def assert_close(got: dict, ref: dict, what: str):
             f"{what}: {k} differs by {float((x - y).abs().max())}")
 
 
+def adapter_state_dict(model) -> dict:
+    """The state_dict entries of the modules that own a trainable parameter (the
+    adapters), each module's fetched on its own: what ``save_pretrained(dir,
+    state_dict=...)`` needs without the base's weights."""
+    out = {}
+    for name, module in model.named_modules():
+        if any(p.requires_grad for p in module.parameters(recurse=False)):
+            out.update(module.state_dict(prefix=f"{name}."))
+    return out
+
+
 def reference():
     model = lora_model()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **HYPER)
@@ -122,7 +133,16 @@ def test_lora_on_a_streamed_read_only_base_matches_the_resident_run(daemon, tmp_
         state = opt.state_dict()["state"]
         assert {names[i] for i in state} == adapters
         assert all(int(s["step"]) == STEPS for s in state.values())
-        model.save_pretrained(tmp_path / "adapter")
+        model.save_pretrained(tmp_path / "adapter")  # state_dict(): the base fetched too
+        # The adapter alone, for a base larger than memory: the state_dict of the
+        # modules that own trainable parameters, fetched module by module; the
+        # whole model's state_dict is refused under the same limit.
+        handle.state_dict_limit_bytes = 16 << 10  # the adapters' 13 KiB, not the base's
+        with pytest.raises(fuyou.FailedPrecondition, match="state_dict_limit_bytes"):
+            model.state_dict()
+        own = adapter_state_dict(model)
+        assert set(own) == {k for k in ref[-1] if "lora_" in k}
+        model.save_pretrained(tmp_path / "adapter-only", state_dict=own)
     finally:
         handle.close()
         opt.close()
@@ -131,6 +151,8 @@ def test_lora_on_a_streamed_read_only_base_matches_the_resident_run(daemon, tmp_
     saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     assert saved and all("lora_" in k for k in saved)
     assert len(saved) == len(adapters)
+    alone = load_file(tmp_path / "adapter-only" / "adapter_model.safetensors")
+    assert set(alone) == set(saved) and all(torch.equal(alone[k], saved[k]) for k in saved)
     loaded = peft.PeftModel.from_pretrained(base_model(), tmp_path / "adapter")
     assert_close({k: v for k, v in loaded.state_dict().items()}, ref[-1], "adapter loaded")
 
