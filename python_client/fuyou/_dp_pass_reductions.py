@@ -42,15 +42,16 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 from ._chunk_grads import ChunkAverage
 from ._chunk_plan import ChunkPlan
 from ._chunking import Chunk
+from ._placeholders import assign_grad
 
-__all__ = ["PassReductions", "PassReductionCounts", "assign_grad"]
+__all__ = ["PassReductions", "PassReductionCounts"]
 
 
 @dataclass
@@ -189,12 +190,3 @@ class PassReductions:
                 assign_grad(p, shape, p.grad.contiguous())
             avg = r.flat[seg.offset:seg.offset + seg.numel]
             p.grad.detach().view(-1)[seg.start:seg.end].copy_(avg.to(p.grad.device))
-
-
-def assign_grad(p: torch.Tensor, shape, grad: Optional[torch.Tensor]) -> None:
-    """``p.grad = grad`` for a streamed parameter (an empty placeholder: torch
-    checks ``.grad``'s size against ``p.data``)."""
-    data = p.data
-    p.data = torch.empty(1, dtype=p.dtype, device=p.device).expand(shape)
-    p.grad = grad
-    p.data = data

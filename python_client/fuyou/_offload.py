@@ -15,7 +15,10 @@ model's modules and registers them; three parts do the rest:
   ones in an LRU cache within the device budget, counts live bytes;
 - ``gradients`` (:class:`OffloadedGradients`, _offload_grads.py): sends and
   frees a chunk's gradients once a pass completed them, or keeps them on the
-  host for clipping and accumulation.
+  host for clipping and accumulation;
+- ``placeholders`` (:class:`PlaceholderUses`, _placeholder_uses.py): a
+  parameter used outside the forward of the modules that hold it (a tied
+  head, a penalty, an edit) is fetched for the use (_placeholders.py).
 
 Units::
 
@@ -45,6 +48,8 @@ from ._errors import FailedPrecondition, InvalidArgument
 from ._materialize import is_empty
 from ._module_blocks import ModuleBlocks
 from ._offload_grads import OffloadedGradients
+from ._placeholder_uses import PlaceholderUses
+from ._placeholders import become_placeholder
 from ._weight_cache import Block, WeightCache, placeholder
 from ._weight_fetches import FETCH_SLOTS
 
@@ -80,6 +85,8 @@ class OffloadedParams:
         self.resumed = False
         self._job_exists: Optional[bool] = None
         self.weights = WeightCache(pipeline, self.layout, optimizer.timeout)
+        self.placeholders = PlaceholderUses(self)  # a use outside the modules' forwards
+        self.weights.placeholder_class = self.placeholders.cls
         self.gradients = OffloadedGradients(optimizer, pipeline, self.weights, self.layout)
         self._streams: list = []  # the ParameterStreams on the model
         self.read_only: List[torch.Tensor] = []  # frozen, streamed (track_frozen): never sent
@@ -225,7 +232,8 @@ class OffloadedParams:
                     self._replace_param(m.param, torch.nn.Parameter(
                         placeholder(m.dtype, block.device), requires_grad=m.param.requires_grad))
                 self._hooks.install([m.index])  # on the tensor: they outlive set_data
-                m.param.data = placeholder(m.dtype, block.device)
+                become_placeholder(m.param, placeholder(m.dtype, block.device),
+                                   self.placeholders.cls)
             block.registered = True
             if resumed_any:
                 self.resumed = True

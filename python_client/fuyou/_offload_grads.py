@@ -39,6 +39,7 @@ import torch
 from ._chunking import Chunk
 from ._errors import FailedPrecondition, InvalidArgument
 from ._freed_grad import OP_MUL, FreedGrad, GradRecord
+from ._placeholders import assign_grad
 from ._protocol import ABORT_SKIPPED_STEP, MAX_CHUNK_SEGMENTS
 from ._weight_cache import WeightCache
 
@@ -169,11 +170,7 @@ class OffloadedGradients:
             norm2, max_abs = torch.norm(g, 2.0), g.abs().max()
             record = GradRecord(name, stats=lambda: (norm2, max_abs))
         shape = pipeline.param_shapes[index]
-        data = p.data
-        if tuple(data.shape) != shape:  # a placeholder: torch checks .grad's size against it
-            p.data = torch.empty(1, dtype=p.dtype, device=p.device).expand(shape)
-        p.grad = FreedGrad(shape, p.dtype, p.device, record)
-        p.data = data
+        assign_grad(p, shape, FreedGrad(shape, p.dtype, p.device, record))
 
     # ------------------------------------------------------------ step()
     def squares(self) -> List[float]:

@@ -90,7 +90,8 @@ import torch
 import torch.distributed as dist
 
 from ._dp_durable import DurableGate
-from ._dp_pass_reductions import PassReductions, assign_grad
+from ._dp_pass_reductions import PassReductions
+from ._placeholders import assign_grad
 from ._errors import FailedPrecondition
 from ._fingerprints import changed_chunks, fingerprint
 from ._pass_end import PassEnd

@@ -379,6 +379,28 @@ class ParameterStream:
                     self._offload.weights.hold_for_backward(b)
                 self._order.advance("backward", b, self._offload.weights)
 
+    def hold_for_use(self, output, blocks: List[Block], step: int, loaded: int, what: str):
+        """`output` of an operation that fetched `blocks` outside their modules'
+        forward (at committed step `step`, `loaded` weights loaded), with its
+        tensors that require grad passed through _HoldForUse."""
+        use = (blocks, step, loaded, what)
+        wrapped, _ = pass_through(
+            output, lambda *tensors: _HoldForUse.apply(weakref.ref(self), use, *tensors))
+        return wrapped
+
+    def _before_use_backward(self, blocks: List[Block], step: int, loaded: int,
+                             what: str) -> None:
+        with self._lock:
+            offload = self._offload
+            if step != offload.committed_step or loaded != offload.weights_loaded:
+                raise FailedPrecondition(
+                    f"backward needs the weights of {what} as an operation outside its modules' "
+                    "forward used them, but they changed since (optimizer.step() or "
+                    "model.load_state_dict): run backward first")
+            self._backward_started()
+            for b in blocks:
+                self._offload.weights.hold_for_backward(b)
+
     def _pack(self, t: torch.Tensor):
         with self._lock:
             found = self._offload.weights.block_holding(t)
@@ -408,6 +430,26 @@ class ParameterStream:
             typed = saved.block.buffer.view(saved.dtype)
             esize = typed.element_size()
             return torch.as_strided(typed, saved.shape, saved.stride, saved.offset // esize)
+
+
+class _HoldForUse(torch.autograd.Function):
+    """Identity on the result of an operation on a placeholder outside the
+    forward of its modules (_placeholder_uses.py), whose backward holds the
+    parameter's blocks before the operation's own backward runs."""
+
+    @staticmethod
+    def forward(ctx, stream_ref, use, *tensors):
+        ctx.stream_ref = stream_ref
+        ctx.use = use
+        ctx.set_materialize_grads(False)
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        stream = ctx.stream_ref()
+        if stream is not None:
+            stream._before_use_backward(*ctx.use)
+        return (None, None) + grads
 
 
 def _wrap_outputs(output, stream_ref, module_ref):

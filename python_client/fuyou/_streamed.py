@@ -110,22 +110,27 @@ class StreamedMode(StepMode):
         self._versions = [p._version for p in self.pipeline.params]
 
     def weights_error(self) -> Optional[Exception]:
-        """A parameter changed in place (``no_grad`` ``mul_``, ``copy_``, an init
-        function) since the last step: the module holds an empty placeholder,
-        so the edit changed nothing. Said once; the next step() goes on."""
+        """A parameter changed in place since the last step where fuyou could
+        not take it: while its module held its fetched weights (an edit inside
+        a forward), so only the fetched copy changed. Edits of a placeholder
+        between steps are taken into the masters (``offload.placeholders``) and
+        do not count. Said once; the next step() goes on."""
         versions = [p._version for p in self.pipeline.params]
         before, self._versions = self._versions, versions
         if before is None:
             return None
-        edited = [i for i, (a, b) in enumerate(zip(before, versions)) if a != b]
+        taken = self.offload.placeholders.edit_versions  # edits written into the masters
+        edited = [i for i, (a, b) in enumerate(zip(before, versions))
+                  if a != b and taken.get(i) != b]
         if not edited:
             return None
         name = self._gradients.name_of(edited[0])
         return FailedPrecondition(
-            f"job {self._job!r}: {name} was changed in place outside step(), but with "
-            "offload_params its weights live in fuyoud and the module holds an empty "
-            "placeholder: the change did nothing. Write weights with model.load_state_dict(...) "
-            "between steps (it goes to fuyoud); this step() was not taken, call it again")
+            f"job {self._job!r}: {name} was changed in place outside step() while its module "
+            "held its fetched weights (inside a forward): with offload_params its weights live "
+            "in fuyoud, so the change reached only the fetched copy. Change it between steps "
+            "(with torch.no_grad(): p.mul_(...), p.data.clamp_(...), model.load_state_dict: "
+            "fuyou writes those into its masters); this step() was not taken, call it again")
 
     # ------------------------------------------------------------ between steps
     def import_moments(self, opt, state_dict: dict) -> None:

@@ -28,6 +28,7 @@ import torch
 from ._chunking import Chunk
 from ._errors import FailedPrecondition
 from ._live_bytes import LiveBytes
+from ._placeholders import become_placeholder, become_weights
 from ._weight_fetches import WeightFetches
 
 __all__ = ["Block", "WeightCache", "make_block", "placeholder"]
@@ -118,6 +119,7 @@ class WeightCache:
         self._fetches = WeightFetches(pipeline, timeout)
         self._tick = 0
         self.cache_hits = 0  # blocks acquired while still resident
+        self.placeholder_class = None  # the offload's (_placeholders.py): set by OffloadedParams
 
     @property
     def live_bytes(self) -> int:
@@ -176,7 +178,7 @@ class WeightCache:
         if block.refs > 0:
             return
         for m in block.members:
-            m.param.data = placeholder(m.dtype, block.device)
+            become_placeholder(m.param, placeholder(m.dtype, block.device), self.placeholder_class)
         self._cache[id(block)] = block
         self._cache.move_to_end(id(block))
         if not self.device_budget or self._live.now > self.device_budget:
@@ -261,7 +263,8 @@ class WeightCache:
         buf = block.buffer
         for m in block.members:
             nbytes = m.numel * torch.empty((), dtype=m.dtype).element_size()
-            m.param.data = buf[m.byte_offset:m.byte_offset + nbytes].view(m.dtype).view(m.shape)
+            become_weights(m.param, buf[m.byte_offset:m.byte_offset + nbytes].view(m.dtype)
+                           .view(m.shape))
 
     def block_holding(self, t: torch.Tensor) -> Optional[Tuple[Block, int]]:
         """The resident block whose buffer holds `t`'s first element, and the
