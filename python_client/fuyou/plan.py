@@ -181,10 +181,11 @@ def report(plan: pm.Plan, machine: pm.Machine, largest: int, endurance_tbw=None)
     _say("step time each resource allows:")
     for name, s in sorted(plan.bounds.items(), key=lambda kv: -kv[1]):
         _say(f"  {name:<10} {s:>10.2f} s{'   <- binds' if name == plan.binding else ''}")
-    flops = m.params * w.tokens / plan.step_s / 1e12
+    flops = m.params * w.tokens / plan.step_s
+    unit, div = ("TFLOPS", 1e12) if 6 * flops >= 1e12 else ("GFLOPS", 1e9)
     _say(f"predicted step: {plan.step_s:.2f} s ({w.tokens / plan.step_s:.0f} tokens/s; "
-         f"{6 * flops:.1f} model TFLOPS counting 6 N a token, {8 * flops:.1f} counting 8 N "
-         "with recompute)")
+         f"{6 * flops / div:.1f} model {unit} counting 6 N a token, {8 * flops / div:.1f} "
+         "counting 8 N with recompute)")
     for note in plan.notes:
         _say(f"  note: {note}")
     line = f"written to the SSDs: {plan.tb_written_per_day:.1f} TB a day of training"
