@@ -313,14 +313,19 @@ def run(args, cfg, shape, work, data_dir, budget, need):
                   flush=True)
             step += 1
         export = do_export(args, tr) if args.export else None
+        used = sum(f.stat().st_blocks * 512 for f in data_dir.rglob("*") if f.is_file())
+        print(f"storage used in {data_dir}: {used / 1e9:.1f} GB (plan: {need / 1e9:.1f} GB)",
+              flush=True)
         daemon_peaks.append(vm(daemon.pid, "VmHWM"))
         client_peak = vm(os.getpid(), "VmHWM")
         peak_live = tr.stream.peak_live_bytes
         tr.opt.close()
     finally:
         daemon.stop()
-    return report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, client_peak,
-                  budget, device_budget, peak_live, kill, export, need)
+    result = report(args, shape, plan, machine, r, steps, daemon_peaks, client_base,
+                    client_peak, budget, device_budget, peak_live, kill, export, need)
+    result["storage_used"] = used
+    return result
 
 
 def resume(args, cfg, tr, daemon, error, loss, step, chunk_bytes, device_budget, daemon_peaks,
