@@ -57,6 +57,7 @@ SIZES = {  # hidden, intermediate, layers, heads
     "1.5b": (2048, 5504, 29, 16),
 }
 MiB, GiB = 1 << 20, 1 << 30
+CLIENT_OVER_BASE = 1 << 30  # the client's stated bound over its RSS before the model
 
 
 def parse_args(argv=None):
@@ -402,6 +403,10 @@ def report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, clie
           f"); client {client_peak / MiB:.0f} MiB, +{(client_peak - client_base) / MiB:.0f} "
           f"over its {client_base / MiB:.0f} MiB before the model; stream peak live "
           f"{peak_live / MiB:.0f} MiB (device_budget {device_budget / MiB:.0f})")
+    client_bound = client_base + CLIENT_OVER_BASE
+    print(f"client bound: {client_base / MiB:.0f} MiB before the model + "
+          f"{CLIENT_OVER_BASE / MiB:.0f} MiB (device_budget, two modules, activations, "
+          f"slots): {'ok' if client_peak <= client_bound else 'OVER'}")
     losses = [s["loss"] for s in steps]
     print(f"loss: {' '.join(f'{x:.3f}' for x in losses)} ({'falls' if losses[-1] < losses[0] else 'DOES NOT FALL'})")
     if kill:
