@@ -313,12 +313,12 @@ def run(args, cfg, shape, work, data_dir, budget, need):
                   f"{row['daemon_rss'] / MiB:.0f} MiB, client {row['client_rss'] / MiB:.0f} MiB",
                   flush=True)
             step += 1
+        client_peak = vm(os.getpid(), "VmHWM")  # training's (the export resets it)
         export = do_export(args, tr) if args.export else None
         used = sum(f.stat().st_blocks * 512 for f in data_dir.rglob("*") if f.is_file())
         print(f"storage used in {data_dir}: {used / 1e9:.1f} GB (plan: {need / 1e9:.1f} GB)",
               flush=True)
         daemon_peaks.append(vm(daemon.pid, "VmHWM"))
-        client_peak = vm(os.getpid(), "VmHWM")
         peak_live = tr.stream.peak_live_bytes
         tr.opt.close()
     finally:
