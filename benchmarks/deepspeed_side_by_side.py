@@ -331,10 +331,11 @@ def child_zero3(a: dict) -> dict:
 
     job = a["job"]  # the main job's arguments, as finetune_gpt parsed them
     torch.manual_seed(job["seed"])
-    gen_model = getattr(ft, "GPT", None)
-    if gen_model is None or not hasattr(ft, "PRESETS"):
-        return {"error": "finetune_gpt.py no longer has GPT/PRESETS: update child_zero3"}
-    model = ft.GPT(ft.PRESETS[job["model"]])
+    parsed = ft.parse_args(job["argv"])
+    if hasattr(ft, "build_model"):  # --arch llama (transformers) or gpt
+        model = ft.build_model(parsed)
+    else:
+        model = ft.GPT(ft.PRESETS[job["model"]])
     ckpt = torch.load(a["checkpoint"], map_location="cpu")
     model.load_state_dict(ckpt["model"])
     n_params = model.num_parameters()
@@ -365,9 +366,10 @@ def child_zero3(a: dict) -> dict:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config, dist_init_required=True)
     init_s = time.perf_counter() - t0
-    # The tied LM head reads tok_emb.weight in GPT.forward, outside tok_emb's own
-    # forward: DeepSpeed's documented registration for such a parameter.
-    deepspeed.zero.register_external_parameter(engine.module, engine.module.tok_emb.weight)
+    if hasattr(engine.module, "tok_emb"):
+        # gpt.py's tied LM head reads tok_emb.weight in GPT.forward, outside tok_emb's
+        # own forward: DeepSpeed's documented registration for such a parameter.
+        deepspeed.zero.register_external_parameter(engine.module, engine.module.tok_emb.weight)
 
     tok = ft.ByteTokenizer()
     data = ft.TextDataset(ft.FINETUNE_CORPUS, tok)
@@ -399,7 +401,7 @@ def child_zero3(a: dict) -> dict:
         val = [engine(x, y)[1].item()
                for x, y in data.val_batches(job["eval_batches"], bsz, seq)]
     return {
-        "variant": a["variant"], "parameters": n_params, "deepspeed": deepspeed.__version__,
+        "variant": a["variant"], "parameters": n_params, "model": type(model).__name__, "deepspeed": deepspeed.__version__,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "init_s": init_s, "step_s": step_s, "losses": losses,
         "tokens_per_second_steady": bsz * seq * measured / measured_s,
