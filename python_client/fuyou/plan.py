@@ -24,6 +24,7 @@ from typing import List, Optional
 
 from . import _plan_model as pm
 from . import _plan_probe as probe
+from ._errors import FuyouError
 from ._sizes import parse_size
 
 __all__ = ["measure", "main"]
@@ -112,7 +113,11 @@ def measure(args: argparse.Namespace) -> pm.Machine:
     if args.kernel_gparams:
         kernel = args.kernel_gparams * GB
     else:
-        k = probe.kernel_rate(binary=args.fuyoud)
+        try:
+            k = probe.kernel_rate(binary=args.fuyoud)
+        except (FuyouError, OSError) as e:
+            sys.exit(f"fuyou plan: the AdamW probe needs a fuyoud it can start ({e}); name "
+                     "the binary with --fuyoud, or give the rate with --kernel-gparams")
         kernel = k["params_per_s"]
         _say(f"measured the daemon's AdamW update: {kernel / GB:.3f} G params/s "
              "(8 Mi fp32 params in its DRAM tier, shared-memory copies included)")
