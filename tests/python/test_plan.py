@@ -154,3 +154,11 @@ def test_plan_runs_on_this_machine(tmp_path, capsys):
         "pcie" in got["plan"]["bounds"]
     assert got["machine"]["kernel_params_per_s"] > 0
     assert [f for f in os.listdir(tmp_path) if f != "plan.json"] == []
+
+
+def test_plan_names_what_it_cannot_measure(tmp_path):
+    with pytest.raises(SystemExit, match="storage path .*missing does not exist.*--data-dir"):
+        plan_cli.main(["--params", "1e9", "--data-dir", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="--fuyoud, or give the rate with --kernel-gparams"):
+        plan_cli.main(["--params", "1e9", "--data-dir", str(tmp_path), "--probe-bytes", "4MiB",
+                       "--fuyoud", str(tmp_path / "no-fuyoud")])
