@@ -31,6 +31,7 @@ def readme_blocks() -> list:
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
+@pytest.mark.slow
 def test_the_readme_hugging_face_snippets_run(tmp_path):
     blocks = readme_blocks()
     assert len(blocks) == 4  # Trainer, accelerate, PEFT, safetensors

@@ -246,6 +246,7 @@ def _load_in_a_process_of_its_own(directory: str, address: str) -> None:
     print(json.dumps(out), flush=True)
 
 
+@pytest.mark.slow
 def test_sharded_load_holds_about_one_shard(daemon, tmp_path):
     """A 37 MiB checkpoint in 4 MiB safetensors shards (save_pretrained's),
     loaded into an init_empty model streamed to fuyoud, in a fresh process: the
