@@ -17,7 +17,8 @@ group, or ``fuyou.AdamW(..., process_group=group)``) each rank's optimizer:
   rank, whether to resume, start new or reshard from another world size
   (_dp_jobs.py, ``world_plan``; the reshard itself: _reshard.py);
 - owns a contiguous run of whole chunks of the chunk plan (``take_shard``),
-  balanced by bytes and the same on every rank. Whole chunks: each chunk's
+  balanced by bytes and the same on every rank (none for the last ranks when
+  the plan has fewer chunks than ranks). Whole chunks: each chunk's
   states live in one rank's daemon files, and its I/O (read, update, write
   back) stays as large as without data parallelism;
 - has each chunk's gradients averaged over the ranks during backward and
@@ -81,10 +82,16 @@ def for_optimizer(process_group, job: str, offload_params: bool,
 
 
 def split_by_bytes(sizes: List[int], parts: int) -> List[Tuple[int, int]]:
-    """`parts` contiguous, non-empty ranges [start, end) over items of `sizes`
-    whose byte totals are as even as the items allow (each boundary at the
-    prefix nearest its share). Needs len(sizes) >= parts."""
+    """`parts` contiguous ranges [start, end) over items of `sizes` whose byte
+    totals are as even as the items allow (each boundary at the prefix
+    nearest its share), none empty while there are items enough. With fewer
+    items than parts (a small model at the default chunk_bytes) item i is
+    part i's and the last parts are empty: a rank may own no chunk, and the
+    chunk plan never depends on the world size (a job reshards between any
+    two)."""
     n = len(sizes)
+    if n < parts:
+        return [(min(r, n), min(r + 1, n)) for r in range(parts)]
     prefix = [0]
     for s in sizes:
         prefix.append(prefix[-1] + int(s))
@@ -133,11 +140,6 @@ class DataParallel:
 
     def take_shard(self, chunks: List[Chunk]) -> List[Chunk]:
         """Remembers the whole plan and returns this rank's chunks."""
-        if len(chunks) < self.world_size:
-            raise InvalidArgument(
-                f"fuyou.AdamW of job {self.base_job!r}: {len(chunks)} chunk(s) for "
-                f"{self.world_size} ranks; every rank owns whole chunks, so pass a smaller "
-                "chunk_bytes (at least one chunk per rank)")
         self.all_chunks = list(chunks)
         ranges = split_by_bytes([c.nbytes for c in chunks], self.world_size)
         for r, (start, end) in enumerate(ranges):

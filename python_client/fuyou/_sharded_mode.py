@@ -41,28 +41,33 @@ from __future__ import annotations
 from typing import List
 
 import torch
+import torch.distributed as dist
 
+from ._chunking import Chunk
 from ._dp_overlap import ChunkReductions
 from ._dp_commit import agree_to_commit
 from ._dp_durable import DurableGate
 from ._dp_step import finish_reduced_step
 from ._pass_end import PassEnd
 from ._reshard import finish_reshard, reshard
+from ._errors import FailedPrecondition
 from ._resident import ResidentMode
+from ._weight_edits import WeightEdits
 
 __all__ = ["ShardedResidentMode"]
 
 class ShardedResidentMode(ResidentMode):
     """The resident mode of one rank (see the module doc)."""
 
-    TAKES_WEIGHT_EDITS = False  # not yet: every rank would import its own chunks' edits
-
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel
         super().__init__(opt, pipeline, session)
+        self.edits = WeightEdits(pipeline, chunks=lambda: self.dp.all_chunks)
         self._overlap = True  # the hooks count every pass; whether they start: hook_grad_scale
         self.reductions = ChunkReductions(self.dp, pipeline)
         self._pass_end = PassEnd(self, "_backward_ended")  # the averages into .grad
+        if not pipeline.plan.chunks:  # before a reshard imports into the job
+            opt.resumed = _register_step_marker(pipeline)
         plan = self.dp.world_plan
         if plan.reshard:
             reshard(self.dp, pipeline, opt._connection)
@@ -136,8 +141,10 @@ class ShardedResidentMode(ResidentMode):
         reductions = self.reductions
         self._pass_end.disarm()
         if not reductions.ddp_averages:
-            if not reductions.settle():
+            averaged = not reductions.settle()  # the round's collectives end on every rank
+            if averaged:
                 self.dp.steps_averaged += 1  # fuyou alone averaged this step's gradients
+            self._take_weight_edits()
             committed = finish_reduced_step(self.pipeline, reductions, scaler, max_grad_norm,
                                             before_commit=self._agree_to_commit)
         else:
@@ -145,7 +152,64 @@ class ShardedResidentMode(ResidentMode):
         reductions.finish_round()
         if committed:
             self.dp.broadcast_weights()
+            self._remember_weights()  # every chunk's weights are its owner's now
         return committed
+
+    # ------------------------------------------------------------ weight edits
+    def _step_starting(self) -> None:
+        """(DDP's path: the resident step.) The loop's edits, as below."""
+        self._take_weight_edits()
+
+    def _step_ended(self, committed: bool) -> None:
+        """As the resident mode, but the weights are remembered after every
+        chunk's owner broadcast them (``finish_step``)."""
+        if self._overlap:
+            self.hooks.install_unfrozen()
+
+    def _take_weight_edits(self) -> None:
+        """The loop's edits of the weights since the last step (``p.data.clamp_``,
+        a ``no_grad`` rescale, ``reset_parameters()``), a collective: every rank
+        looks at every chunk's weights; the chunks edited on any rank must hold
+        the same sums on every rank (an edit made alike, as DDP's replicas need),
+        else every rank refuses, naming them; each owner takes its edited
+        chunks into its masters (as the resident mode of one process), after
+        the updates this step sent during backward were abandoned (they began
+        from the old masters; step() sends them again). Cost: one read of the
+        weights and one all-reduce of a flag per chunk a step; an edit, one
+        more all-reduce and an import of the owner's edited chunks."""
+        chunks = self.dp.all_chunks
+        edited = {c.chunk_id for c in self.edits.edited()}
+        flags = torch.tensor([int(c.chunk_id in edited) for c in chunks], dtype=torch.int32)
+        union = self.reductions.all_reduce(flags, dist.ReduceOp.MAX).tolist()
+        touched = [c for c, f in zip(chunks, union) if f]
+        if not touched:
+            return
+        sums = torch.tensor([x for c in touched for x in self.edits.sums[c.chunk_id]],
+                            dtype=torch.float64).nan_to_num(nan=1e300, posinf=1e301,
+                                                            neginf=-1e301)
+        high = self.reductions.all_reduce(torch.cat([sums, -sums]), dist.ReduceOp.MAX)
+        n = len(sums)
+        apart = [touched[i // 2] for i in range(n) if float(high[i]) != -float(high[n + i])]
+        if apart:
+            shapes = self.pipeline.param_shapes
+            names = sorted({seg.param_index for c in apart for seg in c.segments})
+            described = ", ".join(f"{i} {tuple(shapes[i])}" for i in names)
+            raise FailedPrecondition(
+                f"fuyou.AdamW of job {self.dp.base_job!r} (rank {self.dp.rank} of "
+                f"{self.dp.world_size}): the weights of parameters {described} (by index in "
+                "the optimizer's groups, with their shapes) were "
+                "edited outside step() differently on the ranks (or on some ranks only); each "
+                "chunk's master lives on one rank, so an edit must be made alike on every "
+                "rank, as DDP's replicas need: make it on every rank, or write the weights "
+                "with opt.load_state_dict / fuyou.export_checkpoint and init_from")
+        if self.pipeline.step.in_step:
+            self.pipeline.abort()  # the updates sent in backward began from the old masters
+        own = {c.chunk_id for c in self.pipeline.plan.chunks}
+        mine = [c for c in touched if c.chunk_id in own]
+        if mine:
+            self.edits.take_into_masters(mine)
+        else:
+            self.edits.remember()
 
     def _finish_averaged(self, scaler, max_grad_norm) -> bool:
         """The resident step on this rank's chunks from ``.grad``, averaged
@@ -209,6 +273,20 @@ class ShardedResidentMode(ResidentMode):
         finally:
             self.reductions.close()
             self.dp.barrier()
+
+
+# The chunk a rank that owns none registers (never in a plan: group 255's last id).
+STEP_MARKER_CHUNK_ID = 0xFFFF_FFFF
+
+
+def _register_step_marker(pipeline) -> bool:
+    """A rank that owns no chunk (a model of fewer chunks than ranks) registers
+    a one-element chunk of its own, never sent: fuyoud keeps a job from its
+    first chunk on, and this rank's job must exist and count the steps it
+    commits (empty ones) for a resume or a reshard to find it at the step of
+    the others. Returns whether it was resumed."""
+    marker = Chunk(STEP_MARKER_CHUNK_ID, 0, torch.float32, torch.device("cpu"), [], 1)
+    return pipeline.states.register(marker, torch.zeros(1))
 
 
 def _all_finite(params: List[torch.Tensor]) -> bool:

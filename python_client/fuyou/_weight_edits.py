@@ -44,19 +44,24 @@ _Look = Tuple[Tuple[float, float], Tuple[Tuple[int, int], ...]]
 class WeightEdits:
     """The weights of `pipeline`'s chunks as last installed (see the module doc)."""
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline, chunks=None):
+        """`chunks`: the chunks watched (a callable; default the pipeline's
+        plan; a data-parallel rank watches every rank's)."""
         self.pipeline = pipeline
+        self._chunks = chunks if chunks is not None else (lambda: pipeline.plan.chunks)
         self._seen: Dict[int, _Look] = {}
+        self.sums: Dict[int, Tuple[float, float]] = {}  # chunk id -> at the last ``edited``
 
     def remember(self) -> None:
         """The parameters hold the masters' values now (a commit installed them,
         a registration or an import wrote them)."""
-        self._seen = _look(self.pipeline.plan.chunks)
+        self._seen = _look(self._chunks())
 
     def edited(self) -> List[Chunk]:
         """The chunks whose weights changed since ``remember``."""
-        chunks = self.pipeline.plan.chunks
+        chunks = self._chunks()
         now = _look(chunks)
+        self.sums = {cid: look[0] for cid, look in now.items()}
         return [c for c in chunks if not _same(now[c.chunk_id], self._seen.get(c.chunk_id))]
 
     def take_into_masters(self, chunks: List[Chunk]) -> None:

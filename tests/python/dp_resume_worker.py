@@ -2,7 +2,7 @@
 
 ``dp_resume_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
 [--history W0,W1,...] [--address ADDR] [--die-at RANK:STEP:POINT] [--timeout S]
-[--hold-commit-at RANK:STEP:FILE] [--no-durable-gate]``:
+[--hold-commit-at RANK:STEP:FILE] [--no-durable-gate] [--chunk-bytes N]``:
 joins a gloo group of WORLD ranks over a FileStore (WORLD 1: a single process,
 no torch.distributed), trains dp_worker.py's MLP with fuyou.AdamW on job "dp"
 from step A to B on this rank's batches and compares every weight after each
@@ -111,6 +111,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--hold-commit-at", default="")
     ap.add_argument("--no-durable-gate", action="store_true")
+    ap.add_argument("--chunk-bytes", type=int, default=2048)  # 0: fuyou.AdamW's default
     args = ap.parse_args()
     if args.no_durable_gate:
         for name in ("before_writes", "start", "finish"):
@@ -145,7 +146,8 @@ def main():
                 for p in model.parameters():
                     p.add_(1.0)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                          job="dp", chunk_bytes=2048, address=args.address,
+                          job="dp", address=args.address,
+                          **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
                           timeout=args.timeout)
         dp = opt._data_parallel
         result.update(job=opt.job, address=opt.address, resumed=opt.resumed,

@@ -71,13 +71,24 @@ def loss_of(model, x, y, head_only=False):
     return torch.nn.functional.mse_loss(model[-1](features), y)
 
 
+def edit_weights(model) -> None:
+    """Edits outside step() (the same on every rank): a no_grad rescale and a
+    WGAN clamp through .data."""
+    with torch.no_grad():
+        model[2].weight.mul_(0.5)
+    for p in model.parameters():
+        p.data.clamp_(-0.2, 0.2)
+
+
 def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: int = -1,
-              head_only_rank: int = -1):
+              head_only_rank: int = -1, edit_steps=()):
     """Weights after each step: torch.optim.AdamW on the averaged gradient."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     out = []
     for step in range(steps):
+        if step in edit_steps:
+            edit_weights(model)
         for r in range(world):
             for m in range(micro):
                 loss = loss_of(model, *batch(step, r, m),
@@ -141,12 +152,15 @@ def main():
     ap.add_argument("--steps-from", type=int, default=0)
     ap.add_argument("--steps-to", type=int, default=3)
     ap.add_argument("--job", default="dp")
-    ap.add_argument("--chunk-bytes", type=int, default=2048)
+    ap.add_argument("--chunk-bytes", type=int, default=2048)  # 0: fuyou.AdamW's default
+    ap.add_argument("--edit-steps", default="")  # weights edited before these steps: "0,2"
+    ap.add_argument("--edit-only-rank", type=int, default=-1)  # that rank alone edits
     ap.add_argument("--head-only-step", type=int, default=-1)
     ap.add_argument("--head-only-rank", type=int, default=-1)
     ap.add_argument("--find-unused", action="store_true")
     ap.add_argument("--job-of-rank", action="store_true")  # job J<rank>: ranks disagree
     args = ap.parse_args()
+    edit_steps = [int(x) for x in args.edit_steps.split(",") if x]
     result = {"rank": args.rank}
     store = dist.FileStore(args.store, args.world)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world)
@@ -154,7 +168,7 @@ def main():
     try:
         micro = 2 if args.accumulate else 1
         ref = reference(args.steps_to, args.world, args.clip, micro, args.head_only_step,
-                        args.head_only_rank)
+                        args.head_only_rank, edit_steps)
         model = make_model()
         if args.steps_from > 0:  # a resumed job installs its weights; start elsewhere
             with torch.no_grad():
@@ -164,7 +178,7 @@ def main():
             HeadOnlySwitch(model), find_unused_parameters=args.find_unused) if args.ddp else model)
         opt = fuyou.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                           job=args.job + (str(args.rank) if args.job_of_rank else ""),
-                          chunk_bytes=args.chunk_bytes,
+                          **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
                           max_grad_norm=MAX_NORM if args.clip else None)
         dp = opt._data_parallel
         result.update(job=opt.job, address=opt.address, resumed=opt.resumed,
@@ -175,6 +189,8 @@ def main():
                 violation(a, b) for a, b in zip(ref[args.steps_from - 1], model.parameters()))
         worst = []
         for step in range(args.steps_from, args.steps_to):
+            if step in edit_steps and args.edit_only_rank in (-1, args.rank):
+                edit_weights(model)
             for m in range(micro):
                 head_only = step == args.head_only_step or args.rank == args.head_only_rank
                 loss = loss_of(trained, *batch(step, args.rank, m), head_only=head_only) / micro

@@ -22,8 +22,10 @@ def run_ranks(tmp: Path, world: int, *flags: str, name: str = "run") -> list:
                       timeout_s=RANK_TIMEOUT_S)
 
 
-def test_split_by_bytes_is_contiguous_balanced_and_never_empty():
+def test_split_by_bytes_is_contiguous_balanced_and_empty_only_without_items_enough():
     assert split_by_bytes([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert split_by_bytes([5], 2) == [(0, 1), (1, 1)]  # a rank may own no chunk
+    assert split_by_bytes([5, 5], 3) == [(0, 1), (1, 2), (2, 2)]
     assert split_by_bytes([10, 1, 1, 10], 2) == [(0, 2), (2, 4)]
     assert split_by_bytes([100, 1, 1], 3) == [(0, 1), (1, 2), (2, 3)]
     assert split_by_bytes([1, 1, 1, 100], 2) == [(0, 3), (3, 4)]
@@ -74,10 +76,31 @@ def test_a_rank_whose_chunks_get_no_gradient_still_commits_the_step(tmp_path):
     assert [(r["committed"], r["final_committed"]) for r in resumed] == [(3, 4), (3, 4)]
 
 
-def test_fewer_chunks_than_ranks_is_refused_on_every_rank(tmp_path):
-    for res in run_ranks(tmp_path, 2, "--chunk-bytes", str(1 << 20)):
-        assert "1 chunk(s) for 2 ranks" in res["error"], res
-        assert "smaller chunk_bytes" in res["error"]
+def test_default_chunk_bytes_on_a_small_model_and_weight_edits(tmp_path):
+    """A small model at the default chunk_bytes is one chunk: rank 0 owns it,
+    rank 1 none, and both train as torch (issue 31: it was refused). Weights
+    edited before the first step and between steps (a no_grad rescale, a WGAN
+    clamp through .data, the same on every rank) go into the masters as in the
+    resident mode of one process."""
+    first = run_ranks(tmp_path, 2, "--chunk-bytes", "0", "--edit-steps", "0,2",
+                      "--steps-to", "3", name="first")
+    assert_matches_torch(first, 3)
+    assert [(r["own_chunks"], r["all_chunks"]) for r in first] == [(1, 1), (0, 1)]
+    assert all(r["final_committed"] == 3 for r in first)
+    again = run_ranks(tmp_path, 2, "--chunk-bytes", "0", "--edit-steps", "0,2",
+                      "--steps-from", "3", "--steps-to", "4", name="again")
+    assert_matches_torch(again, 1)  # the rank without a chunk resumes too
+    assert [(r["resumed"], r["committed"], r["final_committed"]) for r in again] == [
+        (True, 3, 4), (True, 3, 4)]
+
+
+def test_weights_edited_on_one_rank_only_are_refused_on_every_rank(tmp_path):
+    results = run_ranks(tmp_path, 2, "--edit-steps", "1", "--edit-only-rank", "0",
+                        "--steps-to", "2")
+    for res in results:
+        assert "FailedPrecondition" in res["error"], res
+        assert "edited outside step() differently on the ranks" in res["error"], res
+        assert "parameters 0 (32, 16)" in res["error"], res
 
 
 def test_ddp_find_unused_parameters_with_a_layer_unused_on_one_rank(tmp_path):

@@ -129,6 +129,22 @@ def test_two_ranks_resharded_to_three_and_back_to_two_match_torch(tmp_path):
     assert [(r["committed"], r["final_committed"]) for r in back] == [(4, 5), (4, 5)]
 
 
+def test_a_small_model_at_the_default_chunk_bytes_reshards_from_two_ranks_to_three(tmp_path):
+    """One chunk (fuyou.AdamW's default chunk_bytes): rank 0 owns it with 2
+    ranks and with 3; the ranks that own none reshard, resume and train too."""
+    history = "2,2,3"
+    two = run_ranks(tmp_path, 2, "--steps-to", "2", "--history", history, "--chunk-bytes", "0",
+                    name="two")
+    assert_matches_torch(two, 2)
+    assert [r["own_chunks"] for r in two] == [1, 0]
+    three = run_ranks(tmp_path, 3, "--steps-from", "2", "--steps-to", "3", "--history", history,
+                      "--chunk-bytes", "0", name="three")
+    assert_matches_torch(three, 1)
+    assert [r["own_chunks"] for r in three] == [1, 0, 0]
+    assert [(r["resharded_from"], r["committed"], r["final_committed"]) for r in three] == [
+        (2, 2, 3)] * 3
+
+
 def test_a_single_process_job_resharded_to_two_ranks_matches_torch(tmp_path):
     history = "1,1,2,2"
     single = run_ranks(tmp_path, 1, "--steps-to", "2", "--history", history, name="single")
