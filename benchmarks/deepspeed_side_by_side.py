@@ -14,10 +14,12 @@ kernel  DeepSpeedCPUAdam (JIT-built by its CPUAdamBuilder: AVX-512/AVX2, OpenMP)
         in --tensors tensors), at each --threads count (DeepSpeed: OMP_NUM_THREADS).
         --rounds interleaved rounds, the order alternating; best and median.
 io      DeepSpeed's aio_handle (AsyncIOBuilder, libaio, O_DIRECT, page-locked
-        buffer; sync_pwrite / sync_pread of one --io-size file) against fuyou's
-        IoEngine (build/benchmarks/io_bench: a sequential write then read of a file
-        of the same size, the same request size and queue depth, with its plain
-        io_uring loop and fio beside it). --io-repeat rounds, best of each.
+        buffer; sync_pwrite / sync_pread of one --io-size file, its size reserved
+        with fallocate first as fuyou's StateFile::Reserve does; a write extending
+        a new file is reported apart) against fuyou's IoEngine
+        (build/benchmarks/io_bench: a sequential write then read of a file of the
+        same size, the same request size and queue depth, with its plain io_uring
+        loop and fio beside it). --io-repeat rounds, best of each.
 zero3   The main job (deploy/main-job.sh, SKIP_BUILD=1: fuyou.AdamW, an embedded
         fuyoud with a 64 MiB DRAM budget) against DeepSpeed ZeRO-3 with
         offload_optimizer and offload_param to NVMe (ZeRO-Infinity; DeepSpeedCPUAdam
@@ -277,7 +279,7 @@ def child_adam(a: dict) -> dict:
 
 
 def child_aio(a: dict) -> dict:
-    """DeepSpeed's aio_handle: sync_pwrite then sync_pread of one a["size"]-byte file
+    """DeepSpeed's aio_handle: sync_pwrite of a new file, then of a reserved (fallocate) one, and sync_pread of it, a["size"] bytes,
     from a page-locked buffer (O_DIRECT), block_size a["bs"], queue_depth a["qd"]."""
     import torch
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -293,20 +295,34 @@ def child_aio(a: dict) -> dict:
     buf.fill_(0x5A)
     path = a["path"]
     rows = {}
+
+    def timed(op: str) -> float:
+        t = time.perf_counter()
+        done = handle.sync_pwrite(buf, path) if op == "write" else handle.sync_pread(buf, path)
+        if done < 0:
+            raise RuntimeError(f"aio_handle.sync_p{op} returned {done}")
+        return a["size"] / (time.perf_counter() - t) / 1e9
+
     try:
-        for op in ("write", "read"):
-            t = time.perf_counter()
-            done = (handle.sync_pwrite(buf, path) if op == "write" else handle.sync_pread(buf, path))
-            dt = time.perf_counter() - t
-            if done < 0:
-                return {"error": f"aio_handle.sync_p{op} returned {done}"}
-            rows[op] = a["size"] / dt / 1e9
+        # A new file, extended by the writes (how ZeRO-Infinity's swap files start).
+        rows["write_new"] = timed("write")
+        # The file fuyou's engine writes: its size reserved first (StateFile::Reserve's
+        # fallocate); aio_handle opens without O_TRUNC, so the reservation stays.
+        pathlib.Path(path).unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, a["size"])
+        finally:
+            os.close(fd)
+        rows["write"] = timed("write")
+        rows["read"] = timed("read")
         if int(buf[: 1 << 20].ne(0x5A).sum()) != 0:
             return {"error": "aio read back different bytes"}
     finally:
         pathlib.Path(path).unlink(missing_ok=True)
         handle.free_cpu_locked_tensor(buf)
-    return {"write_gbps": rows["write"], "read_gbps": rows["read"], "load_s": load_s,
+    return {"write_gbps": rows["write"], "read_gbps": rows["read"],
+            "write_new_file_gbps": rows["write_new"], "load_s": load_s,
             "alignment": handle.get_alignment()}
 
 
@@ -512,8 +528,8 @@ def part_io(args) -> dict:
                     if ds_error:
                         print(f"io: DeepSpeed aio failed: {ds_error}", flush=True)
                     else:
-                        for op in ("write", "read"):
-                            best["deepspeed"][op] = max(best["deepspeed"][op], res[f"{op}_gbps"])
+                        for op in ("write", "read", "write_new_file"):
+                            best["deepspeed"][op] = max(best["deepspeed"].get(op, 0.0), res[f"{op}_gbps"])
             print(f"  io round {r + 1}/{args.io_repeat} ({' then '.join(order)})", flush=True)
     shutil.rmtree(io_dir, ignore_errors=True)
     return {"size_bytes": args.io_bytes, "request_bytes": args.bs_bytes, "queue_depth": args.qd,
@@ -646,6 +662,9 @@ def report(args, results: dict) -> str:
                 lines.append(f"{op:<6} {g['ours'][op]:10.3f} "
                              + (f"{ds:14.3f} {g['ours'][op] / ds:8.2f}" if ds else f"{'not run':>14} {'-':>8}")
                              + f" {g['plain'][op]:13.3f} {g['fio'][op]:6.3f}")
+            if g["deepspeed"].get("write_new_file"):
+                lines.append(f"DeepSpeed writing a new file (extended by its writes, no reservation): "
+                             f"{g['deepspeed']['write_new_file']:.3f} GB/s")
         if io.get("error"):
             lines.append(f"DeepSpeed aio: {io['error']}")
     if "zero3" in results:
