@@ -524,9 +524,8 @@ def _available_memory(device: str) -> int:
 
 def run_torch_comparison(model: GPT, start_weights: dict, data: TextDataset, args) -> dict:
     """The first --compare-steps fine-tuning steps again with torch.optim.AdamW
-    (states in RAM, or on the GPU), from the same weights, batches and lr schedule;
-    returns its tokens/s, or why it did not run. The fuyou model's weights are put
-    back afterwards."""
+    (states in RAM, or on the GPU), from the same weights, batches and lr schedule,
+    on a twin of the model; returns its tokens/s, or why it did not run."""
     steps = min(args.compare_steps, args.steps)
     if args.ddp:
         return {"ran": False, "why": "--ddp (torch.optim.AdamW would step each rank alone)"}
@@ -538,12 +537,14 @@ def run_torch_comparison(model: GPT, start_weights: dict, data: TextDataset, arg
     if need > free:
         return {"ran": False, "why": f"its states ({fmt_bytes(need)}) would not fit in the "
                                       f"{fmt_bytes(free)} free on {args.device}"}
-    finetuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(start_weights)
-    opt = make_optimizer("torch", model.parameters(), args.lr, args, job="", grad_clip=args.grad_clip)
-    hist = train(model, opt, data, steps, args.lr, args, desc="torch AdamW", seed=args.seed + 1,
+    # A twin of the model from the same start: the fuyou model keeps its weights
+    # and fuyou.AdamW's hooks see none of these steps.
+    twin = build_model(args).to(device=args.device, dtype=next(model.parameters()).dtype)
+    twin.load_state_dict(start_weights)
+    opt = make_optimizer("torch", twin.parameters(), args.lr, args, job="", grad_clip=args.grad_clip)
+    hist = train(twin, opt, data, steps, args.lr, args, desc="torch AdamW", seed=args.seed + 1,
                  grad_clip=args.grad_clip, total_steps=args.steps)
-    model.load_state_dict(finetuned)
+    del twin, opt
     steady = hist["step_s"][1:] or hist["step_s"]
     tokens = args.batch_size * args.seq_len
     return {"ran": True, "steps": steps, "state_bytes": need,

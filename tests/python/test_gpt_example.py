@@ -238,3 +238,6 @@ def test_main_job_path_streams_states_from_ssd_and_prints_the_table(tmp_path, ca
     for row in ("tokens/s, steady", "cache hit rate", "overlap (fb+opt)/step", "redo (loop_stats)"):
         assert row in table
     assert "AutoModelForCausalLM.from_pretrained loads it: LlamaForCausalLM" in printed
+    # the torch comparison ran on a twin: fuyou's state_dict holds its moments
+    states = torch.load(out / "finetuned.pt")["optimizer"]["state"]
+    assert states and all(int(s["step"]) == 6 for s in states.values())
