@@ -125,7 +125,7 @@ def reset_peak():
         f.write("5")
 
 
-def text_batches(batch, seq, count=2):
+def text_batches(batch, seq, count=2):  # report() groups the losses by the same count
     """`count` batches of bytes of this repository's docs (real text), fixed."""
     raw = b"".join((ROOT / p).read_bytes() for p in ("README.md", "python_client/README.md"))
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
@@ -408,7 +408,12 @@ def report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, clie
           f"{CLIENT_OVER_BASE / MiB:.0f} MiB (device_budget, two modules, activations, "
           f"slots): {'ok' if client_peak <= client_bound else 'OVER'}")
     losses = [s["loss"] for s in steps]
-    print(f"loss: {' '.join(f'{x:.3f}' for x in losses)} ({'falls' if losses[-1] < losses[0] else 'DOES NOT FALL'})")
+    per_batch = {}  # steps cycle over the batches: each batch's losses in turn
+    for s in steps:
+        per_batch.setdefault((s["step"] - 1) % 2, []).append(s["loss"])
+    print(f"loss: {' '.join(f'{x:.3f}' for x in losses)}; by batch: " + "; ".join(
+        f"{' -> '.join(f'{x:.3f}' for x in v)} ({'falls' if v[-1] < v[0] else 'DOES NOT FALL'})"
+        for v in per_batch.values()))
     if kill:
         same = kill.get("loss_after") == kill["loss_before"]
         print(f"kill -9 at step {kill['step']}: resumed at step {kill['resumed_at']} (durable "
