@@ -412,7 +412,8 @@ def report(args, shape, plan, machine, r, steps, daemon_peaks, client_base, clie
     for s in steps:
         per_batch.setdefault((s["step"] - 1) % 2, []).append(s["loss"])
     print(f"loss: {' '.join(f'{x:.3f}' for x in losses)}; by batch: " + "; ".join(
-        f"{' -> '.join(f'{x:.3f}' for x in v)} ({'falls' if v[-1] < v[0] else 'DOES NOT FALL'})"
+        f"{' -> '.join(f'{x:.3f}' for x in v)}"
+        + ("" if len(v) < 2 else " (falls)" if v[-1] < v[0] else " (DOES NOT FALL)")
         for v in per_batch.values()))
     if kill:
         same = kill.get("loss_after") == kill["loss_before"]
