@@ -2,7 +2,7 @@
 
 ``dp_worker.py RANK WORLD STORE OUT.json [--ddp] [--find-unused] [--clip] [--accumulate]
 [--steps-from A --steps-to B] [--job J] [--chunk-bytes N] [--head-only-step K]
-[--head-only-rank R] [--job-of-rank]``: joins a gloo
+[--head-only-rank R] [--job-of-rank] [--drop-grad-steps S,T]``: joins a gloo
 group over a FileStore, trains a small MLP with fuyou.AdamW on this rank's
 batches from step A to B and compares, after every step, every weight with
 torch.optim.AdamW run in this one process on the gradients averaged over all
@@ -13,7 +13,9 @@ text goes there too. With ``--head-only-step K`` step K's loss reaches only the
 last layer (the others' chunks, and so some ranks' whole shards, get no
 gradient in that step); with ``--head-only-rank R`` rank R's loss does so at
 every step (parameters unused on one rank, as DDP's
-``find_unused_parameters=True``, which ``--find-unused`` sets, is for).
+``find_unused_parameters=True``, which ``--find-unused`` sets, is for); with
+``--drop-grad-steps`` those steps set ``.grad = None`` after backward on two
+parameters (the same on every rank: they skip the step, as in torch).
 """
 
 import argparse
@@ -80,9 +82,16 @@ def edit_weights(model) -> None:
         p.data.clamp_(-0.2, 0.2)
 
 
+def drop_grads(model) -> None:
+    """``p.grad = None`` after backward: these parameters skip this step."""
+    model[2].bias.grad = None
+    model[0].weight.grad = None
+
+
 def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: int = -1,
-              head_only_rank: int = -1, edit_steps=()):
-    """Weights after each step: torch.optim.AdamW on the averaged gradient."""
+              head_only_rank: int = -1, edit_steps=(), drop_steps=(), state_out=None):
+    """Weights after each step: torch.optim.AdamW on the averaged gradient
+    (`state_out`: a list that gets the optimizer's per-parameter step counts)."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     out = []
@@ -94,12 +103,23 @@ def reference(steps: int, world: int, clip: bool, micro: int, head_only_step: in
                 loss = loss_of(model, *batch(step, r, m),
                                head_only=step == head_only_step or r == head_only_rank)
                 (loss / (world * micro)).backward()
+        if step in drop_steps:
+            drop_grads(model)
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append([p.detach().clone() for p in model.parameters()])
+    if state_out is not None:
+        state_out.extend(_step_counts(opt.state_dict()))
     return out
+
+
+def _step_counts(state_dict) -> list:
+    """Each parameter's step count in an optimizer state dict (0: no state)."""
+    state = state_dict["state"]
+    return [int(state[i]["step"]) if i in state else 0
+            for i in range(len(state_dict["param_groups"][0]["params"]))]
 
 
 def exit_without_teardown(code) -> None:
@@ -159,16 +179,19 @@ def main():
     ap.add_argument("--head-only-rank", type=int, default=-1)
     ap.add_argument("--find-unused", action="store_true")
     ap.add_argument("--job-of-rank", action="store_true")  # job J<rank>: ranks disagree
+    ap.add_argument("--drop-grad-steps", default="")  # .grad = None after backward: "1"
     args = ap.parse_args()
     edit_steps = [int(x) for x in args.edit_steps.split(",") if x]
+    drop_steps = [int(x) for x in args.drop_grad_steps.split(",") if x]
     result = {"rank": args.rank}
     store = dist.FileStore(args.store, args.world)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world)
     opt = None
     try:
         micro = 2 if args.accumulate else 1
+        ref_steps = []
         ref = reference(args.steps_to, args.world, args.clip, micro, args.head_only_step,
-                        args.head_only_rank, edit_steps)
+                        args.head_only_rank, edit_steps, drop_steps, ref_steps)
         model = make_model()
         if args.steps_from > 0:  # a resumed job installs its weights; start elsewhere
             with torch.no_grad():
@@ -199,13 +222,17 @@ def main():
                         loss.backward()
                 else:
                     loss.backward()
+            if step in drop_steps:
+                drop_grads(model)
             opt.step()
             opt.zero_grad(set_to_none=True)
             worst.append(max(violation(a, b) for a, b in zip(ref[step], model.parameters())))
         result.update(worst=worst, steps_averaged=dp.steps_averaged,
                       final_committed=opt.committed_step)
         # the whole job's state dict on every rank (a collective: test_dp_state_dict.py)
-        result["state_dict_states"] = len(opt.state_dict()["state"])
+        sd = opt.state_dict()
+        result["state_dict_states"] = len(sd["state"])
+        result["step_counts"], result["torch_step_counts"] = _step_counts(sd), ref_steps
         opt.close()
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"

@@ -32,8 +32,12 @@ def test_split_by_bytes_is_contiguous_balanced_and_empty_only_without_items_enou
 
 
 def test_two_ranks_with_clipping_match_torch_on_the_averaged_gradient(tmp_path):
-    results = run_ranks(tmp_path, 2, "--clip")
+    # step 1 sets .grad = None on two parameters after backward, on every rank:
+    # they skip that step (weights and step counts as torch's, clip without them)
+    results = run_ranks(tmp_path, 2, "--clip", "--drop-grad-steps", "1")
     assert_matches_torch(results, 3)
+    for res in results:
+        assert res["step_counts"] == res["torch_step_counts"] == [2, 3, 3, 2, 3, 3], res
     # one daemon for the node: rank 0 started it, rank 1 connected to it
     assert [r["embedded"] for r in results] == [True, False]
     assert results[0]["address"] == results[1]["address"]
