@@ -188,7 +188,7 @@ def report(plan: pm.Plan, machine: pm.Machine, largest: int, endurance_tbw=None)
         _say(f"  {name:<10} {s:>10.2f} s{'   <- binds' if name == plan.binding else ''}")
     flops = m.params * w.tokens / plan.step_s
     unit, div = ("TFLOPS", 1e12) if 6 * flops >= 1e12 else ("GFLOPS", 1e9)
-    _say(f"predicted step: {plan.step_s:.2f} s ({w.tokens / plan.step_s:.0f} tokens/s; "
+    _say(f"predicted step: {plan.step_s:.2f} s ({w.tokens / plan.step_s:.3g} tokens/s; "
          f"{6 * flops / div:.1f} model {unit} counting 6 N a token, {8 * flops / div:.1f} "
          "counting 8 N with recompute)")
     for note in plan.notes:
