@@ -172,7 +172,8 @@ def report(plan: pm.Plan, machine: pm.Machine, largest: int, endurance_tbw=None)
          f"{w.weight_bytes} B, states {w.state_bytes} B a parameter")
     _say(f"machine: {len(machine.disk_read)} storage path(s), {machine.read_rate / GB:.2f} GB/s "
          f"read, {machine.write_rate / GB:.2f} GB/s write together; daemon budget "
-         f"{machine.dram_budget / 2**30:.1f} GiB of {machine.host_total / 2**30:.0f} GiB")
+         f"{machine.dram_budget / 2**30:.1f} GiB; host memory {machine.host_available / 2**30:.1f}"
+         f" GiB available of {machine.host_total / 2**30:.1f}")
     _say("bytes per tier:")
     for tier, b in plan.tiers.items():
         _say(f"  {tier:<48} {_size(b):>10}")
