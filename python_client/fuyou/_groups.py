@@ -141,13 +141,14 @@ def check_track_frozen(track_frozen: bool, offload_params: bool, data_parallel) 
 
 
 def gradient_error(param_groups: List[dict], registered_params,
-                   read_only=()) -> Optional[Exception]:
+                   offload=None) -> Optional[Exception]:
     """At step(): a sparse gradient, or a parameter with a gradient that has no
     chunk (frozen when the optimizer was built, not tracked) or whose chunk is
-    streamed read-only (frozen, track_frozen with offload_params): torch would
-    update it; fuyou cannot. An exception for step(), or None."""
+    streamed read-only (frozen, track_frozen with `offload`, the streamed
+    mode's OffloadedParams): torch would update it; fuyou cannot. An exception
+    for step(), or None."""
     registered = {id(p) for p in registered_params}
-    streamed_frozen = {id(p) for p in read_only}
+    streamed_frozen = {id(p) for p in getattr(offload, "read_only", ())}
     for i, group in enumerate(param_groups):
         for k, p in enumerate(group["params"]):
             if p.grad is None:
@@ -161,6 +162,14 @@ def gradient_error(param_groups: List[dict], registered_params,
                     "such parameters read-only (no master or moments are kept up to date for "
                     "them, nothing is written back): build the optimizer with it requiring "
                     "grad and freeze it after construction to train it later")
+            if id(p) not in registered and offload is not None:
+                return FailedPrecondition(
+                    f"fuyou.AdamW(offload_params=True): parameter {k} of group {i} has a "
+                    "gradient but was frozen (requires_grad=False) when the optimizer was "
+                    "built, so it has no chunk (track_frozen=True would stream it read-only, "
+                    "not train it): build the optimizer with it requiring grad and freeze it "
+                    "after construction (a parameter whose .grad is None is left alone, as "
+                    "torch does), then unfreeze it when it should train")
             if id(p) not in registered:
                 shape = "x".join(str(d) for d in p.shape) or "scalar"
                 return FailedPrecondition(

@@ -138,6 +138,7 @@ class PlaceholderUses:
                 if edited is not None:
                     b, m = self._block_of(offload, edited)
                     values = {m.index: (b, m, edited.detach().clone())}
+                    offload.weights.edits.refresh(b)  # into the masters below: not lost
                 step, loaded = offload.committed_step, offload.weights_loaded
             finally:
                 for b in held:

@@ -105,9 +105,18 @@ class ShardedStreamedMode(StreamedMode):
     """The streamed mode of one rank (see the module doc)."""
 
     def weights_error(self):
-        """Not yet: one rank refusing a step the others take would leave them in
-        a collective (an edit of a placeholder changes nothing, as before)."""
-        return None
+        """An edit of the fetched weights inside a forward (StreamedMode's) on
+        any rank refuses the step on every rank: one all-reduce of the first
+        edited parameter's index a step (one rank refusing alone would leave
+        the others in a collective)."""
+        edited = self.edited_in_forward()
+        first = torch.tensor([edited[0] if edited else -1], dtype=torch.int64)
+        first = first.to(self.dp._device(self.pipeline.params[0]))
+        dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.dp.group)
+        index = int(first.item())
+        if index < 0:
+            return None
+        return self.edit_error(index, f" on a rank of data-parallel job {self.dp.base_job!r}")
 
     def __init__(self, opt, pipeline, session):
         self.dp = opt._data_parallel

@@ -108,29 +108,38 @@ class StreamedMode(StepMode):
         if committed:  # fetched weights are the previous step's now
             self.offload.weights.drop_cache()
         self._versions = [p._version for p in self.pipeline.params]
+        self.offload.weights.edits.forget()
 
     def weights_error(self) -> Optional[Exception]:
         """A parameter changed in place since the last step where fuyou could
-        not take it: while its module held its fetched weights (an edit inside
-        a forward), so only the fetched copy changed. Edits of a placeholder
-        between steps are taken into the masters (``offload.placeholders``) and
-        do not count. Said once; the next step() goes on."""
+        not take it (``edited_in_forward``). Said once; the next step() goes on."""
+        edited = self.edited_in_forward()
+        return self.edit_error(edited[0]) if edited else None
+
+    def edited_in_forward(self) -> List[int]:
+        """The param indexes changed in place since the last step while their
+        module held its fetched weights (an edit inside a forward,
+        ``self.weight.mul_`` or ``self.weight.data.mul_``), so only the fetched
+        copy changed. The version counters catch the first, the fetched
+        weights' looks (``offload.weights.edits``) the second. Edits of a
+        placeholder between steps are taken into the masters
+        (``offload.placeholders``) and do not count."""
         versions = [p._version for p in self.pipeline.params]
         before, self._versions = self._versions, versions
-        if before is None:
-            return None
+        looked = [m.index for _b, m in self.offload.weights.edited_members()]
         taken = self.offload.placeholders.edit_versions  # edits written into the masters
-        edited = [i for i, (a, b) in enumerate(zip(before, versions))
-                  if a != b and taken.get(i) != b]
-        if not edited:
-            return None
-        name = self._gradients.name_of(edited[0])
+        return [i for i, (a, b) in enumerate(zip(before or versions, versions))
+                if a != b and taken.get(i) != b] + looked
+
+    def edit_error(self, index: int, where: str = "") -> FailedPrecondition:
+        name = self.offload.placeholders.describe(self.pipeline.params[index])
         return FailedPrecondition(
-            f"job {self._job!r}: {name} was changed in place outside step() while its module "
-            "held its fetched weights (inside a forward): with offload_params its weights live "
-            "in fuyoud, so the change reached only the fetched copy. Change it between steps "
-            "(with torch.no_grad(): p.mul_(...), p.data.clamp_(...), model.load_state_dict: "
-            "fuyou writes those into its masters); this step() was not taken, call it again")
+            f"{name} was changed in place outside step() while its module held its fetched "
+            f"weights{where} (inside a forward, e.g. self.weight.data.mul_(...)): with "
+            "offload_params its weights live in fuyoud, so the change reached only the fetched "
+            "copy. Change it between steps (with torch.no_grad(): p.mul_(...), "
+            "p.data.clamp_(...), model.load_state_dict: fuyou writes those into its masters); "
+            "this step() was not taken, call it again")
 
     # ------------------------------------------------------------ between steps
     def import_moments(self, opt, state_dict: dict) -> None:

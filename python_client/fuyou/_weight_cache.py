@@ -27,6 +27,7 @@ import torch
 
 from ._chunking import Chunk
 from ._errors import FailedPrecondition
+from ._fetched_edits import FetchedEdits
 from ._live_bytes import LiveBytes
 from ._placeholders import become_placeholder, become_weights
 from ._weight_fetches import WeightFetches
@@ -120,6 +121,7 @@ class WeightCache:
         self._tick = 0
         self.cache_hits = 0  # blocks acquired while still resident
         self.placeholder_class = None  # the offload's (_placeholders.py): set by OffloadedParams
+        self.edits = FetchedEdits()  # edits of fetched weights while a module held them
 
     @property
     def live_bytes(self) -> int:
@@ -219,6 +221,7 @@ class WeightCache:
             self._pipeline.wait_sent()  # gradients copied to the slots are freed
 
     def _evict(self, block: Block) -> None:
+        self.edits.evicted(block)
         block.buffer = None
         self._resident.pop(id(block), None)
         self._live.resident -= block.nbytes
@@ -255,6 +258,7 @@ class WeightCache:
         for c, offset in zip(block.chunks, block.chunk_offsets):
             self._fetches.copy_into(c, buf[offset:offset + c.nbytes].view(c.dtype))
         block.buffer = buf
+        self.edits.fetched(block)
         self._resident[id(block)] = block
         self._live.resident += block.nbytes
         self._live.note()
@@ -265,6 +269,11 @@ class WeightCache:
             nbytes = m.numel * torch.empty((), dtype=m.dtype).element_size()
             become_weights(m.param, buf[m.byte_offset:m.byte_offset + nbytes].view(m.dtype)
                            .view(m.shape))
+
+    def edited_members(self):
+        """(block, member) of the parameters whose fetched weights changed
+        since their fetch (FetchedEdits.edited)."""
+        return self.edits.edited(list(self._resident.values()))
 
     def block_holding(self, t: torch.Tensor) -> Optional[Tuple[Block, int]]:
         """The resident block whose buffer holds `t`'s first element, and the

@@ -263,7 +263,7 @@ class AdamW(torch.optim.Optimizer):
             self._check_usable()
             bad = (self._groups_error()
                    or gradient_error(self.param_groups, self._pipeline.params,
-                                     getattr(getattr(self._mode, "offload", None), "read_only", ()))
+                                     getattr(self._mode, "offload", None))
                    or self._mode.weights_error())
             if bad is not None:  # nothing is changed: fix the group and step() again
                 raise bad

@@ -4,7 +4,8 @@ fuyou.stream_parameters in a data-parallel job (_sharded_streamed.py).
 ``dp_stream_worker.py RANK WORLD STORE OUT.json [--steps-from A] [--steps-to B]
 [--chunk-bytes N] [--accumulate] [--overflow-at S] [--load-torch]
 [--clip opt|loop|none] [--halve-at S] [--no-overlap] [--declare-passes K]
-[--hold-commit-at R:S:FILE] [--no-durable-gate] [--timeout T]``:
+[--hold-commit-at R:S:FILE] [--no-durable-gate] [--timeout T] [--edit-steps S,T]
+[--edit-in-forward]``:
 joins a gloo group over a FileStore and trains dp_worker.py's MLP, streamed
 (its parameters are placeholders; each module's weights are fetched from the
 rank's fuyoud), on this rank's batches from step A to B. ``--clip``: by
@@ -19,7 +20,10 @@ before step S's EndStep (after a second for the step's write-backs' syncs),
 so the step's durable commit is held, and the embedded fuyoud is SIGKILLed 5
 s later (a node's fuyoud crashing before its step was durable);
 ``--no-durable-gate``: the gate of _dp_durable.py made a no-op (the hole it
-closes); ``--timeout``: the process group's, in seconds (default 60). The
+closes); ``--edit-steps``: dp_worker.edit_weights before those steps' forward
+(a no_grad rescale and a .data clamp of the placeholders, on every rank);
+``--edit-in-forward``: after the comparisons, rank 0 alone edits a weight
+through ``.data`` inside a forward, which step() refuses on every rank; ``--timeout``: the process group's, in seconds (default 60). The
 reduction counters (``opt._mode.reductions.counts``) and the pipeline's
 speculative updates and redos go to the result.
 After every step every weight, read with ``model.state_dict()`` (a local call),
@@ -60,7 +64,7 @@ CHUNK_BYTES = 1 << 16  # one chunk per Linear: 3 chunks, split 2 + 1 (by bytes)
 
 
 def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1,
-                     clip: bool = True, halve_at: int = -1):
+                     clip: bool = True, halve_at: int = -1, edit_steps=()):
     """torch.optim.AdamW's weights after each step and its state dict after the
     last; `micro` batches a step per rank; step `skipped` is not taken; the
     gradients halved at step `halve_at`."""
@@ -71,6 +75,8 @@ def reference_states(steps: int, world: int, micro: int = 1, skipped: int = -1,
         if step == skipped:
             weights.append([p.detach().clone() for p in model.parameters()])
             continue
+        if step in edit_steps:
+            dp_worker.edit_weights(model)
         for r in range(world):
             for m in range(micro):
                 (loss_of(model, *batch(step, r, m)) / (world * micro)).backward()
@@ -108,6 +114,25 @@ def hold_commit(opt, hold_step, release, current_step, res):
     link.end_step = held_end_step
 
 
+def edit_in_forward(model, opt, rank: int, step: int, res: dict) -> None:
+    """Rank 0 alone edits model[2]'s fetched weights through .data inside its
+    forward (a pre-hook): step() is refused on every rank, then goes on."""
+    def shrink(module, args):
+        module.weight.data.mul_(0.5)
+
+    hook = model[2].register_forward_pre_hook(shrink) if rank == 0 else None
+    loss_of(model, *batch(step, rank)).backward()
+    if hook is not None:
+        hook.remove()
+    try:
+        opt.step()
+    except fuyou.FailedPrecondition as e:
+        res["edit_in_forward"] = str(e)
+    opt.step()  # said once
+    opt.zero_grad(set_to_none=True)
+    res["committed_after_edit"] = opt.committed_step
+
+
 def main():
     ap = argparse.ArgumentParser()
     for name in ("rank", "world"):
@@ -127,7 +152,10 @@ def main():
     ap.add_argument("--hold-commit-at", default="")
     ap.add_argument("--no-durable-gate", action="store_true")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--edit-steps", default="")
+    ap.add_argument("--edit-in-forward", action="store_true")
     args = ap.parse_args()
+    edit_steps = [int(x) for x in args.edit_steps.split(",") if x]
     res = {"rank": args.rank}
     dist.init_process_group("gloo", store=dist.FileStore(args.store, args.world),
                             rank=args.rank, world_size=args.world,
@@ -139,7 +167,7 @@ def main():
     try:
         micro = 2 if args.accumulate else 1
         ref, ref_sd = reference_states(args.steps_to, args.world, micro, args.overflow_at,
-                                       args.clip != "none", args.halve_at)
+                                       args.clip != "none", args.halve_at, edit_steps)
         model = make_model()
         if args.steps_from:  # a resumed job has the daemon's weights: start elsewhere
             with torch.no_grad():
@@ -172,6 +200,8 @@ def main():
         worst = []
         for step in range(args.steps_from, args.steps_to):
             res["step"] = step
+            if step in edit_steps:
+                dp_worker.edit_weights(model)
             for m in range(micro):
                 loss = loss_of(model, *batch(step, args.rank, m)) / micro
                 if step == args.overflow_at and args.rank == 1:
@@ -207,6 +237,7 @@ def main():
                                                 ref[args.steps_to - 1], ref_sd["state"])
         res.update(worst=worst, states=states, committed=opt.committed_step,
                    skipped=opt.skipped_steps, loss_scale=opt.loss_scale,
+                   edits_taken=opt.offload.placeholders.edits_taken,
                    fetches=handle.fetches, export=export,
                    counts=dataclasses.asdict(opt._mode.reductions.counts),
                    speculative=opt._pipeline.stats.speculative_updates,
@@ -219,6 +250,8 @@ def main():
             alone = list(model.state_dict().values())
             res["alone"] = max(violation(a, b) for a, b in zip(ref[args.steps_to - 1], alone))
         dist.barrier()
+        if args.edit_in_forward:
+            edit_in_forward(model, opt, args.rank, args.steps_to, res)
         if not args.steps_from:  # model.load_state_dict on rank 0 only: step() refuses
             if args.rank == 0:
                 model.load_state_dict(model.state_dict())

@@ -66,9 +66,17 @@ def test_two_streamed_ranks_match_torch_with_clipping_and_resume(tmp_path):
 
 
 def test_two_streamed_ranks_accumulate_and_skip_an_overflow_on_one_rank(tmp_path):
+    # and weights edited between steps on every rank (a no_grad rescale, a .data
+    # clamp of the placeholders): each rank takes them into its job's masters
     results = run_worker("dp_stream_worker.py", tmp_path, 2, "--accumulate",
-                         "--overflow-at", "2", "--steps-to", "4")
+                         "--overflow-at", "2", "--steps-to", "4", "--edit-steps", "0,3",
+                         "--edit-in-forward")
     for res in results:
+        assert res["edits_taken"] == 2 * 7, res  # a rescale and 6 clamps, twice
+        # then rank 0 alone edits model[2]'s weights through .data inside its forward
+        assert "parameter '2.weight'" in res["edit_in_forward"], res
+        assert "changed in place outside step() while its module held" in res["edit_in_forward"]
+        assert res["committed_after_edit"] == 4, res  # refused once on both ranks, then taken
         assert len(res["worst"]) == 4 and max(res["worst"]) <= 0.0, res["worst"]
         assert res["skipped"] == 1 and res["committed"] == 3, res
         assert res["loss_scale"] == 2.0 ** 15  # backed off once, on every rank

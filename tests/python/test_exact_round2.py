@@ -248,8 +248,12 @@ def test_streamed_parameter_frozen_at_construction_is_refused_once_it_has_a_grad
         opt.zero_grad()
         model.shared.requires_grad_(True)
         _loss(model, 1).backward()
-        with pytest.raises(fuyou.FailedPrecondition, match="frozen .*when the optimizer was built"):
+        with pytest.raises(fuyou.FailedPrecondition,
+                           match=r"frozen .*when the optimizer was built.*track_frozen=True would "
+                                 r"stream it read-only.*build the optimizer with it requiring "
+                                 r"grad and freeze it after construction"):
             opt.step()
+        assert opt.committed_step == 1
     finally:
         handle.close()
         opt.close()

@@ -301,3 +301,42 @@ def test_an_edit_of_the_fetched_weights_inside_a_forward_is_refused_once_at_step
     finally:
         handle.close()
         opt.close()
+
+
+class DataEditInForward(nn.Linear):
+    """Edits its own weights through ``.data`` in its forward (no version
+    counter sees it) when ``shrink`` is set."""
+
+    shrink = False
+
+    def forward(self, x):
+        if self.shrink:
+            self.weight.data.mul_(0.5)
+        return super().forward(x)
+
+
+def test_a_data_edit_inside_a_modules_own_forward_is_refused_at_step(stream_backend):
+    """``self.weight.data.mul_`` in the module's forward reaches only the
+    fetched copy: step() refuses it naming the parameter, never loses it."""
+    torch.manual_seed(1)
+    model = Plain()
+    model.fc.__class__ = DataEditInForward
+    opt = offload_adamw(stream_backend, model.parameters(), job=next(_jobs))
+    handle = fuyou.stream_parameters(model, opt, device_budget="4KiB")
+    try:
+        model(*twice_batch(0)).backward()
+        opt.step()  # no edit: taken
+        opt.zero_grad()
+        model.fc.shrink = True
+        model(*twice_batch(1)).backward()
+        model.fc.shrink = False
+        with pytest.raises(fuyou.FailedPrecondition,
+                           match=r"'fc.weight'.*changed in place outside step\(\) while its module "
+                                 r"held .*self.weight.data.mul_.*Change it between steps"):
+            opt.step()
+        assert opt.committed_step == 1
+        opt.step()  # said once: the step goes on
+        assert opt.committed_step == 2
+    finally:
+        handle.close()
+        opt.close()
