@@ -2,7 +2,7 @@
 
 benchmarks/scale_bench.py (the bench that trains a model whose states exceed the
 host) runs here at CI size: a 51M-parameter Llama built in init_empty,
-materialized into fuyoud, its weights streamed, two steps on real text. Its
+materialized into fuyoud, its weights streamed, three steps on real text. Its
 fp32 states (610 MB) are several times both bounds checked from /proc: fuyoud's
 peak RSS (VmHWM) within its 64 MiB DRAM budget + 96 MiB, and the client's peak
 RSS within 128 MiB over what it held before building the model. Anything that
@@ -25,13 +25,13 @@ DAEMON_OVER_BUDGET = 96 * MiB
 CLIENT_GROWTH = 128 * MiB
 
 
-@pytest.mark.slow  # ~30 s on 2 shared cores: materialize and two steps of 51M parameters
+@pytest.mark.slow  # ~30-50 s on 2 shared cores: materialize and three steps of 51M parameters
 def test_streamed_training_memory_is_bounded_not_model_sized(tmp_path):
     binary = os.environ.get("FUYOU_DAEMON") or str(ROOT / "build" / "daemon" / "fuyoud")
     out = tmp_path / "scale.json"
     data = tmp_path / "data"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "scale_bench.py"), "--fuyoud", binary,
-           "--size", "25m", "--layers", "16", "--steps", "2", "--seq", "16",
+           "--size", "25m", "--layers", "16", "--steps", "3", "--seq", "16",
            "--dram-budget", "64MiB", "--probe-bytes", "16MiB", "--quick",
            "--data-dir", str(data), "--json", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -50,5 +50,5 @@ def test_streamed_training_memory_is_bounded_not_model_sized(tmp_path):
     # every state read and written once, the weights fetched twice and written once
     assert 0.8 <= r["traffic_ratio"] <= 1.2, log
     losses = [s["loss"] for s in r["steps"]]
-    assert losses[-1] < losses[0], losses
+    assert losses[2] < losses[0], losses  # steps 1 and 3 train on the same batch
     assert not data.exists()  # the bench removes its states
