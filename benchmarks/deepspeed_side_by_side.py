@@ -96,6 +96,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     z.add_argument("--zero3-variants", default="infinity",
                    help="comma-separated: infinity (offload_optimizer + offload_param to NVMe), "
                         "opt-nvme (offload_optimizer to NVMe only)")
+    z.add_argument("--ds-param-buffer", type=int, default=100_000_000,
+                   help="infinity: elements a DeepSpeed parameter swap buffer holds (5 buffers; "
+                        "DeepSpeed's default 1e8 holds a small model's every weight, so none "
+                        "is read from the SSD a step; 1e6 streams them)")
     z.add_argument("--skip-steps", type=int, default=6,
                    help="DeepSpeed's first steps left out of its steady tokens/s (the main "
                         "job leaves out its first step and its --serial-steps 5 + 1)")
@@ -121,6 +125,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for v in args.variants:
         if v not in ZERO3_VARIANTS:
             ap.error(f"--zero3-variants: unknown {v!r} (choose from {', '.join(ZERO3_VARIANTS)})")
+    if args.ds_param_buffer < 1:
+        ap.error("--ds-param-buffer must be positive")
     if args.skip_steps >= args.steps:
         ap.error("--skip-steps must be below --steps")
     return args
@@ -614,7 +620,7 @@ def part_zero3(args) -> dict:
                                        "skip": args.skip_steps,
                                        "checkpoint": str(base_dir / "base.pt"),
                                        "nvme_dir": str(nvme), "bs": args.bs_bytes, "qd": args.qd,
-                                       "param_buffer": 100_000_000},
+                                       "param_buffer": args.ds_param_buffer},
                              env={"DS_ACCELERATOR": "cpu"})
         shutil.rmtree(nvme, ignore_errors=True)
         if err:
