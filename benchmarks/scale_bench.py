@@ -46,6 +46,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_client"))
 import fuyou  # noqa: E402
 from fuyou import _plan_model as pm, _plan_probe as probe  # noqa: E402
+from fuyou._host_malloc import MALLOC_ENV, keep_large_buffers_mmapped  # noqa: E402
 from fuyou._sizes import parse_size  # noqa: E402
 
 SIZES = {  # hidden, intermediate, layers, heads
@@ -87,10 +88,12 @@ def parse_args(argv=None):
     ap.add_argument("--shard-mib", type=int, default=256)
     ap.add_argument("--quick", action="store_true",
                     help="no kernel and matmul probes (the plan's bytes only, no step time)")
-    ap.add_argument("--malloc", choices=["mmap", "glibc"], default="mmap",
-                    help="mmap: allocations of 128 KiB and more are mmapped and go back to the "
-                    "system when freed (mallopt M_MMAP_THRESHOLD); glibc: its default dynamic "
-                    "threshold, which keeps the freed buffers of streamed weights in the heap")
+    ap.add_argument("--malloc", choices=["fuyou", "mmap", "glibc"], default="fuyou",
+                    help="fuyou: what stream_parameters does (allocations of 128 KiB and more "
+                    "mmapped, given back to the system when freed: fuyou/_host_malloc.py); mmap: "
+                    "the same set by the bench before anything else; glibc: FUYOU_MALLOC=glibc, "
+                    "glibc's default dynamic threshold, which keeps the freed buffers of "
+                    "streamed weights in the heap")
     ap.add_argument("--json")
     return ap.parse_args(argv)
 
@@ -99,12 +102,12 @@ def set_malloc(mode):
     """glibc raises its mmap threshold to the size of each mmapped block freed
     (up to 32 MiB), after which module-sized buffers come from the heap and stay
     there once freed: a client streaming a 300M model grew by ~1.7x the model's
-    bf16 weights. A fixed threshold keeps every buffer of 128 KiB or more mmapped."""
-    if mode == "mmap":
-        import ctypes
-        M_MMAP_THRESHOLD = -3
-        if ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 << 10) != 1:
-            sys.exit("scale_bench: mallopt(M_MMAP_THRESHOLD) failed; use --malloc glibc")
+    bf16 weights. fuyou.stream_parameters fixes the threshold at 128 KiB
+    (fuyou/_host_malloc.py) unless FUYOU_MALLOC=glibc; "mmap" sets it here first."""
+    if mode == "glibc":
+        os.environ[MALLOC_ENV] = "glibc"
+    elif mode == "mmap" and not keep_large_buffers_mmapped():
+        sys.exit("scale_bench: mallopt(M_MMAP_THRESHOLD) failed; use --malloc glibc")
 
 
 def vm(pid, key):

@@ -39,6 +39,7 @@ import torch.nn as nn
 
 from . import _sharded
 from ._errors import InvalidArgument
+from ._host_malloc import keep_large_buffers_mmapped
 
 __all__ = ["init_empty", "materialize", "is_empty", "job_of"]
 
@@ -83,6 +84,7 @@ def init_empty(job: Optional[str] = None) -> Iterator[None]:
     Not thread-safe with other threads building modules at the same time."""
     if getattr(_state, "active", False):
         raise InvalidArgument("fuyou.init_empty blocks do not nest")
+    keep_large_buffers_mmapped()  # each parameter built on the CPU is freed (_host_malloc.py)
     created: Dict[int, nn.Parameter] = {}
     original = nn.Module.register_parameter
 

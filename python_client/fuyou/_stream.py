@@ -32,6 +32,7 @@ from typing import List, Optional, Union
 import torch
 
 from ._errors import FailedPrecondition, InvalidArgument
+from ._host_malloc import keep_large_buffers_mmapped
 from ._offload import FETCH_SLOTS, Block, OffloadedParams
 from ._prefetch_order import PrefetchOrder
 from ._sizes import parse_size
@@ -93,6 +94,12 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
     host's RAM when less) bounds the weights one ``state_dict()`` call may hold:
     beyond it, it raises and names ``fuyou.export_checkpoint(opt, path, model,
     shard_bytes=...)``, which writes a sharded checkpoint one chunk at a time.
+
+    A module streamed on the CPU (and fuyou.AdamW(offload_params=True) of
+    parameters not all on a GPU) sets glibc's mmap threshold to 128 KiB for the
+    whole process, once, so the freed buffers of fetched weights go back to the
+    system and the client's memory follows ``device_budget``, not the model
+    (``FUYOU_MALLOC=glibc`` leaves glibc's defaults; see _host_malloc.py).
     """
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise NotImplementedError(
@@ -117,6 +124,8 @@ def stream_parameters(model: torch.nn.Module, optimizer, device_budget: Union[in
         if offload.state_dict_hooks is None:
             offload.state_dict_hooks = StreamedStateDict(offload, limit)
         offload.state_dict_hooks.limit_bytes = limit
+        if any(b.device is not None and b.device.type == "cpu" for b in offload.blocks):
+            keep_large_buffers_mmapped()  # freed weight buffers go back (_host_malloc.py)
         return ParameterStream(offload, model, budget, prefetch)
 
 

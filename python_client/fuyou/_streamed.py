@@ -21,6 +21,7 @@ from . import _checkpoint
 from ._backward_hooks import BackwardHooks
 from ._chunking import trainable_params
 from ._errors import FailedPrecondition
+from ._host_malloc import keep_large_buffers_mmapped
 from ._mode import StepMode
 from ._offload import FETCH_SLOTS, OffloadedParams
 from ._protocol import MAX_SLOTS, REDO_CLIPPED, REDO_GRADIENTS_CHANGED
@@ -61,6 +62,8 @@ class StreamedMode(StepMode):
         self.hooks = BackwardHooks(pipeline.params, pipeline.lock, self)
         pipeline.attach(session, register=False, reserved_slots=FETCH_SLOTS)
         self.offload = OffloadedParams(opt, pipeline, self.hooks)
+        if any(p.device.type != "cuda" for g in opt.param_groups for p in g["params"]):
+            keep_large_buffers_mmapped()  # before materialize (_host_malloc.py)
         self._gradients = self.offload.gradients
         self._job = opt.job
         self._versions: Optional[List[int]] = None  # the placeholders' at the last step's end
