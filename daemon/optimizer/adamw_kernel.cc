@@ -44,29 +44,6 @@ StepConstants MakeStepConstants(const AdamWStepParams& p) {
 
 namespace {
 
-template <DType kGrad>
-inline float LoadGrad(const void* grad, size_t i) {
-  if constexpr (kGrad == DType::kFloat32) {
-    return static_cast<const float*>(grad)[i];
-  } else if constexpr (kGrad == DType::kBFloat16) {
-    return BFloat16ToFloat(static_cast<const uint16_t*>(grad)[i]);
-  } else {
-    return HalfToFloat(static_cast<const uint16_t*>(grad)[i]);
-  }
-}
-
-// kOut == kUnspecified: no weights output.
-template <DType kOut>
-inline void StoreWeight(void* out, size_t i, float w) {
-  if constexpr (kOut == DType::kFloat32) {
-    static_cast<float*>(out)[i] = w;
-  } else if constexpr (kOut == DType::kBFloat16) {
-    static_cast<uint16_t*>(out)[i] = FloatToBFloat16(w);
-  } else if constexpr (kOut == DType::kFloat16) {
-    static_cast<uint16_t*>(out)[i] = FloatToHalf(w);
-  }
-}
-
 // The reference: torch.optim.AdamW's order of operations, one rounding per torch op.
 // kBf16Moments: m and v are bf16, widened on load and rounded on store (m to
 // nearest even, v stochastically), the arithmetic unchanged.
@@ -78,7 +55,7 @@ void ScalarLoop(const StepConstants& c, const AdamWBuffers& b, size_t begin, siz
   uint16_t* __restrict m16 = static_cast<uint16_t*>(b.exp_avg);
   uint16_t* __restrict v16 = static_cast<uint16_t*>(b.exp_avg_sq);
   for (size_t i = begin; i < end; ++i) {
-    float g = LoadGrad<kGrad>(b.grad, i);
+    float g = ScalarLoadGrad<kGrad>(b.grad, i);
     if (c.grad_scale != 1.0f) g = g * c.grad_scale;
     float pi = p[i] * c.decay;
     float mi = (kBf16Moments ? BFloat16ToFloat(m16[i]) : m32[i]) * c.beta1;
@@ -96,7 +73,7 @@ void ScalarLoop(const StepConstants& c, const AdamWBuffers& b, size_t begin, siz
       m32[i] = mi;
       v32[i] = vi;
     }
-    StoreWeight<kOut>(b.weights_out, i, pi);
+    ScalarStoreWeight<kOut>(b.weights_out, i, pi);
   }
 }
 
@@ -176,14 +153,32 @@ Isa DetectIsaUncached() {
 }
 
 bool ValidDTypes(const AdamWBuffers& b) {
+  const bool block8 = b.moments_dtype == DType::kBlock8 && b.exp_avg_scales != nullptr &&
+                      b.exp_avg_sq_scales != nullptr && b.first_element + b.n <= b.chunk_elements;
   return IsValidDType(b.grad_dtype) &&
-         (b.moments_dtype == DType::kFloat32 || b.moments_dtype == DType::kBFloat16) &&
+         (b.moments_dtype == DType::kFloat32 || b.moments_dtype == DType::kBFloat16 || block8) &&
          (b.weights_out == nullptr || IsValidDType(b.weight_dtype));
+}
+
+void RunRangeBlock8(Isa isa, const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end) {
+  switch (isa) {
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
+    case Isa::kAvx512:
+      return internal::UpdateRangeBlock8(internal::UpdateBlock8Avx512, internal::EncodeBlock8Avx512, c, b, begin, end);
+#endif
+#if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
+    case Isa::kAvx2:
+      return internal::UpdateRangeBlock8(internal::UpdateBlock8Avx2, internal::EncodeBlock8Avx2, c, b, begin, end);
+#endif
+    default:
+      return internal::UpdateRangeBlock8(internal::UpdateBlock8Scalar, internal::EncodeBlock8Scalar, c, b, begin, end);
+  }
 }
 
 void RunRange(Isa isa, const StepConstants& c, const AdamWBuffers& b, size_t begin,
               size_t end) {
   if (begin >= end) return;
+  if (b.moments_dtype == DType::kBlock8) return RunRangeBlock8(isa, c, b, begin, end);
   switch (isa) {
 #if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
     case Isa::kAvx512: return internal::UpdateRangeAvx512(c, b, begin, end);
@@ -198,6 +193,18 @@ void RunRange(Isa isa, const StepConstants& c, const AdamWBuffers& b, size_t beg
 // Ranges handed to threads start on multiples of this many elements (256 bytes of
 // fp32 state), so no two threads share a cache line of any buffer.
 constexpr size_t kAlignElements = 64;
+
+// Rounds `at` (an element of `b`, <= b.n) up to where a slice or a thread's
+// range may start: a multiple of kAlignElements, or with 8-bit moments the
+// start of a block of the chunk (so that no two ranges share a block).
+size_t AlignRangeStart(const AdamWBuffers& b, size_t at) {
+  if (b.moments_dtype != DType::kBlock8) {
+    return std::min(b.n, (at + kAlignElements - 1) / kAlignElements * kAlignElements);
+  }
+  const uint64_t element = b.first_element + at;
+  const uint64_t aligned = (element + kMomentBlockElements - 1) / kMomentBlockElements * kMomentBlockElements;
+  return static_cast<size_t>(std::min<uint64_t>(b.n, aligned - b.first_element));
+}
 // Below this many elements per thread, waking a worker costs more than it saves.
 constexpr size_t kMinElementsPerThread = 32 * 1024;
 
@@ -271,11 +278,10 @@ class AdamWKernel::Pool {
     if (!ValidDTypes(buffers) || buffers.n == 0) return;
     const StepConstants c = internal::MakeStepConstants(params);
     const uint64_t per_element = BytesPerElement(buffers);
-    size_t slice = static_cast<size_t>(std::max<uint64_t>(1, slice_bytes_ / per_element));
-    slice = (slice + kAlignElements - 1) / kAlignElements * kAlignElements;
+    const size_t slice = static_cast<size_t>(std::max<uint64_t>(1, slice_bytes_ / per_element));
     const size_t n = buffers.n;
-    for (size_t begin = 0; begin < n; begin += slice) {
-      const size_t end = std::min(n, begin + slice);
+    for (size_t begin = 0, end = 0; begin < n; begin = end) {
+      end = AlignRangeStart(buffers, std::max(begin + slice, AlignRangeStart(buffers, begin + 1)));
       turns_.Lock(tenant, (end - begin) * per_element);
       RunSlice(c, buffers, begin, end);
       turns_.Unlock();
@@ -291,9 +297,10 @@ class AdamWKernel::Pool {
   // m and v read and written, an fp32 gradient read and an fp32 weight written.
   static constexpr uint64_t kMostBytesPerElement = 4 * 2 + 4 * 2 * 2 + 4 + 4;
 
-  // What one element of `b` reads and writes, in bytes: the cost of the work.
+  // What one element of `b` reads and writes, in bytes: the cost of the work
+  // (8-bit moments: a code each, their scales rounded away).
   static uint64_t BytesPerElement(const AdamWBuffers& b) {
-    const uint64_t moments = b.moments_dtype == DType::kBFloat16 ? 2 : 4;
+    const uint64_t moments = b.moments_dtype == DType::kBFloat16 ? 2 : b.moments_dtype == DType::kBlock8 ? 1 : 4;
     uint64_t bytes = 4 * 2 + moments * 2 * 2 + DTypeSize(b.grad_dtype);
     if (b.weights_out != nullptr) bytes += DTypeSize(b.weight_dtype);
     return bytes;
@@ -315,8 +322,15 @@ class AdamWKernel::Pool {
     const Future<void> done = job->done.future();
     Promise<JobRef> publish = std::exchange(next_job_, std::move(after));
     publish.Set(JobRef(std::move(job)));
-    RunRange(isa_, c, buffers, begin, std::min(end, begin + per));
+    RunRange(isa_, c, buffers, begin, ShareBound(buffers, begin, end, per, 1));
     done.Wait();
+  }
+
+  // Where share k of the slice [begin, end) starts: begin + k * per, moved to
+  // where a range may start (AlignRangeStart: a no-op for fp32 and bf16
+  // moments, whose slices start on multiples of kAlignElements).
+  static size_t ShareBound(const AdamWBuffers& b, size_t begin, size_t end, size_t per, size_t k) {
+    return k == 0 ? begin : std::min(end, AlignRangeStart(b, std::min(end, begin + k * per)));
   }
 
   // One slice, [begin, end), split into `shares` ranges of `per` elements; share 0
@@ -350,8 +364,8 @@ class AdamWKernel::Pool {
       if (!published.ok()) return;  // the pool is stopping
       const Job& job = **published;
       if (index < job.shares) {  // else this update needs fewer threads
-        const size_t begin = std::min(job.end, job.begin + index * job.per);
-        RunRange(isa_, job.constants, job.buffers, begin, std::min(job.end, begin + job.per));
+        RunRange(isa_, job.constants, job.buffers, ShareBound(job.buffers, job.begin, job.end, job.per, index),
+                 ShareBound(job.buffers, job.begin, job.end, job.per, index + 1));
         job.done.Arrive();  // the caller may return now: job.constants and job.buffers end
       }
       Future<JobRef> after = job.next;  // `job` stays alive (held by `next`) until here

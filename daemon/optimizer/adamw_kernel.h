@@ -8,7 +8,8 @@
 //   denom   = sqrt(v) / sqrt(1 - beta2^t) + eps
 //   master -= (lr / (1 - beta1^t)) * m / denom
 //   weights_out = master rounded to weight_dtype (round-to-nearest-even)
-// States: master fp32, m and v fp32 or bf16 (AdamWBuffers); gradients and weights are fp32, bf16 or fp16.
+// States: master fp32, m and v fp32, bf16 or 8-bit blocks (AdamWBuffers); gradients and weights are fp32, bf16
+// or fp16.
 // AVX-512 and AVX2 paths are chosen at run time; a scalar path is the fallback and
 // the reference.
 //
@@ -23,7 +24,7 @@
 // can differ by one ulp in (1 - beta).
 // Preconditions (checked by the caller, e.g. the session layer): step >= 1, valid
 // dtypes (kUnspecified is ignored and the call does nothing; so are moments of
-// a dtype other than fp32 or bf16).
+// a dtype other than fp32, bf16 or 8-bit blocks).
 #pragma once
 
 #include <cstddef>
@@ -51,7 +52,7 @@ struct AdamWStepParams {
 // `grad` holds n values of grad_dtype; `weights_out` receives n values of
 // weight_dtype (may be null: no output). No buffer may overlap another.
 //
-// moments_dtype is kFloat32 or kBFloat16 (ChunkLayout::moments_dtype). With
+// moments_dtype is kFloat32, kBFloat16 or kBlock8 (ChunkLayout::moments_dtype). With
 // bf16 moments the kernel widens m and v to fp32 on load, computes exactly as
 // with fp32 moments (the master update uses the unrounded fp32 m and v), and
 // rounds on store: m to nearest even, v stochastically (v's per-step change,
@@ -59,6 +60,23 @@ struct AdamWStepParams {
 // rounding would freeze v: it could grow but never decay). The stochastic
 // rounding is keyed by (step, first_element + i): deterministic, the same on
 // every ISA and every split (adamw_kernel_internal.h).
+//
+// With 8-bit moments (DType::kBlock8, optimizer/block8_codec.h) exp_avg and
+// exp_avg_sq hold one 8-bit code per element and exp_avg_scales and
+// exp_avg_sq_scales the fp32 scale of each block of kMomentBlockElements
+// elements of the chunk: scale k covers chunk elements [256k, 256k + 256), so
+// the scales are indexed by (first_element + i) / 256 and are the chunk's, not
+// offset with the range. The kernel decodes a block's m and v, updates them in
+// fp32 (the master with the unrounded values, as for bf16), and encodes the
+// block with new scales, in one pass: m to the nearest code, sqrt(v)
+// stochastically (keyed as bf16 v). A range that covers part of a block reads
+// and re-encodes the block's other elements too (their codes may move by one
+// rounding under the block's new scale; their m and v are not updated): the
+// codes of a block outside [0, chunk_elements) are never touched, and ranges
+// run at the same time must not share a block (AdamWKernel::Update splits on
+// block boundaries). m, v and their codes are computed with the same
+// operations on every ISA: the stored codes and scales are the same bits on
+// every path and every split; the master, as for fp32 moments, within a few ulp.
 struct AdamWBuffers {
   float* master = nullptr;
   void* exp_avg = nullptr;
@@ -67,6 +85,11 @@ struct AdamWBuffers {
   // Index in the chunk of element 0 of these buffers (a sub-range of a chunk
   // passes its offset): the key of v's stochastic rounding.
   uint64_t first_element = 0;
+  // 8-bit moments only: the chunk's block scales of m and v, and its element
+  // count (where its last block ends).
+  float* exp_avg_scales = nullptr;
+  float* exp_avg_sq_scales = nullptr;
+  uint64_t chunk_elements = 0;
   const void* grad = nullptr;
   DType grad_dtype = DType::kFloat32;
   void* weights_out = nullptr;
@@ -84,7 +107,9 @@ Isa DetectIsa();
 bool IsaSupported(Isa isa);
 
 // Updates elements [begin, end) on the calling thread with the given ISA.
-// Precondition: the ISA is supported by this CPU.
+// Precondition: the ISA is supported by this CPU. With 8-bit moments: the
+// elements of the blocks [begin, end) touches are not updated by another
+// thread meanwhile.
 void AdamWUpdateRange(Isa isa, const AdamWStepParams& params, const AdamWBuffers& buffers,
                       size_t begin, size_t end);
 
@@ -125,7 +150,8 @@ class AdamWKernel {
 
   // Updates the whole chunk, blocking until every slice is done; `tenant` is whose
   // turns it takes (FairKey{} for the daemon's own work and tests). Ranges given
-  // to threads start on multiples of 64 elements.
+  // to threads start on multiples of 64 elements (with 8-bit moments: on block
+  // boundaries of the chunk, first_element + begin a multiple of 256).
   void Update(const AdamWStepParams& params, const AdamWBuffers& buffers, FairKey tenant = {});
 
   // The bytes of state traffic of one slice (the FairMutex's quantum).

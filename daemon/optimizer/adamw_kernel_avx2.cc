@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "optimizer/adamw_kernel_internal.h"
+#include "optimizer/block8_codec.h"
 
 namespace fuyou::optimizer::internal {
 namespace {
@@ -272,6 +273,176 @@ void FromFloat32Avx2(const float* src, void* dst, DType dst_dtype, size_t n) {
       for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
       return;
     default: return;
+  }
+}
+
+}  // namespace fuyou::optimizer::internal
+
+// ---- 8-bit moments: the pieces of one block (block8_kernel.cc) -------------------
+// 8 elements at a time, the same operations as the scalar reference
+// (block8_codec.h) in every lane; a tail of fewer than 8 through padded stack
+// buffers, as the loops above.
+namespace fuyou::optimizer::internal {
+namespace {
+
+inline __m256i Lanes8(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+
+inline __m256i Codes8(const uint8_t* codes) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+}
+
+// 8 x 32-bit lanes (values <= 0xff) -> 8 bytes, in order.
+inline void StoreCodes8(uint8_t* dst, __m256i c) {
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c, c), _mm256_setzero_si256());
+  const uint32_t lo = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(bytes)));
+  const uint32_t hi = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
+  std::memcpy(dst, &lo, 4);
+  std::memcpy(dst + 4, &hi, 4);
+}
+
+// Zero where `c` is zero, else `bits`.
+inline __m256i UnlessZero(__m256i c, __m256i bits) {
+  return _mm256_andnot_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()), bits);
+}
+
+inline __m256 DecodeM8(__m256i c) {
+  const __m256i magnitude = _mm256_and_si256(c, Lanes8(0x7f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, Lanes8(0x80)), 24);
+  const __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, kCodeShift), Lanes8(kMBias));
+  return _mm256_castsi256_ps(_mm256_or_si256(UnlessZero(magnitude, bits), sign));
+}
+
+inline __m256 DecodeV8(__m256i c) {
+  return _mm256_castsi256_ps(UnlessZero(c, _mm256_add_epi32(_mm256_slli_epi32(c, kCodeShift), Lanes8(kVBias))));
+}
+
+template <DType kGrad, DType kOut>
+Block8Max UpdateBlock8(const StepConstants& c, const AdamWBuffers& b, size_t i0, size_t len, float scale_m,
+                       float scale_v, float* m_out, float* v_out) {
+  const Consts k(c);
+  const __m256 sm = _mm256_set1_ps(scale_m);
+  const __m256 sv = _mm256_set1_ps(scale_v);
+  const __m256i abs_mask = Lanes8(0x7fffffffu);
+  __m256i most_m = _mm256_setzero_si256();
+  __m256i most_v = _mm256_setzero_si256();
+  // 8 elements whose inputs are at mc, vc, g, p and outputs at p, out, m_o, s_o.
+  auto eight = [&](const uint8_t* mc, const uint8_t* vc, const void* g, float* p, void* out, float* m_o, float* v_o) {
+    __m256 m = _mm256_mul_ps(DecodeM8(Codes8(mc)), sm);
+    __m256 v = _mm256_mul_ps(DecodeV8(Codes8(vc)), sv);
+    const __m256 w = Step(k, LoadGrad<kGrad>(g, 0), _mm256_loadu_ps(p), m, v);
+    _mm256_storeu_ps(p, w);
+    StoreWeights<kOut>(out, 0, w);
+    _mm256_storeu_ps(m_o, m);
+    _mm256_storeu_ps(v_o, v);
+    most_m = _mm256_max_epu32(most_m, _mm256_and_si256(_mm256_castps_si256(m), abs_mask));
+    most_v = _mm256_max_epu32(most_v, _mm256_and_si256(_mm256_castps_si256(v), abs_mask));
+  };
+  const auto* mc = static_cast<const uint8_t*>(b.exp_avg);
+  const auto* vc = static_cast<const uint8_t*>(b.exp_avg_sq);
+  constexpr size_t kGradSize = DTypeSize(kGrad);
+  constexpr size_t kOutSize = kOut == DType::kUnspecified ? 0 : DTypeSize(kOut);
+  size_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const size_t i = i0 + j;
+    eight(mc + i, vc + i, static_cast<const char*>(b.grad) + i * kGradSize, b.master + i,
+          static_cast<char*>(b.weights_out) + i * kOutSize, m_out + j, v_out + j);
+  }
+  if (j < len) {
+    // Zero padding decodes to m = v = 0 with a zero gradient: adds nothing to the largest.
+    const size_t rest = len - j;
+    const size_t i = i0 + j;
+    alignas(32) uint8_t mt[8] = {}, vt[8] = {};
+    alignas(32) float pt[8] = {}, gt[8] = {}, ot[8] = {}, m_o[8] = {}, v_o[8] = {};
+    std::memcpy(mt, mc + i, rest);
+    std::memcpy(vt, vc + i, rest);
+    std::memcpy(gt, static_cast<const char*>(b.grad) + i * kGradSize, rest * kGradSize);
+    std::memcpy(pt, b.master + i, rest * 4);
+    eight(mt, vt, gt, pt, ot, m_o, v_o);
+    std::memcpy(b.master + i, pt, rest * 4);
+    if constexpr (kOut != DType::kUnspecified) {
+      std::memcpy(static_cast<char*>(b.weights_out) + i * kOutSize, ot, rest * kOutSize);
+    }
+    std::memcpy(m_out + j, m_o, rest * 4);
+    std::memcpy(v_out + j, v_o, rest * 4);
+  }
+  alignas(32) uint32_t lanes_m[8], lanes_v[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes_m), most_m);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes_v), most_v);
+  Block8Max most;
+  for (int l = 0; l < 8; ++l) {
+    most.m = lanes_m[l] > most.m ? lanes_m[l] : most.m;
+    most.v = lanes_v[l] > most.v ? lanes_v[l] : most.v;
+  }
+  return most;
+}
+
+template <DType kGrad>
+Block8Max UpdateBlock8Out(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                          float scale_v, float* m_out, float* v_out) {
+  if (b.weights_out == nullptr) {
+    return UpdateBlock8<kGrad, DType::kUnspecified>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+  switch (b.weight_dtype) {
+    case DType::kFloat32: return UpdateBlock8<kGrad, DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    case DType::kBFloat16: return UpdateBlock8<kGrad, DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    default: return UpdateBlock8<kGrad, DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+}
+
+// EncodeM and EncodeV (with VNoise) on 8 lanes.
+inline void Encode8(const float* m, const float* v, __m256 im, __m256 iv, __m256i key, uint32_t first_index,
+                    uint8_t* m_codes, uint8_t* v_codes) {
+  const __m256i abs_mask = Lanes8(0x7fffffffu);
+  const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(m), im));
+  const __m256i a = _mm256_and_si256(u, abs_mask);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kCodeShift), Lanes8(1));
+  __m256i cm = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, Lanes8(0x7ffff)), lsb), kCodeShift),
+                                Lanes8(kMBias >> kCodeShift));
+  cm = _mm256_min_epi32(_mm256_max_epi32(cm, _mm256_setzero_si256()), Lanes8(127));
+  StoreCodes8(m_codes, _mm256_or_si256(cm, _mm256_and_si256(_mm256_srli_epi32(u, 24), Lanes8(0x80))));
+  const __m256i sa = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(v), iv)), abs_mask);
+  const __m256i index = _mm256_add_epi32(Lanes8(first_index), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i x = _mm256_xor_si256(index, key);
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, Lanes8(0x7feb352du));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, Lanes8(0x846ca68bu));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  __m256i cv = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(sa, _mm256_srli_epi32(x, 32 - kVNoiseBits)), kCodeShift),
+                                Lanes8(kVBias >> kCodeShift));
+  cv = _mm256_min_epi32(_mm256_max_epi32(cv, Lanes8(1)), Lanes8(255));
+  StoreCodes8(v_codes, UnlessZero(sa, cv));
+}
+
+}  // namespace
+
+Block8Max UpdateBlock8Avx2(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                           float scale_v, float* m_out, float* v_out) {
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return UpdateBlock8Out<DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    case DType::kBFloat16: return UpdateBlock8Out<DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    default: return UpdateBlock8Out<DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+}
+
+void EncodeBlock8Avx2(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                      uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes) {
+  const __m256 im = _mm256_set1_ps(inv_m);
+  const __m256 iv = _mm256_set1_ps(inv_v);
+  const __m256i key_lanes = Lanes8(key);
+  size_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    Encode8(m + j, v + j, im, iv, key_lanes, static_cast<uint32_t>(first_index + j), m_codes + j, v_codes + j);
+  }
+  if (j < len) {
+    const size_t rest = len - j;
+    alignas(32) float mt[8] = {}, st[8] = {};
+    alignas(32) uint8_t mc[8], vc[8];
+    std::memcpy(mt, m + j, rest * 4);
+    std::memcpy(st, v + j, rest * 4);
+    Encode8(mt, st, im, iv, key_lanes, static_cast<uint32_t>(first_index + j), mc, vc);
+    std::memcpy(m_codes + j, mc, rest);
+    std::memcpy(v_codes + j, vc, rest);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "optimizer/adamw_kernel_internal.h"
+#include "optimizer/block8_codec.h"
 
 namespace fuyou::optimizer::internal {
 namespace {
@@ -401,6 +402,132 @@ void FromFloat32Avx512(const float* src, void* dst, DType dst_dtype, size_t n) {
       for (; i < n; ++i) static_cast<uint16_t*>(dst)[i] = FloatToHalf(src[i]);
       return;
     default: return;
+  }
+}
+
+}  // namespace fuyou::optimizer::internal
+
+// ---- 8-bit moments: the pieces of one block (block8_kernel.cc) -------------------
+// 16 elements at a time with masks, the same operations as the scalar
+// reference (block8_codec.h) in every lane.
+namespace fuyou::optimizer::internal {
+namespace {
+
+inline __m512i Lanes(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+
+inline __m512 DecodeM16(__m128i codes) {
+  const __m512i c = _mm512_cvtepu8_epi32(codes);
+  const __m512i magnitude = _mm512_and_si512(c, Lanes(0x7f));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, Lanes(0x80)), 24);
+  const __m512i bits = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(magnitude, magnitude),
+                                              _mm512_add_epi32(_mm512_slli_epi32(magnitude, kCodeShift), Lanes(kMBias)));
+  return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+inline __m512 DecodeV16(__m128i codes) {
+  const __m512i c = _mm512_cvtepu8_epi32(codes);
+  return _mm512_castsi512_ps(
+      _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, c), _mm512_add_epi32(_mm512_slli_epi32(c, kCodeShift), Lanes(kVBias))));
+}
+
+template <DType kGrad, DType kOut>
+Block8Max UpdateBlock8(const StepConstants& c, const AdamWBuffers& b, size_t i0, size_t len, float scale_m,
+                       float scale_v, float* m_out, float* v_out) {
+  const Consts k(c);
+  float* __restrict pp = b.master;
+  const auto* mc = static_cast<const uint8_t*>(b.exp_avg);
+  const auto* vc = static_cast<const uint8_t*>(b.exp_avg_sq);
+  const __m512 sm = _mm512_set1_ps(scale_m);
+  const __m512 sv = _mm512_set1_ps(scale_v);
+  const __m512i abs_mask = Lanes(0x7fffffffu);
+  __m512i most_m = _mm512_setzero_si512();
+  __m512i most_v = _mm512_setzero_si512();
+  for (size_t j = 0; j < len; j += 16) {
+    const size_t count = len - j;
+    const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+    const size_t i = i0 + j;
+    __m512 m = _mm512_mul_ps(DecodeM16(_mm_maskz_loadu_epi8(mask, mc + i)), sm);
+    __m512 v = _mm512_mul_ps(DecodeV16(_mm_maskz_loadu_epi8(mask, vc + i)), sv);
+    const __m512 p = Step(k, LoadGradMasked<kGrad>(b.grad, i, mask), _mm512_maskz_loadu_ps(mask, pp + i), m, v);
+    _mm512_mask_storeu_ps(pp + i, mask, p);
+    StoreWeightsMasked<kOut>(b.weights_out, i, p, mask);
+    _mm512_mask_storeu_ps(m_out + j, mask, m);
+    _mm512_mask_storeu_ps(v_out + j, mask, v);
+    most_m = _mm512_mask_max_epu32(most_m, mask, most_m, _mm512_and_si512(_mm512_castps_si512(m), abs_mask));
+    most_v = _mm512_mask_max_epu32(most_v, mask, most_v, _mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+  }
+  // Not _mm512_reduce_max_epu32: GCC 12's expansion warns (-Wuninitialized).
+  alignas(64) uint32_t lanes_m[16], lanes_v[16];
+  _mm512_store_si512(lanes_m, most_m);
+  _mm512_store_si512(lanes_v, most_v);
+  Block8Max most;
+  for (int l = 0; l < 16; ++l) {
+    most.m = lanes_m[l] > most.m ? lanes_m[l] : most.m;
+    most.v = lanes_v[l] > most.v ? lanes_v[l] : most.v;
+  }
+  return most;
+}
+
+template <DType kGrad>
+Block8Max UpdateBlock8Out(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                          float scale_v, float* m_out, float* v_out) {
+  if (b.weights_out == nullptr) {
+    return UpdateBlock8<kGrad, DType::kUnspecified>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+  switch (b.weight_dtype) {
+    case DType::kFloat32: return UpdateBlock8<kGrad, DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    case DType::kBFloat16: return UpdateBlock8<kGrad, DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    default: return UpdateBlock8<kGrad, DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+}
+
+}  // namespace
+
+Block8Max UpdateBlock8Avx512(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                             float scale_v, float* m_out, float* v_out) {
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return UpdateBlock8Out<DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    case DType::kBFloat16: return UpdateBlock8Out<DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+    default: return UpdateBlock8Out<DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  }
+}
+
+void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                        uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes) {
+  const __m512 im = _mm512_set1_ps(inv_m);
+  const __m512 iv = _mm512_set1_ps(inv_v);
+  const __m512i key_lanes = Lanes(key);
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i abs_mask = Lanes(0x7fffffffu);
+  const __m512i m_bias = Lanes(kMBias >> kCodeShift);
+  const __m512i v_bias = Lanes(kVBias >> kCodeShift);
+  for (size_t j = 0; j < len; j += 16) {
+    const size_t count = len - j;
+    const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+    // m: nearest code, ties to even (EncodeM).
+    const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, m + j), im));
+    const __m512i a = _mm512_and_si512(u, abs_mask);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kCodeShift), Lanes(1));
+    __m512i cm =
+        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, Lanes(0x7ffff)), lsb), kCodeShift), m_bias);
+    cm = _mm512_min_epi32(_mm512_max_epi32(cm, _mm512_setzero_si512()), Lanes(127));
+    cm = _mm512_or_si512(cm, _mm512_and_si512(_mm512_srli_epi32(u, 24), Lanes(0x80)));
+    _mm512_mask_cvtepi32_storeu_epi8(m_codes + j, mask, cm);
+    // v: stochastic, at least code 1 unless zero (EncodeV, VNoise).
+    const __m512i sa =
+        _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, v + j), iv)), abs_mask);
+    const __m512i index = _mm512_add_epi32(Lanes(static_cast<uint32_t>(first_index + j)), lanes);
+    __m512i x = _mm512_xor_si512(index, key_lanes);
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, Lanes(0x7feb352du));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, Lanes(0x846ca68bu));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    const __m512i noise = _mm512_srli_epi32(x, 32 - kVNoiseBits);
+    __m512i cv = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(sa, noise), kCodeShift), v_bias);
+    cv = _mm512_min_epi32(_mm512_max_epi32(cv, Lanes(1)), Lanes(255));
+    cv = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(sa, sa), cv);
+    _mm512_mask_cvtepi32_storeu_epi8(v_codes + j, mask, cv);
   }
 }
 

@@ -149,17 +149,75 @@ inline uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(r);
 }
 
+// ---- Scalar loads and stores of gradients and weights --------------------------
+
+template <DType kGrad>
+inline float ScalarLoadGrad(const void* grad, size_t i) {
+  if constexpr (kGrad == DType::kFloat32) {
+    return static_cast<const float*>(grad)[i];
+  } else if constexpr (kGrad == DType::kBFloat16) {
+    return BFloat16ToFloat(static_cast<const uint16_t*>(grad)[i]);
+  } else {
+    return HalfToFloat(static_cast<const uint16_t*>(grad)[i]);
+  }
+}
+
+// kOut == kUnspecified: no weights output.
+template <DType kOut>
+inline void ScalarStoreWeight(void* out, size_t i, float w) {
+  if constexpr (kOut == DType::kFloat32) {
+    static_cast<float*>(out)[i] = w;
+  } else if constexpr (kOut == DType::kBFloat16) {
+    static_cast<uint16_t*>(out)[i] = FloatToBFloat16(w);
+  } else if constexpr (kOut == DType::kFloat16) {
+    static_cast<uint16_t*>(out)[i] = FloatToHalf(w);
+  }
+}
+
+// ---- 8-bit moments: the per-ISA pieces of one block (block8_kernel.cc) -------
+//
+// The largest |m| and v of some elements, as AbsBits (block8_codec.h).
+struct Block8Max {
+  uint32_t m = 0;
+  uint32_t v = 0;
+};
+// Updates elements [i, i + len) of `b`, which lie in one block whose scales are
+// scale_m and scale_v: decodes their m and v, runs the AdamW step (master and
+// weights stored as for other moments), and writes the new m and v to
+// m_out[0, len) and v_out[0, len) for encoding; returns their largest.
+using Block8UpdateFn = Block8Max (*)(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len,
+                                     float scale_m, float scale_v, float* m_out, float* v_out);
+// Encodes len values of m (times inv_m) and v (times inv_v) into codes;
+// element k's v noise is VNoise(key, first_index + k).
+using Block8EncodeFn = void (*)(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                                uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes);
+// Updates [begin, end) of `b` (8-bit moments) block by block with one ISA's pieces.
+void UpdateRangeBlock8(Block8UpdateFn update, Block8EncodeFn encode, const StepConstants& c, const AdamWBuffers& b,
+                       size_t begin, size_t end);
+Block8Max UpdateBlock8Scalar(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                             float scale_v, float* m_out, float* v_out);
+void EncodeBlock8Scalar(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                        uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes);
+
 // ---- Per-ISA entry points (defined only where the build compiled them) -------
 
 // Updates [begin, end); the buffers' dtypes are valid.
 void UpdateRangeScalar(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
 #if defined(FUYOU_OPTIMIZER_HAVE_AVX2)
 void UpdateRangeAvx2(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
+Block8Max UpdateBlock8Avx2(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                           float scale_v, float* m_out, float* v_out);
+void EncodeBlock8Avx2(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                      uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes);
 void ToFloat32Avx2(const void* src, DType src_dtype, float* dst, size_t n);
 void FromFloat32Avx2(const float* src, void* dst, DType dst_dtype, size_t n);
 #endif
 #if defined(FUYOU_OPTIMIZER_HAVE_AVX512)
 void UpdateRangeAvx512(const StepConstants& c, const AdamWBuffers& b, size_t begin, size_t end);
+Block8Max UpdateBlock8Avx512(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
+                             float scale_v, float* m_out, float* v_out);
+void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
+                        uint64_t first_index, uint8_t* m_codes, uint8_t* v_codes);
 void ToFloat32Avx512(const void* src, DType src_dtype, float* dst, size_t n);
 void FromFloat32Avx512(const float* src, void* dst, DType dst_dtype, size_t n);
 #endif

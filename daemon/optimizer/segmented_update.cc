@@ -20,8 +20,8 @@ int64_t CountOf(const SegmentedUpdateSpec& spec, size_t segment) {
 AdamWBuffers SubRange(const AdamWBuffers& b, size_t begin, size_t end) {
   AdamWBuffers sub = b;
   sub.master = b.master + begin;
-  sub.exp_avg = static_cast<std::byte*>(b.exp_avg) + begin * DTypeSize(b.moments_dtype);
-  sub.exp_avg_sq = static_cast<std::byte*>(b.exp_avg_sq) + begin * DTypeSize(b.moments_dtype);
+  sub.exp_avg = static_cast<std::byte*>(b.exp_avg) + begin * MomentCodeBytes(b.moments_dtype);
+  sub.exp_avg_sq = static_cast<std::byte*>(b.exp_avg_sq) + begin * MomentCodeBytes(b.moments_dtype);
   sub.first_element = b.first_element + begin;
   sub.grad = static_cast<const std::byte*>(b.grad) + begin * DTypeSize(b.grad_dtype);
   if (b.weights_out != nullptr) {
