@@ -24,13 +24,19 @@
 //
 //   overlap_bench [--layers=24] [--chunk-params=2M] [--budget=128M] [--layer-ms=auto]
 //                 [--rounds=3] [--slots=4] [--rss-sizes=256M,1G,2G] [--dir=DIR]
-//                 [--json=PATH] [--timeline=PATH] [--png=PATH] [--state-dtype=fp32|bf16]
+//                 [--json=PATH] [--timeline=PATH] [--png=PATH] [--state-dtype=fp32|bf16|8bit]
+//   overlap_bench --compare-state-dtypes [--layers=24] [--chunk-params=2M] [--budget=128M] [--rounds=5]
 //
 // --layer-ms=auto sets each layer's wait to (b)/L, measured first, so backward and
 // optimizer+I/O take about as long: the case where overlap matters most.
 // --rss-sizes are bytes of optimizer states (12 per parameter, 8 with bf16 moments); "none" skips them.
 // --state-dtype=bf16 registers the chunks with bf16 moments (ChunkSpec.moments_dtype:
-// 8 bytes of states a parameter instead of 12).
+// 8 bytes of states a parameter instead of 12), 8bit with 8-bit moments
+// (DTYPE_BLOCK8: about 6.03).
+// --compare-state-dtypes measures only the SSD-bound step (b), for fp32, bf16
+// and 8bit states in one run: one daemon and job each (same budget, layers and
+// gradients), interleaved round by round, so all three see the same machine;
+// prints each one's median (b), SSD bytes a step and the ratios.
 #include <unistd.h>
 
 #include <condition_variable>
@@ -67,6 +73,7 @@ struct Config {
   std::filesystem::path dir;
   std::string json, timeline, png;
   DType moments_dtype = DType::kFloat32;  // --state-dtype
+  bool compare_state_dtypes = false;
 };
 
 Config ParseArgs(int argc, char** argv) {
@@ -93,8 +100,11 @@ Config ParseArgs(int argc, char** argv) {
     else if (const char* v = value("timeline")) c.timeline = v;
     else if (const char* v = value("png")) c.png = v;
     else if (const char* v = value("state-dtype")) {
-      if (std::string(v) != "fp32" && std::string(v) != "bf16") Die("overlap_bench: --state-dtype is fp32 or bf16");
-      c.moments_dtype = std::string(v) == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+      const std::string d(v);
+      if (d != "fp32" && d != "bf16" && d != "8bit") Die("overlap_bench: --state-dtype is fp32, bf16 or 8bit");
+      c.moments_dtype = d == "bf16" ? DType::kBFloat16 : d == "8bit" ? DType::kBlock8 : DType::kFloat32;
+    } else if (arg == "--compare-state-dtypes") {
+      c.compare_state_dtypes = true;
     }
     else Die("overlap_bench: unknown argument " + arg + " (see the comment at the top of overlap_bench.cc)");
   }
@@ -248,8 +258,67 @@ struct RssRow {
   double step_s = 0;
 };
 
-// Bytes of states a parameter: fp32 master + m + v, or fp32 master + bf16 m and v.
-uint64_t StateBytesPerParam(const Config& c) { return c.moments_dtype == DType::kBFloat16 ? 8 : 12; }
+// Bytes of states a parameter: fp32 master + m + v, or fp32 master + bf16 m and v,
+// or fp32 master + 8-bit m and v (and a scale per 256, rounded away here).
+uint64_t StateBytesPerParam(DType moments) {
+  return moments == DType::kBFloat16 ? 8 : moments == DType::kBlock8 ? 6 : 12;
+}
+uint64_t StateBytesPerParam(const Config& c) { return StateBytesPerParam(c.moments_dtype); }
+
+// --compare-state-dtypes: step (b) for fp32, bf16 and 8-bit moments, in turns.
+int CompareStateDtypes(const Config& c) {
+  struct Side {
+    const char* name;
+    DType moments;
+    std::unique_ptr<testing::TempDir> tmp;
+    std::unique_ptr<testing::DaemonProcess> daemon;
+    std::unique_ptr<Job> job;
+    std::vector<double> b;
+    uint64_t read = 0, written = 0;
+  };
+  std::vector<Side> sides;
+  for (auto [name, moments] : {std::pair{"fp32", DType::kFloat32}, std::pair{"bf16", DType::kBFloat16},
+                               std::pair{"8bit", DType::kBlock8}}) {
+    Side side{name, moments};
+    side.tmp = std::make_unique<testing::TempDir>();
+    side.daemon = std::make_unique<testing::DaemonProcess>(
+        WorkDir(c, *side.tmp), std::vector<std::string>{"--dram-budget", std::to_string(c.budget), "--log-level", "warn"});
+    Check(side.daemon->Start(), "start fuyoud");
+    side.job = std::make_unique<Job>(*side.daemon, c.layers, c.chunk_params, c.slots, moments);
+    side.job->OptimizerStep();  // warm-up
+    fmt::print("{}: {} layers x {} params = {} MiB of states, DRAM budget {} MiB ({:.1f}x)\n", name, c.layers,
+               c.chunk_params, (StateBytesPerParam(moments) * c.chunk_params * c.layers) >> 20, c.budget >> 20,
+               static_cast<double>(StateBytesPerParam(moments) * c.chunk_params * c.layers) /
+                   static_cast<double>(c.budget));
+    sides.push_back(std::move(side));
+  }
+  for (int round = 0; round < c.rounds; ++round) {
+    for (Side& side : sides) {
+      const StorageBytes before = BytesMoved(*side.daemon);
+      const auto t0 = Clock::now();
+      side.job->OptimizerStep();
+      side.b.push_back(Seconds(t0, Clock::now()));
+      const StorageBytes after = BytesMoved(*side.daemon);
+      side.read = after.read - before.read;
+      side.written = after.written - before.written;
+    }
+  }
+  fmt::print("\n{:<6} {:>12} {:>14} {:>16} {:>12}\n", "states", "(b) median s", "SSD read MiB", "SSD written MiB",
+             "fp32 / this");
+  const double fp32 = Median(sides[0].b);
+  for (Side& side : sides) {
+    fmt::print("{:<6} {:>12.3f} {:>14} {:>16} {:>11.2f}x\n", side.name, Median(side.b), side.read >> 20,
+               side.written >> 20, fp32 / Median(side.b));
+  }
+  fmt::print("8bit vs bf16: {:.2f}x (goals: 8bit >= 1.8x fp32, >= 1.15x bf16)\n",
+             Median(sides[1].b) / Median(sides[2].b));
+  for (Side& side : sides) {
+    Check(side.job->session().Close(), "close");
+    side.job.reset();
+    side.daemon->Stop();
+  }
+  return 0;
+}
 
 RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
   testing::TempDir tmp;
@@ -276,6 +345,7 @@ RssRow MeasureRss(const Config& c, uint64_t state_bytes) {
 
 int Main(int argc, char** argv) {
   Config c = ParseArgs(argc, argv);
+  if (c.compare_state_dtypes) return CompareStateDtypes(c);
   const uint64_t state_bytes = StateBytesPerParam(c) * c.chunk_params * c.layers;
   testing::TempDir tmp;
   const std::filesystem::path dir = WorkDir(c, tmp);

@@ -39,8 +39,10 @@ absl::StatusOr<RegisterResult> Session::Impl::RegisterChunk(const ChunkSpec& spe
         "chunk {} of {}: param dtype ({}) and grad dtype ({}) must be float32, bfloat16 or float16",
         spec.chunk_id, Who(), static_cast<int>(spec.param_dtype), static_cast<int>(spec.grad_dtype)));
   }
-  if (spec.moments_dtype != DType::kFloat32 && spec.moments_dtype != DType::kBFloat16) {
-    return absl::InvalidArgumentError(fmt::format("chunk {} of {}: moments dtype ({}) must be float32 or bfloat16",
+  if (spec.moments_dtype != DType::kFloat32 && spec.moments_dtype != DType::kBFloat16 &&
+      spec.moments_dtype != DType::kBlock8) {
+    return absl::InvalidArgumentError(fmt::format("chunk {} of {}: moments dtype ({}) must be float32, bfloat16 or "
+                                                  "8-bit blocks",
                                                   spec.chunk_id, Who(), static_cast<int>(spec.moments_dtype)));
   }
   if (spec.num_elements == 0) {

@@ -10,14 +10,23 @@ uint64_t ChunkLayout::StateOffset(ChunkState state) const {
   switch (state) {
     case ChunkState::kMaster: return 0;
     case ChunkState::kExpAvg: return num_elements * kStateElementBytes;
-    case ChunkState::kExpAvgSq: return num_elements * (kStateElementBytes + DTypeSize(moments_dtype));
+    case ChunkState::kExpAvgSq: return num_elements * kStateElementBytes + MomentBytes().value_or(0);
   }
   return 0;
 }
 
-std::optional<uint64_t> ChunkLayout::StatesBytes() const {
+std::optional<uint64_t> ChunkLayout::MomentBytes() const {
   if (num_elements > kMaxChunkElements || !IsMomentsDType(moments_dtype)) return std::nullopt;
-  return CheckedMul(num_elements, kStateElementBytes + 2 * DTypeSize(moments_dtype));
+  if (moments_dtype != DType::kBlock8) return num_elements * DTypeSize(moments_dtype);
+  // n <= 2^48: neither term can wrap.
+  const uint64_t blocks = (num_elements + kMomentBlockElements - 1) / kMomentBlockElements;
+  return MomentScalesOffset() + blocks * sizeof(float);
+}
+
+std::optional<uint64_t> ChunkLayout::StatesBytes() const {
+  const std::optional<uint64_t> moments = MomentBytes();
+  if (!moments) return std::nullopt;
+  return CheckedAdd(CheckedMul(num_elements, kStateElementBytes), CheckedMul(*moments, 2));
 }
 
 std::optional<uint64_t> ChunkLayout::WeightsOffset() const {
@@ -58,6 +67,11 @@ ChunkChecksums ComputeChunkChecksums(const std::byte* bytes, const ChunkLayout& 
   sums.states = StatesChecksum(bytes, layout);
   if (layout.stores_weights()) sums.weights = WeightsChecksum(bytes + layout.WeightsOffset().value_or(0), layout);
   return sums;
+}
+
+float* ChunkStates::moment_scales(ChunkState which) const {
+  if (which == ChunkState::kMaster || layout_.moments_dtype != DType::kBlock8) return nullptr;
+  return reinterpret_cast<float*>(state(which) + layout_.MomentScalesOffset());
 }
 
 ChunkStates::ChunkStates(std::byte* bytes, const ChunkLayout& layout) : bytes_(bytes), layout_(layout) {

@@ -4,17 +4,21 @@
 // (jobs/), the buffers in DRAM (state/) and the kernel's view of them. A chunk
 // of n elements holds three states, one after the other: the fp32 master, and
 // m and v in the chunk's moments dtype (fp32, or bf16 when the job was
-// registered with state_dtype "bf16": ChunkRecord.moments_dtype, issue 22), and,
+// registered with state_dtype "bf16": ChunkRecord.moments_dtype, issue 22, or
+// 8-bit blocks with state_dtype "8bit", issue 36), and,
 // when it stores its working weights (ChunkRecord.stores_weights, issue 12),
 // those weights in the chunk's param dtype in a region of their own:
-//   [master: 4n][exp_avg (m): s*n][exp_avg_sq (v): s*n][padding to a block]
+//   [master: 4n][exp_avg (m): M][exp_avg_sq (v): M][padding to a block]
 //   [weights: n * DTypeSize(param dtype)][padding to a block]   (stores_weights only)
-// with s = DTypeSize(moments dtype) (4, or 2 for bf16). The states (master|m|v,
-// (4 + 2s) * n bytes, as stored) carry StateExtent.checksum; the weights
-// (n * DTypeSize bytes) carry StateExtent.weights_checksum. The weights region
-// starts on a block boundary so that it can be read alone with O_DIRECT (a
-// fetch of the weights never reads master, m or v). A chunk without weights
-// keeps exactly the bytes and extent length it always had.
+// with M = MomentBytes(): s*n with s = DTypeSize(moments dtype) (4, or 2 for
+// bf16); for 8-bit blocks, the n codes, padding to 4 bytes, then one fp32 scale
+// per block of kMomentBlockElements (the last block may be shorter):
+//   [codes: n][padding to 4][scales: 4 * ceil(n / 256)]
+// The states (master|m|v, 4n + 2M bytes, as stored) carry StateExtent.checksum;
+// the weights (n * DTypeSize bytes) carry StateExtent.weights_checksum. The
+// weights region starts on a block boundary so that it can be read alone with
+// O_DIRECT (a fetch of the weights never reads master, m or v). A chunk without
+// weights keeps exactly the bytes and extent length it always had.
 #pragma once
 
 #include <cstddef>
@@ -37,10 +41,10 @@ enum class ChunkState : int {
 inline constexpr int kChunkStateCount = 3;
 // Bytes of one element of one fp32 state (the master; m and v with fp32 moments).
 inline constexpr uint64_t kStateElementBytes = 4;
-// Whether `dtype` can hold a chunk's m and v: fp32 or bf16 (fp16's range is too
-// narrow for v, whose values reach g^2).
+// Whether `dtype` can hold a chunk's m and v: fp32, bf16 or 8-bit blocks
+// (fp16's range is too narrow for v, whose values reach g^2).
 inline constexpr bool IsMomentsDType(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kBlock8;
 }
 
 // The most elements a chunk may have. Far above what any slot or DRAM budget
@@ -73,8 +77,15 @@ struct ChunkLayout {
   // Byte offset of `state` in the chunk's bytes. Precondition: StatesBytes() is
   // set (the layout is valid).
   uint64_t StateOffset(ChunkState state) const;
-  // master|m|v: (4 + 2 * DTypeSize(moments dtype)) * n bytes (12n with fp32
-  // moments, 8n with bf16), covered by StateExtent.checksum.
+  // Bytes of m's region (and v's): n * DTypeSize(moments dtype), or for 8-bit
+  // blocks AlignUp(n, 4) + 4 * ceil(n / kMomentBlockElements). nullopt as
+  // StatesBytes().
+  std::optional<uint64_t> MomentBytes() const;
+  // Offset of the block scales in m's (and v's) region: AlignUp(n, 4). Only
+  // meaningful for 8-bit blocks. Precondition: the layout is valid.
+  uint64_t MomentScalesOffset() const { return (num_elements + 3) / 4 * 4; }
+  // master|m|v: 4n + 2 * MomentBytes() (12n with fp32 moments, 8n with bf16,
+  // about 6.03n with 8-bit blocks), covered by StateExtent.checksum.
   std::optional<uint64_t> StatesBytes() const;
   // Where the weights region starts: StatesBytes() rounded up to a block (for
   // a chunk without weights, where its extent ends).
@@ -130,8 +141,12 @@ class ChunkStates {
   ChunkStates(std::byte* bytes, const ChunkLayout& layout);
   uint64_t num_elements() const { return layout_.num_elements; }
   const ChunkLayout& layout() const { return layout_; }
-  // The bytes of `which`: num_elements() values of layout().StateDType(which).
+  // The bytes of `which`: num_elements() values of layout().StateDType(which)
+  // (for 8-bit blocks: the n codes, followed by the block scales).
   std::byte* state(ChunkState which) const { return bytes_ + layout_.StateOffset(which); }
+  // The fp32 block scales of m or v with 8-bit blocks (one per
+  // kMomentBlockElements elements); null for other moments dtypes.
+  float* moment_scales(ChunkState which) const;
   float* master() const { return reinterpret_cast<float*>(state(ChunkState::kMaster)); }
   // m and v, in layout().moments_dtype.
   std::byte* exp_avg() const { return state(ChunkState::kExpAvg); }

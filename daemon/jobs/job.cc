@@ -87,8 +87,9 @@ absl::Status ValidateManifest(const v1::JobManifest& manifest) {
       return corrupt(id, fmt::format("has dtypes {} and {}, not FLOAT32, BFLOAT16 or FLOAT16",
                                      static_cast<int>(record.param_dtype()), static_cast<int>(record.grad_dtype())));
     }
-    if (record.moments_dtype() != v1::DTYPE_UNSPECIFIED && record.moments_dtype() != v1::DTYPE_BFLOAT16) {
-      return corrupt(id, fmt::format("has moments dtype {}, not unset (fp32) or BFLOAT16",
+    if (record.moments_dtype() != v1::DTYPE_UNSPECIFIED && record.moments_dtype() != v1::DTYPE_BFLOAT16 &&
+        record.moments_dtype() != v1::DTYPE_BLOCK8) {
+      return corrupt(id, fmt::format("has moments dtype {}, not unset (fp32), BFLOAT16 or BLOCK8",
                                      static_cast<int>(record.moments_dtype())));
     }
     if (record.update_count() < 0 || record.update_count() > kMaxUpdateCount) {

@@ -213,6 +213,35 @@ TEST(ChunkLayoutTest, Bf16MomentsTakeEightBytesAnElement) {
   EXPECT_NE(ComputeChunkChecksums(bytes.data(), bf16_weights).states, before.states);
 }
 
+// Issue 36: 8-bit moments take a code an element, padding to 4 bytes and an
+// fp32 scale per block of 256: master 4n, then m and v each
+// AlignUp(n, 4) + 4 * ceil(n / 256); the checksum covers them as stored.
+TEST(ChunkLayoutTest, EightBitMomentsTakeACodeAnElementAndAScaleABlock) {
+  const ChunkLayout q(1001, std::nullopt, DType::kBlock8);
+  EXPECT_EQ(q.MomentBytes(), 1004u + 4 * 4u);
+  EXPECT_EQ(q.MomentScalesOffset(), 1004u);
+  EXPECT_EQ(q.StateOffset(ChunkState::kExpAvg), 4004u);
+  EXPECT_EQ(q.StateOffset(ChunkState::kExpAvgSq), 4004u + 1020u);
+  EXPECT_EQ(q.StatesBytes(), 4004u + 2 * 1020u);
+  EXPECT_EQ(q.ExtentBytes(), 8192u);
+  EXPECT_EQ(q.StateDType(ChunkState::kExpAvg), DType::kBlock8);
+  EXPECT_EQ(ChunkLayout(1024, std::nullopt, DType::kBlock8).StatesBytes(), 4096u + 2 * (1024u + 16u));
+  // About 6.03 bytes an element at scale, checked at the largest chunk.
+  EXPECT_EQ(ChunkLayout(kMaxChunkElements, std::nullopt, DType::kBlock8).StatesBytes(),
+            kMaxChunkElements * 6 + 2 * 4 * (kMaxChunkElements / 256));
+  EXPECT_FALSE(ChunkLayout(kMaxChunkElements + 1, std::nullopt, DType::kBlock8).ExtentBytes());
+  const ChunkLayout with_weights(1001, DType::kBFloat16, DType::kBlock8);
+  EXPECT_EQ(with_weights.WeightsOffset(), 8192u);
+  // The scales lie after each moment's codes; other moments have none.
+  std::vector<std::byte> bytes(*q.ExtentBytes());
+  const ChunkStates states(bytes.data(), q);
+  EXPECT_EQ(reinterpret_cast<std::byte*>(states.moment_scales(ChunkState::kExpAvg)), bytes.data() + 4004 + 1004);
+  EXPECT_EQ(reinterpret_cast<std::byte*>(states.moment_scales(ChunkState::kExpAvgSq)),
+            bytes.data() + 4004 + 1020 + 1004);
+  EXPECT_EQ(states.moment_scales(ChunkState::kMaster), nullptr);
+  EXPECT_EQ(ChunkStates(bytes.data(), ChunkLayout(1001)).moment_scales(ChunkState::kExpAvg), nullptr);
+}
+
 TEST(ChunkLayoutTest, TheStatesAndTheWeightsAreChecksummedApart) {
   const ChunkLayout layout(1000, DType::kBFloat16);
   std::vector<std::byte> bytes(*layout.ExtentBytes(), std::byte{1});

@@ -308,12 +308,12 @@ inline __m256i UnlessZero(__m256i c, __m256i bits) {
 inline __m256 DecodeM8(__m256i c) {
   const __m256i magnitude = _mm256_and_si256(c, Lanes8(0x7f));
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, Lanes8(0x80)), 24);
-  const __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, kCodeShift), Lanes8(kMBias));
+  const __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, kMShift), Lanes8(kMBias));
   return _mm256_castsi256_ps(_mm256_or_si256(UnlessZero(magnitude, bits), sign));
 }
 
 inline __m256 DecodeV8(__m256i c) {
-  return _mm256_castsi256_ps(UnlessZero(c, _mm256_add_epi32(_mm256_slli_epi32(c, kCodeShift), Lanes8(kVBias))));
+  return _mm256_castsi256_ps(UnlessZero(c, _mm256_add_epi32(_mm256_slli_epi32(c, kVShift), Lanes8(kVBias))));
 }
 
 template <DType kGrad, DType kOut>
@@ -395,9 +395,9 @@ inline void Encode8(const float* m, const float* v, __m256 im, __m256 iv, __m256
   const __m256i abs_mask = Lanes8(0x7fffffffu);
   const __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(m), im));
   const __m256i a = _mm256_and_si256(u, abs_mask);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kCodeShift), Lanes8(1));
-  __m256i cm = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, Lanes8(0x7ffff)), lsb), kCodeShift),
-                                Lanes8(kMBias >> kCodeShift));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kMShift), Lanes8(1));
+  __m256i cm = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, Lanes8(kMHalfStep)), lsb), kMShift),
+                                Lanes8(kMBias >> kMShift));
   cm = _mm256_min_epi32(_mm256_max_epi32(cm, _mm256_setzero_si256()), Lanes8(127));
   StoreCodes8(m_codes, _mm256_or_si256(cm, _mm256_and_si256(_mm256_srli_epi32(u, 24), Lanes8(0x80))));
   const __m256i sa = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(v), iv)), abs_mask);
@@ -408,8 +408,8 @@ inline void Encode8(const float* m, const float* v, __m256 im, __m256 iv, __m256
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
   x = _mm256_mullo_epi32(x, Lanes8(0x846ca68bu));
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-  __m256i cv = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(sa, _mm256_srli_epi32(x, 32 - kVNoiseBits)), kCodeShift),
-                                Lanes8(kVBias >> kCodeShift));
+  __m256i cv = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(sa, _mm256_srli_epi32(x, 32 - kVNoiseBits)), kVShift),
+                                Lanes8(kVBias >> kVShift));
   cv = _mm256_min_epi32(_mm256_max_epi32(cv, Lanes8(1)), Lanes8(255));
   StoreCodes8(v_codes, UnlessZero(sa, cv));
 }

@@ -420,14 +420,14 @@ inline __m512 DecodeM16(__m128i codes) {
   const __m512i magnitude = _mm512_and_si512(c, Lanes(0x7f));
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, Lanes(0x80)), 24);
   const __m512i bits = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(magnitude, magnitude),
-                                              _mm512_add_epi32(_mm512_slli_epi32(magnitude, kCodeShift), Lanes(kMBias)));
+                                              _mm512_add_epi32(_mm512_slli_epi32(magnitude, kMShift), Lanes(kMBias)));
   return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
 }
 
 inline __m512 DecodeV16(__m128i codes) {
   const __m512i c = _mm512_cvtepu8_epi32(codes);
   return _mm512_castsi512_ps(
-      _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, c), _mm512_add_epi32(_mm512_slli_epi32(c, kCodeShift), Lanes(kVBias))));
+      _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, c), _mm512_add_epi32(_mm512_slli_epi32(c, kVShift), Lanes(kVBias))));
 }
 
 template <DType kGrad, DType kOut>
@@ -499,17 +499,17 @@ void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m,
   const __m512i key_lanes = Lanes(key);
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i abs_mask = Lanes(0x7fffffffu);
-  const __m512i m_bias = Lanes(kMBias >> kCodeShift);
-  const __m512i v_bias = Lanes(kVBias >> kCodeShift);
+  const __m512i m_bias = Lanes(kMBias >> kMShift);
+  const __m512i v_bias = Lanes(kVBias >> kVShift);
   for (size_t j = 0; j < len; j += 16) {
     const size_t count = len - j;
     const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
     // m: nearest code, ties to even (EncodeM).
     const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, m + j), im));
     const __m512i a = _mm512_and_si512(u, abs_mask);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kCodeShift), Lanes(1));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kMShift), Lanes(1));
     __m512i cm =
-        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, Lanes(0x7ffff)), lsb), kCodeShift), m_bias);
+        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, Lanes(kMHalfStep)), lsb), kMShift), m_bias);
     cm = _mm512_min_epi32(_mm512_max_epi32(cm, _mm512_setzero_si512()), Lanes(127));
     cm = _mm512_or_si512(cm, _mm512_and_si512(_mm512_srli_epi32(u, 24), Lanes(0x80)));
     _mm512_mask_cvtepi32_storeu_epi8(m_codes + j, mask, cm);
@@ -524,7 +524,7 @@ void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m,
     x = _mm512_mullo_epi32(x, Lanes(0x846ca68bu));
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
     const __m512i noise = _mm512_srli_epi32(x, 32 - kVNoiseBits);
-    __m512i cv = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(sa, noise), kCodeShift), v_bias);
+    __m512i cv = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(sa, noise), kVShift), v_bias);
     cv = _mm512_min_epi32(_mm512_max_epi32(cv, Lanes(1)), Lanes(255));
     cv = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(sa, sa), cv);
     _mm512_mask_cvtepi32_storeu_epi8(v_codes + j, mask, cv);

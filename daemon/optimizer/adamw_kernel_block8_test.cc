@@ -106,7 +106,8 @@ TEST(Block8CodeTest, EveryCodeDecodesAndEncodesBackToItself) {
   }
   EXPECT_EQ(DecodeM(0x7f), internal::kMTop);
   EXPECT_EQ(DecodeV(0xff), internal::kVTop);
-  EXPECT_EQ(DecodeV(1), std::ldexp(1.125f, -31));
+  EXPECT_EQ(DecodeV(1), std::ldexp(1.0625f, -15));
+  EXPECT_EQ(DecodeM(1), std::ldexp(1.125f, -15));
   EXPECT_EQ(DecodeM(0), 0.0f);
   EXPECT_EQ(DecodeV(0), 0.0f);
 }
@@ -114,12 +115,14 @@ TEST(Block8CodeTest, EveryCodeDecodesAndEncodesBackToItself) {
 TEST(Block8CodeTest, RelativeErrorIsBoundedAndSmallVNeverBecomesZero) {
   Rng rng(5);
   for (int k = 0; k < 20000; ++k) {
-    // Over the 15 binades below the top, both signs.
+    // m: over the 15 binades below the top, both signs; to nearest: half a step.
     const float x = std::ldexp(1.0f + 0.875f * std::abs(rng.Uniform()), -static_cast<int>(rng.Next() % 15));
     const float m = rng.Uniform() < 0 ? -x : x;
     EXPECT_LE(std::abs(DecodeM(EncodeM(m)) - m), std::abs(m) / 16 * 1.0001f) << m;
-    const float v = DecodeV(EncodeV(x, static_cast<uint32_t>(rng.Next()) >> (32 - internal::kVNoiseBits)));
-    EXPECT_LE(std::abs(v - x), x / 8 * 1.0001f) << x;  // one code step: 2^-3
+    // v: over 15 binades; stochastic: within one step (2^-4).
+    const float y = std::ldexp(1.0f + 0.9375f * std::abs(rng.Uniform()), -static_cast<int>(rng.Next() % 15));
+    const float v = DecodeV(EncodeV(y, static_cast<uint32_t>(rng.Next()) >> (32 - internal::kVNoiseBits)));
+    EXPECT_LE(std::abs(v - y), y / 16 * 1.0001f) << y;
   }
   // Below the lowest code: m flushes to zero, v stays at the lowest code.
   EXPECT_EQ(DecodeM(EncodeM(1e-6f)), 0.0f);
@@ -141,7 +144,7 @@ TEST(Block8MomentsTest, EncodeDecodeRoundTripsAndPartialWritesKeepTheirNeighbour
   std::vector<float> m(n), v(n);
   for (size_t i = 0; i < n; ++i) {
     m[i] = 0.01f * rng.Uniform();
-    v[i] = m[i] * m[i] + 1e-9f;
+    v[i] = m[i] * m[i] + 1e-6f;
   }
   std::vector<uint8_t> mc(n), vc(n);
   std::vector<float> ms(4), vs(4);
@@ -152,8 +155,8 @@ TEST(Block8MomentsTest, EncodeDecodeRoundTripsAndPartialWritesKeepTheirNeighbour
   DecodeBlock8(Moment::kExpAvgSq, vc.data(), vs.data(), 0, v_back);
   for (size_t i = 0; i < n; ++i) {
     const float block_max = ms[i / kBlock] * internal::kMTop;
-    EXPECT_LE(std::abs(m_back[i] - m[i]), std::max(std::abs(m[i]) / 16, block_max * 0x1p-15f)) << i;
-    EXPECT_LE(std::abs(v_back[i] - v[i]), v[i] / 16 * 1.0001f) << i;
+    EXPECT_LE(std::abs(m_back[i] - m[i]), std::max(std::abs(m[i]) / 16 * 1.0001f, block_max * 0x1p-15f)) << i;
+    EXPECT_LE(std::abs(v_back[i] - v[i]), v[i] / 32 * 1.0001f) << i;
   }
   // Decoding what was decoded encodes to the same bytes (import of an export).
   std::vector<uint8_t> mc2(n), vc2(n);
@@ -225,8 +228,10 @@ TEST(AdamWBlock8MomentsTest, SimdPathsMatchTheScalarReference) {
         float worst = 0;
         for (size_t i = 0; i < n; ++i) worst = std::max(worst, UlpDistance(simd.p[i], ref.p[i]));
         EXPECT_LE(worst, 4.0f);
-        if (isa == Isa::kAvx2) EXPECT_EQ(simd.p, ref.p);  // the same division
-        if (out == DType::kFloat32 && isa == Isa::kAvx2) EXPECT_EQ(out_simd, out_ref);
+        if (isa == Isa::kAvx2) {
+          EXPECT_EQ(simd.p, ref.p);  // the same division
+          EXPECT_EQ(out_simd, out_ref);
+        }
       }
     }
   }
@@ -289,7 +294,7 @@ TEST(AdamWBlock8MomentsTest, SegmentWithoutGradientKeepsItsStates) {
   for (size_t i = kBlock + 100; i < 3 * kBlock + 100; ++i) {
     EXPECT_EQ(s.p[i], before.p[i]) << i;
     EXPECT_LE(std::abs(m1[i] - m0[i]), s.m_scales[i / kBlock] * 0x1p-3f + before.m_scales[i / kBlock] * 0x1p-3f) << i;
-    EXPECT_LE(std::abs(v1[i] - v0[i]), v0[i] / 4 + 1e-30f) << i;
+    EXPECT_LE(std::abs(v1[i] - v0[i]), v0[i] / 4 + s.v_scales[i / kBlock] * 0x1p-14f) << i;
   }
   EXPECT_NE(s.p[0], before.p[0]);
 }
@@ -359,10 +364,10 @@ TEST(AdamWBlock8MomentsTest, CloseToFp32MomentsOverManySteps) {
     err += std::abs((s8.p[i] - p0[i]) - (p32[i] - p0[i]));
     size += std::abs(p32[i] - p0[i]);
   }
-  // Measured 0.045: m's code step is 1/8 to 1/16 of m, and each step's
+  // Measured 0.031: m's code step is 1/8 to 1/16 of m, and each step's
   // rounding carries into the next m (times beta1); bf16 moments give ~0.003.
   std::printf("total update vs fp32 moments, 200 steps: %.4f relative error\n", err / size);
-  EXPECT_LT(err / size, 0.06);
+  EXPECT_LT(err / size, 0.045);
 }
 
 TEST(AdamWBlock8MomentsTest, NonFiniteGradientLosesOnlyItsBlock) {

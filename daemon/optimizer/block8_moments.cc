@@ -46,7 +46,7 @@ void EncodeBlock8(Moment which, uint8_t* codes, float* scales, uint64_t chunk_el
     for (size_t k = 0; k < len; ++k) {
       codes[begin + k] = which == Moment::kExpAvg
                              ? internal::EncodeM(block[k] * scale.inverse)
-                             : internal::EncodeV(block[k] * scale.inverse, uint32_t{1} << (internal::kCodeShift - 1));
+                             : internal::EncodeV(block[k] * scale.inverse, uint32_t{1} << (internal::kVShift - 1));
     }
     scales[b] = scale.scale;
   }

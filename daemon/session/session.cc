@@ -323,6 +323,9 @@ v1::DaemonMessage Session::OnGradReady(const v1::GradReady& request) {
     buffers.exp_avg = states.exp_avg();
     buffers.exp_avg_sq = states.exp_avg_sq();
     buffers.moments_dtype = states.layout().moments_dtype;
+    buffers.exp_avg_scales = states.moment_scales(ChunkState::kExpAvg);
+    buffers.exp_avg_sq_scales = states.moment_scales(ChunkState::kExpAvgSq);
+    buffers.chunk_elements = n;
     // From the journal when the request uses one (REPLAY never reads the slot's gradients).
     buffers.grad = journal.data() != nullptr ? journal.data() : held_.segment->GradRegion(request.slot()).data();
     buffers.grad_dtype = registered.grad_dtype;

@@ -99,9 +99,11 @@ absl::Status Session::ValidateRegistrationLocked(const v1::RegisterChunksRequest
           fmt::format("chunk {}: param_dtype and grad_dtype must be FLOAT32, BFLOAT16 or FLOAT16", id));
     }
     if (spec.moments_dtype() != v1::DTYPE_UNSPECIFIED && spec.moments_dtype() != v1::DTYPE_FLOAT32 &&
-        spec.moments_dtype() != v1::DTYPE_BFLOAT16) {
+        spec.moments_dtype() != v1::DTYPE_BFLOAT16 && spec.moments_dtype() != v1::DTYPE_BLOCK8) {
       return absl::InvalidArgumentError(fmt::format(
-          "chunk {}: moments_dtype {} is not FLOAT32 or BFLOAT16 (the dtypes the daemon keeps Adam's m and v in)", id,
+          "chunk {}: moments_dtype {} is not FLOAT32, BFLOAT16 or BLOCK8 (the dtypes the daemon keeps Adam's m and v "
+          "in)",
+          id,
           static_cast<int>(spec.moments_dtype())));
     }
     if (spec.num_elements() == 0) return absl::InvalidArgumentError(fmt::format("chunk {} has no elements", id));

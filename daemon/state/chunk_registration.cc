@@ -45,7 +45,7 @@ absl::Status CheckResumable(const StoreContext& context, std::span<const ChunkRe
           "dtype is fixed when a job is created: resume it with state_dtype=\"{}\" (fuyou.AdamW), or start a new "
           "job (or export the optimizer state and import it into one) to change it; nothing was registered",
           job.name(), chunk.chunk_id, DTypeName(stored), DTypeName(chunk.moments_dtype),
-          stored == DType::kBFloat16 ? "bf16" : "fp32"));
+          stored == DType::kBFloat16 ? "bf16" : stored == DType::kBlock8 ? "8bit" : "fp32"));
     }
     if (record->stores_weights() && static_cast<DType>(record->param_dtype()) != chunk.param_dtype) {
       return absl::FailedPreconditionError(fmt::format(

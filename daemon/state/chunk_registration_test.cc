@@ -97,5 +97,30 @@ TEST(ChunkRegistrationTest, AnFp32JobRefusesBf16Moments) {
       << refused;
 }
 
+// Issue 36: 8-bit moments are recorded and take about 6 bytes an element; a
+// resume asking for bf16 (or fp32) is refused naming the job's dtype and
+// the state_dtype to resume it with.
+TEST(ChunkRegistrationTest, EightBitMomentsAreRecordedAndAMismatchedResumeIsRefused) {
+  StateTestEnv env;
+  CommittedReader reader(env.context());
+  env.Register(reader, 1, 2.0f, /*store_weights=*/false, DType::kBlock8);
+  const v1::ChunkRecord& record = env.job().manifest().chunks(0);
+  EXPECT_EQ(record.moments_dtype(), v1::DTYPE_BLOCK8);
+  EXPECT_EQ(RecordLayout(record).moments_dtype, DType::kBlock8);
+  EXPECT_EQ(CommittedExtent(record).length(), 8192u);  // 4000 + 2 * (1000 + 16) bytes of states
+  env.Reopen();
+  env.cache().DropJob(env.job().key());
+  std::vector<float> weights(kElements, 0.0f);
+  ChunkRegistration chunk{.chunk_id = 0, .num_elements = kElements, .layout_fingerprint = 42,
+                          .weights = std::as_writable_bytes(std::span(weights)), .moments_dtype = DType::kBFloat16};
+  const absl::Status refused = CheckResumable(env.context(), std::span(&chunk, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("as 8-bit blocks, but this registration asks for bfloat16"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("state_dtype=\"8bit\""), std::string::npos) << refused;
+  chunk.moments_dtype = DType::kBlock8;
+  EXPECT_TRUE(CheckResumable(env.context(), std::span(&chunk, 1)).ok());
+}
+
 }  // namespace
 }  // namespace fuyou

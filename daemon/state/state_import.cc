@@ -5,17 +5,31 @@
 #include "common/status_util.h"
 #include "fmt/format.h"
 #include "jobs/job_edit.h"
+#include "optimizer/block8_moments.h"
 #include "optimizer/dtype_convert.h"
 #include "stats/daemon_stats.h"
 
 namespace fuyou {
+namespace {
+
+// Which moment `which` is (8-bit moments; not the master).
+optimizer::Moment MomentOf(ChunkState which) {
+  return which == ChunkState::kExpAvg ? optimizer::Moment::kExpAvg : optimizer::Moment::kExpAvgSq;
+}
+
+}  // namespace
 
 absl::Status StateImport::Export(uint32_t chunk_id, ChunkState which, uint64_t first, std::span<float> out) {
   const v1::ChunkRecord* record = context_.Find(chunk_id);
   FUYOU_ASSIGN_OR_RETURN(StatePin pin, reader_.Acquire(*record, durability_.IsPending(chunk_id)));
   const ChunkStates states(pin.data(), RecordLayout(*record));
-  // Always fp32 on the wire: bf16 moments are widened (exactly).
+  // Always fp32 on the wire: bf16 moments are widened (exactly), 8-bit ones decoded.
   const DType dtype = states.layout().StateDType(which);
+  if (dtype == DType::kBlock8) {
+    optimizer::DecodeBlock8(MomentOf(which), reinterpret_cast<const uint8_t*>(states.state(which)),
+                            states.moment_scales(which), first, out);
+    return absl::OkStatus();
+  }
   optimizer::ConvertToFloat32(states.state(which) + first * DTypeSize(dtype), dtype, out.data(), out.size());
   return absl::OkStatus();
 }
@@ -59,9 +73,16 @@ absl::Status StateImport::Import(uint32_t chunk_id, ChunkState which, uint64_t f
                                            ? AcquireImported(*record, pending->second)
                                            : reader_.Acquire(*record, durability_.IsPending(chunk_id)));
   const ChunkStates states(pin.data(), layout);
-  // fp32 on the wire: bf16 moments are rounded to nearest even.
+  // fp32 on the wire: bf16 moments are rounded to nearest even; 8-bit ones
+  // encoded, each block touched with a new scale.
   const DType dtype = layout.StateDType(which);
-  optimizer::ConvertFromFloat32(values.data(), states.state(which) + first * DTypeSize(dtype), dtype, values.size());
+  if (dtype == DType::kBlock8) {
+    optimizer::EncodeBlock8(MomentOf(which), reinterpret_cast<uint8_t*>(states.state(which)),
+                            states.moment_scales(which), layout.num_elements, first, values);
+  } else {
+    optimizer::ConvertFromFloat32(values.data(), states.state(which) + first * DTypeSize(dtype), dtype,
+                                  values.size());
+  }
   if (which == ChunkState::kMaster && states.weights() != nullptr) {
     // The working weights follow the imported master, as after an update.
     optimizer::ConvertFromFloat32(states.master(), states.weights(), *layout.weights_dtype, layout.num_elements);

@@ -113,7 +113,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-overlap", action="store_true",
                    help="fuyou.AdamW(overlap=False): send every chunk at step(), after "
                         "backward (the serial path: nothing speculative, nothing redone)")
-    p.add_argument("--state-dtype", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--state-dtype", choices=["fp32", "bf16", "8bit"], default="fp32",
                    help="fuyou.AdamW(state_dtype=...): the dtype the daemon keeps Adam's "
                         "moments in (bf16: 8 bytes of states a parameter instead of 12)")
     p.add_argument("--chunk-bytes", type=int, default=1 << 20,
@@ -589,8 +589,10 @@ def summarize(args, model: GPT, hist: Dict[str, list], metrics: dict,
             cpu[f"{side}_cpu_s_{name}"] = None if not values or None in values else _mean(values)
     return {
         "device": args.device, "parameters": model.num_parameters(),
-        # fp32 master weights, m, v (bf16 m and v with --state-dtype bf16)
-        "fuyou_state_bytes": (8 if args.state_dtype == "bf16" else 12) * model.num_parameters(),
+        # fp32 master weights, m, v (bf16 m and v with --state-dtype bf16; 8-bit
+        # codes and a scale per 256 with 8bit)
+        "fuyou_state_bytes": int({"bf16": 8, "8bit": 4 + 2 * (1 + 4 / 256)}.get(args.state_dtype, 12)
+                                 * model.num_parameters()),
         "state_dtype": args.state_dtype,
         "dram_budget_bytes": stats.get("dram_budget_bytes"),
         "steps": n, "serial_steps": len(serial_idx),
@@ -621,7 +623,7 @@ def format_summary(s: dict) -> str:
     rows = [
         ("", "fuyou.AdamW", "torch.optim.AdamW"),
         ("optimizer states", f"{fmt_bytes(s['fuyou_state_bytes'])} "
-         f"({'fp32 w, bf16 m, v' if s.get('state_dtype') == 'bf16' else 'fp32 w, m, v'})",
+         f"({ {'bf16': 'fp32 w, bf16 m, v', '8bit': 'fp32 w, 8-bit m, v'}.get(s.get('state_dtype'), 'fp32 w, m, v')})",
          f"{fmt_bytes(t['state_bytes'])} (m, v)" if t.get("ran") else "-"),
         ("where", f"SSD; {fmt_bytes(budget or 0)} DRAM budget{ratio}", f"{s['device']} memory"),
         ("steps measured", f"{s['steps']} ({s['serial_steps']} with overlap off)",

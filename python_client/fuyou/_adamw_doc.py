@@ -181,7 +181,8 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
         init_from: checkpoint to start a new job from (see above).
         offload_params: keep the working weights in the daemon and stream them
             into the model (see above and :func:`fuyou.stream_parameters`).
-        state_dtype: ``"fp32"`` (default) or ``"bf16"``: the dtype the daemon
+        state_dtype: ``"fp32"`` (default), ``"bf16"`` or ``"8bit"`` (also
+            spelled ``"int8"``): the dtype the daemon
             keeps ``exp_avg`` and ``exp_avg_sq`` in (the master weights stay fp32).
             bf16 takes 8 bytes a parameter on the SSDs instead of 12, a third
             less to read and write per step; ``m`` is rounded to nearest even,
@@ -193,7 +194,17 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             need fp32 moments bit for bit (comparisons with torch, debugging),
             beta2 above ~0.9999 or tiny learning rates where v's 8-bit mantissa
             (relative error 2^-9 a value) matters, or a DRAM-bound job (the
-            saving is in SSD bytes; see the README).
+            saving is in SSD bytes; see the README). ``"8bit"`` keeps about 6
+            bytes a parameter (half of fp32): ``m`` and ``v`` as 8-bit codes
+            with an fp32 scale per block of 256 elements (``m``: sign, 4-bit
+            exponent, 3-bit mantissa, to nearest; ``sqrt(v)``: 4-bit exponent,
+            4-bit mantissa, stochastically, never rounded to zero), decoded,
+            updated in fp32 and encoded again in one pass. Each ``m`` and
+            ``sqrt(v)`` is within 1/16 of itself or 2^-15 of its block's
+            largest; a NaN or inf gradient makes its whole block NaN. Not for:
+            what bf16 is not for, nor parameters whose gradients span more than
+            ~4 decades within 256 neighbours, nor a model that fits the DRAM
+            cache (see the README).
         state_dict_max_bytes: most bytes of moments (fp32 exp_avg + exp_avg_sq)
             :meth:`state_dict` puts in ``state`` (2 GiB; None: no limit); above
             it the state dict holds a job reference only and a warning names

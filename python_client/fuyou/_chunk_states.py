@@ -25,7 +25,7 @@ class ChunkStates:
 
     def __init__(self, chunks: List[Chunk], moments_dtype: int = 1):
         self.session = None  # set by ChunkPipeline.attach
-        # The DType code of the chunks' moments (1 fp32, 2 bf16: AdamW state_dtype).
+        # The DType code of the chunks' moments (1 fp32, 2 bf16, 4 8-bit blocks: AdamW state_dtype).
         self.moments_dtype = moments_dtype
         # Per chunk, per segment: Adam updates committed (the daemon's count).
         self._counts: Dict[int, List[int]] = {}

@@ -19,7 +19,7 @@ class OptimizerSettings:
     overlap: bool  # hooks send chunks during backward
     max_grad_norm: Optional[float]  # clip by the global norm at step(); None: no clipping
     timeout: float  # seconds any wait on the daemon may take
-    state_dtype: str  # "fp32" or "bf16": the dtype the daemon keeps exp_avg and exp_avg_sq in
+    state_dtype: str  # "fp32", "bf16" or "8bit": the dtype the daemon keeps exp_avg and exp_avg_sq in
     state_dict_max_bytes: Optional[int]  # most bytes of moments state_dict() holds
 
 

@@ -17,7 +17,8 @@ from ._adamw_doc import ADAMW_REFERENCE
 from ._connection import DaemonConnection
 from ._errors import FailedPrecondition, InvalidArgument
 from ._groups import (check_arguments, check_groups, check_track_frozen, edited_group_error,
-                      gradient_error, moments_dtype_code, unsupported_setting)
+                      gradient_error, moments_dtype_code, unsupported_setting,
+                      STATE_DTYPE_NAMES)
 from ._loss_scale import make_loss_scaler
 from ._mode import StepMode
 from ._pipeline import ChunkPipeline, LoopStats
@@ -80,8 +81,8 @@ class AdamW(torch.optim.Optimizer):
     overlap = Setting("Whether the hooks send chunks during backward.")
     max_grad_norm = Setting("Clip by the global norm at step(); None: no clipping.")
     timeout = Setting("Seconds any wait on the daemon may take.")
-    state_dtype = Setting('"fp32" or "bf16": the dtype the daemon keeps exp_avg and '
-                          'exp_avg_sq in.')
+    state_dtype = Setting('"fp32", "bf16" or "8bit": the dtype the daemon keeps exp_avg '
+                          'and exp_avg_sq in.')
     state_dict_max_bytes = Setting(
         "Most bytes of moments (exp_avg + exp_avg_sq, fp32) that state_dict() puts in "
         'its "state"; None: no limit, 0: never (a job reference only).')
@@ -105,7 +106,7 @@ class AdamW(torch.optim.Optimizer):
         moments_dtype = moments_dtype_code(state_dtype)
         self._settings = OptimizerSettings(
             chunk_bytes=int(chunk_bytes), overlap=bool(overlap), max_grad_norm=max_grad_norm,
-            timeout=float(timeout), state_dtype="bf16" if moments_dtype == 2 else "fp32",
+            timeout=float(timeout), state_dtype=STATE_DTYPE_NAMES[moments_dtype],
             state_dict_max_bytes=state_dict_max_bytes)
         self._pipeline: Optional[ChunkPipeline] = None  # set last; add_param_group checks it
         self._mode: Optional[StepMode] = None

@@ -301,6 +301,7 @@ PYBIND11_MODULE(_fuyou, m) {
   m.attr("DTYPE_FLOAT32") = static_cast<int>(DType::kFloat32);
   m.attr("DTYPE_BFLOAT16") = static_cast<int>(DType::kBFloat16);
   m.attr("DTYPE_FLOAT16") = static_cast<int>(DType::kFloat16);
+  m.attr("DTYPE_BLOCK8") = static_cast<int>(DType::kBlock8);  // moments only (state_dtype "8bit")
   m.attr("MAX_SLOTS") = kMaxSlots;
   m.attr("MAX_CHUNK_SEGMENTS") = kMaxChunkSegments;
   m.attr("JOURNAL_NONE") = static_cast<int>(JournalUse::kNone);
@@ -391,7 +392,9 @@ PYBIND11_MODULE(_fuyou, m) {
             spec.layout_fingerprint = layout_fingerprint;
             spec.segment_elements = std::move(segment_elements);
             spec.store_weights = store_weights;
-            spec.moments_dtype = ToDType(moments_dtype);
+            // 4 (8-bit blocks) names only moments, never weights or gradients.
+            spec.moments_dtype = moments_dtype == static_cast<int>(DType::kBlock8) ? DType::kBlock8
+                                                                                   : ToDType(moments_dtype);
             py::buffer_info keep;
             std::span<std::byte> bytes = BytesOf(weights, /*writable=*/true, keep);
             Session& session = s.get();
@@ -409,7 +412,7 @@ PYBIND11_MODULE(_fuyou, m) {
           "`segment_elements`: element counts of the chunk's segments (empty: one). "
           "`store_weights`: the daemon keeps the chunk's working weights (fetched with "
           "send_fetch_weights); fixed at creation, a resume with the other value is "
-          "FailedPrecondition. `moments_dtype` (a DType code: 1 float32, 2 bfloat16): the dtype "
+          "FailedPrecondition. `moments_dtype` (a DType code: 1 float32, 2 bfloat16, 4 8-bit blocks): the dtype "
           "the daemon keeps m and v in; fixed at creation, a resume with another is "
           "FailedPrecondition. Returns (resumed, update_count, segment_update_counts); the last "
           "is empty when every segment has update_count.")

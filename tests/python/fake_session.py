@@ -72,10 +72,10 @@ class FakeSession:
                     f"chunk {chunk_id} was created {have} store_weights; it cannot be resumed "
                     f"with store_weights={bool(store_weights)}")
             if chunks[chunk_id].get("moments_dtype", 1) != moments_dtype:  # as the daemon's CheckResumable
-                have = {1: "float32", 2: "bfloat16"}[chunks[chunk_id].get("moments_dtype", 1)]
+                have = {1: "float32", 2: "bfloat16", 4: "8-bit blocks"}[chunks[chunk_id].get("moments_dtype", 1)]
                 raise FailedPrecondition(
                     f"job chunk {chunk_id} keeps its Adam moments (m, v) as {have}, but this "
-                    f"registration asks for {({1: 'float32', 2: 'bfloat16'})[moments_dtype]}")
+                    f"registration asks for {({1: 'float32', 2: 'bfloat16', 4: '8-bit blocks'})[moments_dtype]}")
             chunks[chunk_id]["fingerprint"] = layout_fingerprint or stored
         self.specs[chunk_id] = (num_elements, dt, DTYPES[grad_dtype])
         if chunk_id in chunks:

@@ -81,8 +81,9 @@ struct ChunkSpec {
   // refused (FAILED_PRECONDITION); see ChunkSpec.store_weights in offload.proto.
   bool store_weights = false;
   // The dtype the daemon keeps the chunk's Adam moments (m, v) in: kFloat32
-  // (12 bytes a parameter with the fp32 master) or kBFloat16 (8 bytes: m rounded
-  // to nearest even, v stochastically; the master stays fp32). Fixed when the
+  // (12 bytes a parameter with the fp32 master), kBFloat16 (8 bytes: m rounded
+  // to nearest even, v stochastically; the master stays fp32) or kBlock8 (about
+  // 6 bytes: 8-bit codes with a scale per block of 256). Fixed when the
   // chunk is created: resuming it with the other is refused
   // (FAILED_PRECONDITION); see ChunkSpec.moments_dtype in offload.proto.
   DType moments_dtype = DType::kFloat32;
