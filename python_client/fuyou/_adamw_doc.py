@@ -197,14 +197,16 @@ ADAMW_REFERENCE = r"""AdamW whose fp32 master weights and moments live in fuyoud
             saving is in SSD bytes; see the README). ``"8bit"`` keeps about 6
             bytes a parameter (half of fp32): ``m`` and ``v`` as 8-bit codes
             with an fp32 scale per block of 256 elements (``m``: sign, 4-bit
-            exponent, 3-bit mantissa, to nearest; ``sqrt(v)``: 4-bit exponent,
-            4-bit mantissa, stochastically, never rounded to zero), decoded,
-            updated in fp32 and encoded again in one pass. Each ``m`` and
-            ``sqrt(v)`` is within 1/16 of itself or 2^-15 of its block's
-            largest; a NaN or inf gradient makes its whole block NaN. Not for:
-            what bf16 is not for, nor parameters whose gradients span more than
-            ~4 decades within 256 neighbours, nor a model that fits the DRAM
-            cache (see the README).
+            exponent, 3-bit mantissa, to nearest; ``v``: 4-bit exponent, 4-bit
+            mantissa, stochastically, never rounded to zero), decoded, updated
+            in fp32 and encoded again in one pass. Each ``m`` is within 1/16 of
+            itself and each ``v`` within 1/16 (stochastic: unbiased), or below
+            2^-16 of its block's largest (``m`` stored as 0, ``v`` as the
+            smallest code); a NaN or inf gradient makes its whole block NaN.
+            Not for: what bf16 is not for, nor parameters whose gradients
+            span more than ~2 decades within 256 neighbours (blocks may span
+            two parameters of a chunk), nor a model whose states fit the DRAM
+            budget (see the README).
         state_dict_max_bytes: most bytes of moments (fp32 exp_avg + exp_avg_sq)
             :meth:`state_dict` puts in ``state`` (2 GiB; None: no limit); above
             it the state dict holds a job reference only and a warning names
