@@ -11,6 +11,7 @@
 //   bf16         kernel: bf16 grad, bf16 weights output        (28 B/elem)
 //   fp16         kernel: fp16 grad, fp16 weights output        (28 B/elem)
 //   bf16+mv      kernel: bf16 grad and output, bf16 m and v    (20 B/elem)
+//   8bit+mv      kernel: bf16 grad and output, 8-bit m and v   (16 B/elem + scales)
 // Variants run round-robin, --reps rounds after one warm-up round; the table gives
 // the best round (and the median), and the ratio of each to the probe's.
 #include <algorithm>
@@ -156,6 +157,9 @@ int main(int argc, char** argv) {
   // (what the hardware allows) and the median.
   Buffer pp(n * 4), pm(n * 4), pv(n * 4);  // the probe's own states
   Buffer m16(n * 2), v16(n * 2);           // bf16 moments (the bf16+mv row)
+  // 8-bit moments (the 8bit+mv row): codes and a scale per block of 256.
+  const size_t blocks = (n + fuyou::kMomentBlockElements - 1) / fuyou::kMomentBlockElements;
+  Buffer m8(n), v8(n), m8s(blocks * 4), v8s(blocks * 4);
   std::vector<Row> rows;
   for (unsigned threads : thread_counts) {
     struct Variant {
@@ -166,19 +170,22 @@ int main(int argc, char** argv) {
       double bytes;
       std::vector<double> secs;
       bool bf16_moments = false;
+      bool block8_moments = false;
     };
     std::vector<Variant> variants = {{"probe", true, DType::kFloat32, false, 28, {}},
                                      {"fp32", false, DType::kFloat32, false, 28, {}},
                                      {"fp32+out", false, DType::kFloat32, true, 32, {}},
                                      {"bf16", false, DType::kBFloat16, true, 28, {}},
                                      {"fp16", false, DType::kFloat16, true, 28, {}},
-                                     {"bf16+mv", false, DType::kBFloat16, true, 20, {}, true}};
+                                     {"bf16+mv", false, DType::kBFloat16, true, 20, {}, true},
+                                     {"8bit+mv", false, DType::kBFloat16, true, 16, {}, false, true}};
     // Fresh, sane states for this thread count.
     std::memcpy(p.data, g32.data, n * 4);
     std::memset(m.data, 0, n * 4);
     std::memset(v.data, 0, n * 4);
     std::memset(m16.data, 0, n * 2);
     std::memset(v16.data, 0, n * 2);
+    for (Buffer* b : {&m8, &v8, &m8s, &v8s}) std::memset(b->data, 0, b->size);
     std::memcpy(pp.data, g32.data, n * 4);
     std::memset(pm.data, 0, n * 4);
     std::memset(pv.data, 0, n * 4);
@@ -204,6 +211,14 @@ int main(int argc, char** argv) {
       b.exp_avg = c.bf16_moments ? m16.data : m.data;
       b.exp_avg_sq = c.bf16_moments ? v16.data : v.data;
       b.moments_dtype = c.bf16_moments ? DType::kBFloat16 : DType::kFloat32;
+      if (c.block8_moments) {
+        b.exp_avg = m8.data;
+        b.exp_avg_sq = v8.data;
+        b.moments_dtype = DType::kBlock8;
+        b.exp_avg_scales = m8s.f();
+        b.exp_avg_sq_scales = v8s.f();
+        b.chunk_elements = n;
+      }
       b.grad = c.grad == DType::kFloat32 ? static_cast<const void*>(g32.data) : g16.data;
       b.grad_dtype = c.grad;
       b.weights_out = c.with_out ? out.data : nullptr;

@@ -442,20 +442,39 @@ Block8Max UpdateBlock8(const StepConstants& c, const AdamWBuffers& b, size_t i0,
   const __m512i abs_mask = Lanes(0x7fffffffu);
   __m512i most_m = _mm512_setzero_si512();
   __m512i most_v = _mm512_setzero_si512();
-  for (size_t j = 0; j < len; j += 16) {
-    const size_t count = len - j;
-    const __mmask16 mask = count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+  // 16 elements at j; all 16 (unmasked loads and stores: a masked vpmovdw or
+  // vpmovdb to memory costs several times the unmasked one) or the tail.
+  auto sixteen = [&](size_t j, auto full) {
+    constexpr bool kFull = decltype(full)::value;
     const size_t i = i0 + j;
-    __m512 m = _mm512_mul_ps(DecodeM16(_mm_maskz_loadu_epi8(mask, mc + i)), sm);
-    __m512 v = _mm512_mul_ps(DecodeV16(_mm_maskz_loadu_epi8(mask, vc + i)), sv);
-    const __m512 p = Step(k, LoadGradMasked<kGrad>(b.grad, i, mask), _mm512_maskz_loadu_ps(mask, pp + i), m, v);
-    _mm512_mask_storeu_ps(pp + i, mask, p);
-    StoreWeightsMasked<kOut>(b.weights_out, i, p, mask);
-    _mm512_mask_storeu_ps(m_out + j, mask, m);
-    _mm512_mask_storeu_ps(v_out + j, mask, v);
+    const size_t count = len - j;
+    const __mmask16 mask = kFull || count >= 16 ? __mmask16(0xffff) : __mmask16((1u << count) - 1u);
+    const __m128i m_codes = kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(mc + i))
+                                  : _mm_maskz_loadu_epi8(mask, mc + i);
+    const __m128i v_codes = kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(vc + i))
+                                  : _mm_maskz_loadu_epi8(mask, vc + i);
+    __m512 m = _mm512_mul_ps(DecodeM16(m_codes), sm);
+    __m512 v = _mm512_mul_ps(DecodeV16(v_codes), sv);
+    __m512 p;
+    if constexpr (kFull) {
+      p = Step(k, LoadGrad<kGrad>(b.grad, i), _mm512_loadu_ps(pp + i), m, v);
+      _mm512_storeu_ps(pp + i, p);
+      StoreWeights<kOut>(b.weights_out, i, p);
+      _mm512_storeu_ps(m_out + j, m);
+      _mm512_storeu_ps(v_out + j, v);
+    } else {
+      p = Step(k, LoadGradMasked<kGrad>(b.grad, i, mask), _mm512_maskz_loadu_ps(mask, pp + i), m, v);
+      _mm512_mask_storeu_ps(pp + i, mask, p);
+      StoreWeightsMasked<kOut>(b.weights_out, i, p, mask);
+      _mm512_mask_storeu_ps(m_out + j, mask, m);
+      _mm512_mask_storeu_ps(v_out + j, mask, v);
+    }
     most_m = _mm512_mask_max_epu32(most_m, mask, most_m, _mm512_and_si512(_mm512_castps_si512(m), abs_mask));
     most_v = _mm512_mask_max_epu32(most_v, mask, most_v, _mm512_and_si512(_mm512_castps_si512(v), abs_mask));
-  }
+  };
+  size_t j = 0;
+  for (; j + 16 <= len; j += 16) sixteen(j, std::true_type{});
+  if (j < len) sixteen(j, std::false_type{});
   // Not _mm512_reduce_max_epu32: GCC 12's expansion warns (-Wuninitialized).
   alignas(64) uint32_t lanes_m[16], lanes_v[16];
   _mm512_store_si512(lanes_m, most_m);
@@ -512,7 +531,11 @@ void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m,
         _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, Lanes(kMHalfStep)), lsb), kMShift), m_bias);
     cm = _mm512_min_epi32(_mm512_max_epi32(cm, _mm512_setzero_si512()), Lanes(127));
     cm = _mm512_or_si512(cm, _mm512_and_si512(_mm512_srli_epi32(u, 24), Lanes(0x80)));
-    _mm512_mask_cvtepi32_storeu_epi8(m_codes + j, mask, cm);
+    if (count >= 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(m_codes + j), _mm512_cvtepi32_epi8(cm));
+    } else {
+      _mm512_mask_cvtepi32_storeu_epi8(m_codes + j, mask, cm);
+    }
     // v: stochastic, at least code 1 unless zero (EncodeV, VNoise).
     const __m512i sa =
         _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, v + j), iv)), abs_mask);
@@ -527,7 +550,11 @@ void EncodeBlock8Avx512(const float* m, const float* v, size_t len, float inv_m,
     __m512i cv = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(sa, noise), kVShift), v_bias);
     cv = _mm512_min_epi32(_mm512_max_epi32(cv, Lanes(1)), Lanes(255));
     cv = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(sa, sa), cv);
-    _mm512_mask_cvtepi32_storeu_epi8(v_codes + j, mask, cv);
+    if (count >= 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(v_codes + j), _mm512_cvtepi32_epi8(cv));
+    } else {
+      _mm512_mask_cvtepi32_storeu_epi8(v_codes + j, mask, cv);
+    }
   }
 }
 
