@@ -20,11 +20,12 @@ Two measures, one run:
    step, blocks of 256, decoded for the next), in torch, beside fp32 moments fed
    the same gradients; each step's AdamW update direction m_hat / (sqrt(v_hat) +
    eps) is compared with fp32's: ||u_code - u_fp32|| / ||u_fp32||. Codes:
-     ours       m: sign + 3-bit exponent + 4-bit mantissa, to nearest; v: 4-bit
+     ours       m: sign + 4-bit exponent + 3-bit mantissa, to nearest; v: 4-bit
                 exponent + 4-bit mantissa, stochastic (what fuyoud stores);
      ours-nearest-v  the same with v to nearest (v cannot decay: why it is not);
-     wider-3bit m: sign + 4-bit exponent + 3-bit mantissa, v: 5-bit exponent +
-                3-bit mantissa (twice the range, half the precision);
+     m-e3m4     m with a 4th mantissa bit and 8 binades (what a block shared by
+                a LayerNorm and a matrix cannot afford: the LayerNorm's m is 0);
+     wider-3bit v with a 5-bit exponent and 3-bit mantissa;
      dynamic    bitsandbytes' dynamic tree code (Dettmers et al. 2021): a
                 decimal exponent and a linear fraction, signed for m, unsigned
                 for v, to nearest, blocks of 256 (torchao's 8-bit AdamW's);
@@ -153,12 +154,13 @@ def bf16(x, stochastic, gen):
 
 
 def codes(gen):
-    ours_m = lambda m: float_code(m, 3, 4, True, False, gen)  # noqa: E731
+    ours_m = lambda m: float_code(m, 4, 3, True, False, gen)  # noqa: E731
     ours_v = lambda v: float_code(v, 4, 4, False, True, gen)  # noqa: E731
     return {
         "ours": (ours_m, ours_v),
         "ours-nearest-v": (ours_m, lambda v: float_code(v, 4, 4, False, False, gen)),
-        "wider-3bit": (lambda m: float_code(m, 4, 3, True, False, gen), lambda v: float_code(v, 5, 3, False, True, gen)),
+        "m-e3m4": (lambda m: float_code(m, 3, 4, True, False, gen), ours_v),
+        "wider-3bit": (ours_m, lambda v: float_code(v, 5, 3, False, True, gen)),
         "dynamic": (lambda m: dynamic_code(m, True), lambda v: dynamic_code(v, False)),
         "linear-sqrt-v": (ours_m, linear_sqrt),
         "bf16": (lambda m: bf16(m, False, gen), lambda v: bf16(v, True, gen)),
