@@ -376,19 +376,6 @@ Block8Max UpdateBlock8(const StepConstants& c, const AdamWBuffers& b, size_t i0,
   return most;
 }
 
-template <DType kGrad>
-Block8Max UpdateBlock8Out(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
-                          float scale_v, float* m_out, float* v_out) {
-  if (b.weights_out == nullptr) {
-    return UpdateBlock8<kGrad, DType::kUnspecified>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
-  switch (b.weight_dtype) {
-    case DType::kFloat32: return UpdateBlock8<kGrad, DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    case DType::kBFloat16: return UpdateBlock8<kGrad, DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    default: return UpdateBlock8<kGrad, DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
-}
-
 // EncodeM and EncodeV (with VNoise) on 8 lanes.
 inline void Encode8(const float* m, const float* v, __m256 im, __m256 iv, __m256i key, uint32_t first_index,
                     uint8_t* m_codes, uint8_t* v_codes) {
@@ -418,11 +405,9 @@ inline void Encode8(const float* m, const float* v, __m256 im, __m256 iv, __m256
 
 Block8Max UpdateBlock8Avx2(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
                            float scale_v, float* m_out, float* v_out) {
-  switch (b.grad_dtype) {
-    case DType::kFloat32: return UpdateBlock8Out<DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    case DType::kBFloat16: return UpdateBlock8Out<DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    default: return UpdateBlock8Out<DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
+  return WithGradAndOutDTypes(b, [&]<DType kGrad, DType kOut>() {
+    return UpdateBlock8<kGrad, kOut>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  });
 }
 
 void EncodeBlock8Avx2(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,

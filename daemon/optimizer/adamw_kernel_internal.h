@@ -174,6 +174,27 @@ inline void ScalarStoreWeight(void* out, size_t i, float w) {
   }
 }
 
+// Calls f.template operator()<kGrad, kOut>() with the buffers' gradient dtype
+// and weight output dtype (kUnspecified when weights_out is null) as constants:
+// the one place the 8-bit kernels' dtype combinations are enumerated. Dtypes are
+// validated at registration; anything not fp32 or bf16 is fp16.
+template <typename F>
+decltype(auto) WithGradAndOutDTypes(const AdamWBuffers& b, F&& f) {
+  auto with_out = [&]<DType kGrad>() -> decltype(auto) {
+    if (b.weights_out == nullptr) return f.template operator()<kGrad, DType::kUnspecified>();
+    switch (b.weight_dtype) {
+      case DType::kFloat32: return f.template operator()<kGrad, DType::kFloat32>();
+      case DType::kBFloat16: return f.template operator()<kGrad, DType::kBFloat16>();
+      default: return f.template operator()<kGrad, DType::kFloat16>();
+    }
+  };
+  switch (b.grad_dtype) {
+    case DType::kFloat32: return with_out.template operator()<DType::kFloat32>();
+    case DType::kBFloat16: return with_out.template operator()<DType::kBFloat16>();
+    default: return with_out.template operator()<DType::kFloat16>();
+  }
+}
+
 // ---- 8-bit moments: the per-ISA pieces of one block (block8_kernel.cc) -------
 //
 // The largest |m| and v of some elements, as AbsBits (block8_codec.h).

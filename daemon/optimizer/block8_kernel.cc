@@ -38,28 +38,13 @@ Block8Max UpdateScalar(const StepConstants& c, const AdamWBuffers& b, size_t i0,
   return most;
 }
 
-template <DType kGrad>
-Block8Max UpdateScalarOut(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
-                          float scale_v, float* m_out, float* v_out) {
-  if (b.weights_out == nullptr) {
-    return UpdateScalar<kGrad, DType::kUnspecified>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
-  switch (b.weight_dtype) {
-    case DType::kFloat32: return UpdateScalar<kGrad, DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    case DType::kBFloat16: return UpdateScalar<kGrad, DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    default: return UpdateScalar<kGrad, DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
-}
-
 }  // namespace
 
 Block8Max UpdateBlock8Scalar(const StepConstants& c, const AdamWBuffers& b, size_t i, size_t len, float scale_m,
                              float scale_v, float* m_out, float* v_out) {
-  switch (b.grad_dtype) {
-    case DType::kFloat32: return UpdateScalarOut<DType::kFloat32>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    case DType::kBFloat16: return UpdateScalarOut<DType::kBFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-    default: return UpdateScalarOut<DType::kFloat16>(c, b, i, len, scale_m, scale_v, m_out, v_out);
-  }
+  return WithGradAndOutDTypes(b, [&]<DType kGrad, DType kOut>() {
+    return UpdateScalar<kGrad, kOut>(c, b, i, len, scale_m, scale_v, m_out, v_out);
+  });
 }
 
 void EncodeBlock8Scalar(const float* m, const float* v, size_t len, float inv_m, float inv_v, uint32_t key,
