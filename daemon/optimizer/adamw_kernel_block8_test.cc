@@ -100,7 +100,9 @@ float UlpDistance(float a, float b) {
 TEST(Block8CodeTest, EveryCodeDecodesAndEncodesBackToItself) {
   for (int code = 0; code < 256; ++code) {
     const auto c = static_cast<uint8_t>(code);
-    if (c != 0x80) EXPECT_EQ(EncodeM(DecodeM(c)), c) << code;  // 0x80 is -0: encodes to itself too, below
+    if (c != 0x80) {  // 0x80 is -0: encodes to itself too, below
+      EXPECT_EQ(EncodeM(DecodeM(c)), c) << code;
+    }
     EXPECT_EQ(EncodeV(DecodeV(c), 0), c) << code;
     EXPECT_EQ(EncodeV(DecodeV(c), (1u << internal::kVNoiseBits) - 1), c) << code;
   }
